@@ -1,0 +1,45 @@
+"""commitstore: checkpoint and artifact writes that are whole or absent, on every storage.
+
+An artifact exists only when it is whole: bytes are staged under a private name, made durable,
+published in one step, and recorded (size and xxh3_128 digest). Reads are checked against the record
+and fail loud.
+"""
+
+from __future__ import annotations
+
+from ._stage import Stage
+from .errors import (
+    AlreadyExistsError,
+    BackendUnavailableError,
+    CommitError,
+    CommitStoreError,
+    InsufficientSpaceError,
+    IntegrityError,
+    InvalidNameError,
+    MirrorError,
+    NotFoundError,
+)
+from .records import FileRecord, Record, VerifyReport, VerifyResult
+from .store import CommitStore, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlreadyExistsError",
+    "BackendUnavailableError",
+    "CommitError",
+    "CommitStore",
+    "CommitStoreError",
+    "FileRecord",
+    "InsufficientSpaceError",
+    "IntegrityError",
+    "InvalidNameError",
+    "MirrorError",
+    "NotFoundError",
+    "Record",
+    "Stage",
+    "VerifyReport",
+    "VerifyResult",
+    "__version__",
+    "open_store",
+]

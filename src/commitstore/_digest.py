@@ -1,0 +1,72 @@
+"""Content digests: xxh3_128, written as ``"xxh3_128:<32 hex>"``.
+
+Folder artifacts get one digest over a canonical manifest of their files (see ``docs/format.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import BinaryIO
+
+import xxhash
+
+ALGORITHM = "xxh3_128"
+READ_CHUNK = 8 * 1024 * 1024
+
+
+class Hasher:
+    """Streaming xxh3_128 that also counts the bytes it has seen."""
+
+    __slots__ = ("_h", "count")
+
+    def __init__(self) -> None:
+        self._h = xxhash.xxh3_128()
+        self.count = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self._h.update(data)
+        self.count += len(data) if not isinstance(data, memoryview) else data.nbytes
+
+    def digest(self) -> str:
+        return f"{ALGORITHM}:{self._h.hexdigest()}"
+
+
+def digest_bytes(data: bytes | bytearray | memoryview) -> str:
+    """Digest of an in-memory buffer."""
+    return f"{ALGORITHM}:{xxhash.xxh3_128_hexdigest(data)}"
+
+
+def hash_stream(stream: BinaryIO, *, chunk: int = READ_CHUNK) -> tuple[int, str]:
+    """Read ``stream`` to its end; return (bytes read, digest). Constant memory."""
+    h = Hasher()
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    readinto = getattr(stream, "readinto", None)
+    while True:
+        if readinto is not None:
+            n = readinto(view)
+            if not n:
+                break
+            h.update(view[:n])
+        else:
+            data = stream.read(chunk)
+            if not data:
+                break
+            h.update(data)
+    return h.count, h.digest()
+
+
+def manifest_digest(files: Iterable[tuple[str, int, str]]) -> str:
+    """Digest of a folder artifact: xxh3_128 over ``path\\tsize\\tdigest\\n`` lines sorted by path."""
+    h = xxhash.xxh3_128()
+    for path, size, digest in sorted(files):
+        h.update(f"{path}\t{size}\t{digest}\n".encode())
+    return f"{ALGORITHM}:{h.hexdigest()}"
+
+
+def is_valid_digest(value: object) -> bool:
+    """True for ``"xxh3_128:"`` followed by 32 lowercase hex digits."""
+    if not isinstance(value, str) or not value.startswith(ALGORITHM + ":"):
+        return False
+    hexpart = value[len(ALGORITHM) + 1 :]
+    return len(hexpart) == 32 and all(c in "0123456789abcdef" for c in hexpart)

@@ -1,0 +1,114 @@
+"""Artifact names, the store's reserved names, and step inference.
+
+Names are relative, ``/``-separated paths. Every part that starts with ``.commitstore`` is reserved
+for the store itself (records live under ``.commitstore/``, staging files and folders are called
+``.commitstore.tmp.*``), so no valid artifact name can ever collide with them.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+import xxhash
+
+from .errors import InvalidNameError
+
+RESERVED_PREFIX = ".commitstore"
+META_DIR = ".commitstore"
+RECORDS_DIR = "records"
+STAGING_PREFIX = ".commitstore.tmp."
+RECORD_PREFIX = ".commitstore.rec."
+RECORD_HASHED_PREFIX = ".commitstore.rech."
+RECORD_SUFFIX = ".json"
+MAX_PART_BYTES = 255
+
+_STEP_RE = re.compile(r"\d+")
+
+Parts = tuple[str, ...]
+
+
+def validate_name(name: object) -> Parts:
+    """Check ``name`` against the naming rules and return its parts.
+
+    Raises:
+        InvalidNameError: with the reason, before any I/O.
+    """
+    if not isinstance(name, str):
+        raise InvalidNameError(f"artifact name must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidNameError("artifact name is empty")
+    if name.startswith("/"):
+        raise InvalidNameError(f"artifact name must be relative: {name!r}")
+    if "\\" in name:
+        raise InvalidNameError(f"artifact name must not contain a backslash: {name!r}")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise InvalidNameError(f"artifact name must not contain NUL or control characters: {name!r}")
+    parts = tuple(name.split("/"))
+    for part in parts:
+        if not part:
+            raise InvalidNameError(f"artifact name has an empty part: {name!r}")
+        if part in (".", ".."):
+            raise InvalidNameError(f"artifact name must not contain '.' or '..' parts: {name!r}")
+        try:
+            encoded = part.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidNameError(f"artifact name is not valid UTF-8: {name!r}") from exc
+        if len(encoded) > MAX_PART_BYTES:
+            raise InvalidNameError(
+                f"artifact name part is {len(encoded)} bytes, more than {MAX_PART_BYTES}: {name!r}"
+            )
+        if part.startswith(RESERVED_PREFIX):
+            raise InvalidNameError(
+                f"artifact name parts must not start with {RESERVED_PREFIX!r} "
+                f"(reserved for records and staging): {name!r}"
+            )
+    return parts
+
+
+def infer_step(name: str) -> int | None:
+    """The last integer in ``name`` (``step_0810.pt`` -> 810), or None."""
+    found = _STEP_RE.findall(name)
+    return int(found[-1]) if found else None
+
+
+def staging_part(final_part: str) -> str:
+    """A fresh staging name for ``final_part``, unique, hidden from globs, never a valid name."""
+    hint = final_part.encode("utf-8")[:64].decode("utf-8", "ignore")
+    return f"{STAGING_PREFIX}{secrets.token_hex(8)}.{hint}"
+
+
+def is_staging_part(part: str) -> bool:
+    """True for names made by :func:`staging_part`."""
+    return part.startswith(STAGING_PREFIX)
+
+
+def record_parts(parts: Parts) -> Parts:
+    """Where the record of artifact ``parts`` lives, relative to the store root.
+
+    ``a/b/c.pt`` -> ``.commitstore/records/a/b/.commitstore.rec.c.pt.json``. A final part too long
+    for one file name is stored under its xxh3_128 (``.commitstore.rech.<hex>.json``); the record
+    itself carries the full name.
+    """
+    last = parts[-1]
+    leaf = f"{RECORD_PREFIX}{last}{RECORD_SUFFIX}"
+    if len(leaf.encode("utf-8")) > MAX_PART_BYTES:
+        leaf = f"{RECORD_HASHED_PREFIX}{xxhash.xxh3_128_hexdigest(last.encode())}{RECORD_SUFFIX}"
+    return (META_DIR, RECORDS_DIR, *parts[:-1], leaf)
+
+
+def name_from_record_parts(rel: Parts) -> str | None:
+    """Inverse of :func:`record_parts` for paths below ``.commitstore/records``; None if the leaf
+    is hashed (the name is then only known from inside the record) or not a record name."""
+    leaf = rel[-1]
+    if leaf.startswith(RECORD_PREFIX) and leaf.endswith(RECORD_SUFFIX):
+        last = leaf[len(RECORD_PREFIX) : -len(RECORD_SUFFIX)]
+        return "/".join((*rel[:-1], last))
+    return None
+
+
+def is_record_leaf(part: str) -> bool:
+    """True for the file names :func:`record_parts` produces."""
+    return part.endswith(RECORD_SUFFIX) and (
+        part.startswith(RECORD_PREFIX) or part.startswith(RECORD_HASHED_PREFIX)
+    )

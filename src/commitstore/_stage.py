@@ -1,0 +1,155 @@
+"""The writable side of a commit: every byte goes through the hasher on its way to the sink."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ._digest import Hasher
+from .errors import CommitError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from .backends import FileSink
+    from .records import Record
+
+WRITE_CHUNK = 4 * 1024 * 1024
+"""Small writes are gathered up to this size before they reach the storage."""
+
+
+class Stage(io.RawIOBase):
+    """A writable binary file whose bytes become an artifact only on :meth:`commit`.
+
+    Guarantees: until ``commit()`` returns, nothing is visible under the artifact's name. A clean
+    exit of ``with`` commits; an exception aborts. ``close()`` without ``commit()`` aborts too:
+    a stage never publishes by accident. ``commit()`` checks that the bytes the storage accepted
+    equal the bytes hashed before anything is published.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        sink: FileSink,
+        finish: Callable[[FileSink, int, str], Record],
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self._sink: FileSink | None = sink
+        self._finish = finish
+        self._hasher = Hasher()
+        self._buf = bytearray()
+        self.record: Record | None = None
+        """The committed record, after :meth:`commit`."""
+
+    def __repr__(self) -> str:
+        state = "committed" if self.record else ("aborted" if self._sink is None else "open")
+        return f"<Stage {self.name!r} {state}, {self._hasher.count} bytes>"
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._hasher.count
+
+    def write(self, b: Buffer) -> int:
+        if self._sink is None:
+            raise ValueError(f"write to a stage that is {'committed' if self.record else 'aborted'}")
+        view = memoryview(b).cast("B")
+        n = view.nbytes
+        self._hasher.update(view)
+        if len(self._buf) + n < WRITE_CHUNK:
+            self._buf += view
+            return n
+        try:
+            if self._buf:
+                self._drain()
+            self._sink.write(view)
+        except BaseException:
+            self.abort()
+            raise
+        return n
+
+    def _drain(self) -> None:
+        assert self._sink is not None
+        with memoryview(self._buf) as pending:
+            self._sink.write(pending)
+        self._buf = bytearray()
+
+    def flush(self) -> None:
+        """Does nothing visible: bytes become durable and visible only at :meth:`commit`."""
+
+    def commit(self) -> Record:
+        """Publish the artifact and its record; return the record. Idempotent after success.
+
+        Raises:
+            AlreadyExistsError: the name was committed meanwhile and ``overwrite=False``.
+            InsufficientSpaceError, CommitError: nothing was published.
+        """
+        if self.record is not None:
+            return self.record
+        if self._sink is None:
+            raise CommitError(f"{self.name}: stage was aborted")
+        sink = self._sink
+        try:
+            if self._buf:
+                self._drain()
+            if sink.bytes_written != self._hasher.count:
+                raise CommitError(
+                    f"{self.name}: storage accepted {sink.bytes_written} bytes, "
+                    f"{self._hasher.count} were hashed"
+                )
+            self.record = self._finish(sink, self._hasher.count, self._hasher.digest())
+        except BaseException:
+            self.abort()
+            raise
+        self._sink = None
+        super().close()
+        return self.record
+
+    def abort(self) -> None:
+        """Discard everything written; publish nothing. Idempotent."""
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            self._buf = bytearray()
+            sink.abort()
+        if not self.closed:
+            super().close()
+
+    def close(self) -> None:
+        """Abort unless already committed (closing is never a commit)."""
+        if self.record is None:
+            self.abort()
+        elif not self.closed:
+            super().close()
+
+    def __enter__(self) -> Stage:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        # Never commit from a finaliser; only free the staging location.
+        try:
+            if self._sink is not None:
+                self.abort()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+

@@ -1,0 +1,166 @@
+"""Checks of stored bytes against their records, and the scan of a store's records.
+
+Nothing here raises for a bad artifact: every problem becomes a :class:`VerifyResult`.
+"""
+
+from __future__ import annotations
+
+from ._digest import hash_stream
+from ._names import (
+    META_DIR,
+    RECORDS_DIR,
+    Parts,
+    is_record_leaf,
+    is_staging_part,
+    name_from_record_parts,
+    record_parts,
+    validate_name,
+)
+from .backends import Backend
+from .errors import CommitStoreError, InvalidNameError, NotFoundError
+from .records import Record, RecordFormatError, VerifyResult, decode_record
+
+LEVELS = ("size", "full")
+
+
+def check_level(level: str, *, allow_none: bool = False) -> None:
+    """Raise ValueError-typed InvalidNameError for an unknown verify level, before any I/O."""
+    allowed = (*LEVELS, "none") if allow_none else LEVELS
+    if level not in allowed:
+        raise InvalidNameError(f"verify level must be one of {allowed}, not {level!r}")
+
+
+def read_record(backend: Backend, parts: Parts) -> Record | None:
+    """The record of ``parts``, None if there is none.
+
+    Raises:
+        RecordFormatError: the record exists but is unreadable or does not belong to this name.
+    """
+    try:
+        with backend.open_read(record_parts(parts)) as f:
+            data = f.read()
+    except NotFoundError:
+        return None
+    record = decode_record(data)
+    if record.name != "/".join(parts):
+        raise RecordFormatError(f"record names {record.name!r}, expected {'/'.join(parts)!r}")
+    return record
+
+
+def check(backend: Backend, record: Record, level: str) -> VerifyResult:
+    """Compare the stored artifact with ``record`` at ``level`` (``"size"`` or ``"full"``)."""
+    parts = tuple(record.name.split("/"))
+    if record.kind == "dir":
+        return _check_dir(backend, parts, record, level)
+    info = backend.stat(parts)
+    if info is None:
+        return VerifyResult(record.name, "missing", "no data under this name")
+    if info.is_dir:
+        return VerifyResult(record.name, "size_mismatch", "a folder stands where a file was recorded")
+    if info.size != record.size:
+        return VerifyResult(
+            record.name, "size_mismatch", f"expected {record.size} bytes, found {info.size}"
+        )
+    if level == "full":
+        try:
+            with backend.open_read(parts) as f:
+                size, digest = hash_stream(f)
+        except NotFoundError:
+            return VerifyResult(record.name, "missing", "no data under this name")
+        if size != record.size:
+            return VerifyResult(
+                record.name, "size_mismatch", f"expected {record.size} bytes, read {size}"
+            )
+        if digest != record.digest:
+            return VerifyResult(
+                record.name, "hash_mismatch", f"expected {record.digest}, found {digest}"
+            )
+    return VerifyResult(record.name, "ok")
+
+
+def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> VerifyResult:
+    info = backend.stat(parts)
+    if info is None:
+        return VerifyResult(record.name, "missing", "no folder under this name")
+    if not info.is_dir:
+        return VerifyResult(record.name, "size_mismatch", "a file stands where a folder was recorded")
+    found = {"/".join(rel): fi for rel, fi in backend.walk(parts)}
+    for entry in record.files:
+        fi = found.pop(entry.path, None)
+        if fi is None:
+            return VerifyResult(record.name, "missing", f"file {entry.path!r} is missing")
+        if fi.size != entry.size:
+            return VerifyResult(
+                record.name,
+                "size_mismatch",
+                f"{entry.path}: expected {entry.size} bytes, found {fi.size}",
+            )
+    if found:
+        extra = sorted(found)[0]
+        return VerifyResult(record.name, "size_mismatch", f"unrecorded file {extra!r} in the folder")
+    if level == "full":
+        for entry in record.files:
+            with backend.open_read((*parts, *entry.path.split("/"))) as f:
+                size, digest = hash_stream(f)
+            if size != entry.size:
+                return VerifyResult(
+                    record.name,
+                    "size_mismatch",
+                    f"{entry.path}: expected {entry.size} bytes, read {size}",
+                )
+            if digest != entry.digest:
+                return VerifyResult(
+                    record.name,
+                    "hash_mismatch",
+                    f"{entry.path}: expected {entry.digest}, found {digest}",
+                )
+    return VerifyResult(record.name, "ok")
+
+
+def scan_records(backend: Backend) -> tuple[list[Record], list[VerifyResult]]:
+    """Every valid record in the store, and a ``bad_record`` result for every unreadable one."""
+    good: list[Record] = []
+    bad: list[VerifyResult] = []
+    for rel, _info in backend.walk((META_DIR, RECORDS_DIR)):
+        leaf = rel[-1]
+        if is_staging_part(leaf) or not is_record_leaf(leaf):
+            continue
+        where = "/".join((META_DIR, RECORDS_DIR, *rel))
+        shown = name_from_record_parts(rel) or where
+        try:
+            with backend.open_read((META_DIR, RECORDS_DIR, *rel)) as f:
+                record = decode_record(f.read())
+            parts = validate_name(record.name)
+            if record_parts(parts) != (META_DIR, RECORDS_DIR, *rel):
+                raise RecordFormatError(f"record names {record.name!r} but is stored at {where}")
+        except (RecordFormatError, InvalidNameError) as exc:
+            bad.append(VerifyResult(shown, "bad_record", str(exc)))
+            continue
+        except CommitStoreError as exc:
+            bad.append(VerifyResult(shown, "bad_record", f"unreadable: {exc}"))
+            continue
+        good.append(record)
+    return good, bad
+
+
+def unrecorded(backend: Backend, records: list[Record], bad: list[VerifyResult]) -> list[str]:
+    """Data files under the root that no record (good or bad) covers; staging is skipped."""
+    files = {r.name for r in records if r.kind == "file"}
+    dirs = {r.name for r in records if r.kind == "dir"}
+    claimed = {b.name for b in bad}
+    out = []
+    for rel, _info in backend.walk(()):
+        if rel[0] == META_DIR or any(is_staging_part(p) for p in rel):
+            continue
+        name = "/".join(rel)
+        if name in files or name in claimed:
+            continue
+        if any("/".join(rel[:i]) in dirs or "/".join(rel[:i]) in claimed for i in range(1, len(rel))):
+            continue
+        out.append(name)
+    return sorted(out)
+
+
+def sort_key(record: Record) -> tuple[bool, int, float, str]:
+    """Oldest to newest: unstepped artifacts (by commit time) before stepped ones (by step)."""
+    return (record.step is not None, record.step or 0, record.created.timestamp(), record.name)

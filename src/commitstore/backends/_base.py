@@ -1,0 +1,146 @@
+"""The strategy seam: what every backend implements, and nothing more.
+
+A backend owns one root and knows its storage's single atomic "make it visible" step. The facade
+(:class:`commitstore.CommitStore`) hashes, checks and records; a backend only stages bytes, publishes
+them in one step, reads, lists and removes. Paths are tuples of already-validated parts, relative to
+the root.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from .._names import Parts
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """What a backend knows of one stored file."""
+
+    size: int
+    """Bytes."""
+    mtime: float | None
+    """Seconds since the epoch; None (or 0, as some network filesystems return) means unknown."""
+    is_dir: bool = False
+    """True for a folder."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """Declared properties of a backend; the conformance suite checks each one is true."""
+
+    atomic_replace: bool
+    """Publishing onto an existing name replaces it in one step (readers see old or new)."""
+    exclusive_create: bool
+    """Publishing with ``overwrite=False`` fails, atomically, if the name exists."""
+    dir_fsync: bool
+    """Directory entries can be made durable (fsync of the directory)."""
+    atomic_dir_publish: bool
+    """A folder artifact appears under its name in one step."""
+    free_space: bool
+    """``free_space`` answers with a number."""
+
+
+@dataclass(slots=True)
+class CommitInfo:
+    """What a publish did, for logs and for the caller's commit result."""
+
+    bytes_written: int
+    durable: bool = True
+    """False when the backend could not confirm durability (directory fsync refused)."""
+    notes: list[str] = field(default_factory=list)
+    files: list[tuple[str, int, str]] = field(default_factory=list)
+    """For folder artifacts: (path, size, digest) of every file published, sorted by path."""
+
+
+class FileSink(abc.ABC):
+    """Staged bytes of one file, invisible under the final name until :meth:`publish`."""
+
+    bytes_written: int
+    """Bytes the storage accepted so far."""
+
+    @abc.abstractmethod
+    def write(self, data: memoryview) -> None:
+        """Write all of ``data`` to the staging location (loops on short writes)."""
+
+    @abc.abstractmethod
+    def publish(self) -> CommitInfo:
+        """Make the staged bytes durable, then visible under the final name in one step.
+
+        On failure nothing is visible under the final name and the staging location is removed.
+        Raises AlreadyExistsError when the sink was opened with ``overwrite=False`` and the name
+        appeared meanwhile.
+        """
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Remove the staging location. Idempotent; never raises for a sink already gone."""
+
+
+class DirSink(abc.ABC):
+    """A folder artifact being staged: the caller fills :attr:`local_path`."""
+
+    local_path: Path
+    """A local folder the caller writes into."""
+
+    @abc.abstractmethod
+    def publish(self) -> CommitInfo:
+        """Make every file and folder durable, then publish the folder under its name."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Remove the staging folder. Idempotent."""
+
+
+class Backend(abc.ABC):
+    """One storage root and its commit strategy."""
+
+    strategy: str
+    """Name of the commit strategy, as shown by ``describe()``."""
+    capabilities: Capabilities
+
+    @abc.abstractmethod
+    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+        """Start staging a file that will be published at ``parts``."""
+
+    @abc.abstractmethod
+    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
+        """Start staging a folder that will be published at ``parts``."""
+
+    @abc.abstractmethod
+    def open_read(self, parts: Parts) -> BinaryIO:
+        """Open a stored file for reading (seekable). Raises NotFoundError."""
+
+    @abc.abstractmethod
+    def stat(self, parts: Parts) -> FileInfo | None:
+        """Fresh (uncached) information about ``parts``, or None if it does not exist."""
+
+    @abc.abstractmethod
+    def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
+        """Every file below ``parts`` (recursively, hidden ones included), relative to ``parts``."""
+
+    @abc.abstractmethod
+    def remove(self, parts: Parts) -> bool:
+        """Remove a file or a folder tree, durably; False if nothing was there."""
+
+    @abc.abstractmethod
+    def free_space(self, parts: Parts) -> int | None:
+        """Bytes available for new data near ``parts``, or None if unknown."""
+
+    @contextlib.contextmanager
+    def publish_lock(self) -> Iterator[None]:
+        """Held around "publish data, then publish record" so two writers' pairs never interleave.
+
+        Short (a rename and a small record write). Backends without locks rely on conditional
+        writes instead; the default holds nothing.
+        """
+        yield
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Strategy, reason it was chosen, location and capabilities (no credentials)."""

@@ -1,0 +1,142 @@
+"""The one error hierarchy of commitstore.
+
+Every error names the contract that was broken, not the backend that broke it. The backend's own
+exception, when there is one, is chained as ``__cause__``. Messages never contain credentials.
+
+::
+
+    CommitStoreError
+    ├── NotFoundError            (also FileNotFoundError)   no committed artifact by that name
+    ├── AlreadyExistsError       (also FileExistsError)     the name is taken and overwrite=False
+    ├── IntegrityError                                      bytes do not match their record
+    ├── CommitError                                         the commit protocol could not complete
+    ├── InsufficientSpaceError   (also OSError, ENOSPC)     not enough room on the target
+    ├── InvalidNameError         (also ValueError)          the name is not a valid artifact name
+    ├── MirrorError              (also ExceptionGroup)      one or more mirrors failed
+    └── BackendUnavailableError                             the storage could not be reached
+
+Whose fault: ``InvalidNameError`` and ``AlreadyExistsError`` are the caller's; ``IntegrityError`` is
+the data's; ``InsufficientSpaceError`` is the target's and is permanent until space is freed;
+``BackendUnavailableError`` is transient and may be retried.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+from collections.abc import Sequence
+
+if sys.version_info >= (3, 11):  # pragma: no cover - version dependent
+    from builtins import ExceptionGroup
+else:  # pragma: no cover - version dependent
+    from exceptiongroup import ExceptionGroup
+
+__all__ = [
+    "AlreadyExistsError",
+    "BackendUnavailableError",
+    "CommitError",
+    "CommitStoreError",
+    "InsufficientSpaceError",
+    "IntegrityError",
+    "InvalidNameError",
+    "MirrorError",
+    "NotFoundError",
+]
+
+
+class CommitStoreError(Exception):
+    """Root of every error commitstore raises on purpose."""
+
+    retryable: bool = False
+    """True when the same call may succeed if repeated later (transient faults)."""
+
+
+class NotFoundError(CommitStoreError, FileNotFoundError):
+    """No committed artifact (or no record) exists under that name."""
+
+    def __init__(self, message: str, *, name: str | None = None) -> None:
+        super().__init__(errno.ENOENT, message)
+        self.name = name
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class AlreadyExistsError(CommitStoreError, FileExistsError):
+    """The name is already taken and ``overwrite=False``; the existing artifact is untouched."""
+
+    def __init__(self, message: str, *, name: str | None = None) -> None:
+        super().__init__(errno.EEXIST, message)
+        self.name = name
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class IntegrityError(CommitStoreError):
+    """Stored bytes do not match the size or digest recorded at commit time.
+
+    Attributes carry what was expected (from the record) and what was found, where known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str | None = None,
+        status: str | None = None,
+        expected_size: int | None = None,
+        actual_size: int | None = None,
+        expected_digest: str | None = None,
+        actual_digest: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.name = name
+        self.status = status
+        self.expected_size = expected_size
+        self.actual_size = actual_size
+        self.expected_digest = expected_digest
+        self.actual_digest = actual_digest
+
+
+class CommitError(CommitStoreError):
+    """The commit protocol could not complete; nothing was published under the final name."""
+
+
+class InsufficientSpaceError(CommitStoreError, OSError):
+    """The target has not enough free space (ENOSPC). Nothing was published; earlier artifacts
+    are intact."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        needed: int | None = None,
+        available: int | None = None,
+    ) -> None:
+        super().__init__(errno.ENOSPC, message)
+        self.path = path
+        self.needed = needed
+        self.available = available
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class InvalidNameError(CommitStoreError, ValueError):
+    """The artifact name is not valid (see ``docs/format.md``), or writing it would leave the
+    store's root. Raised before any I/O whenever the name alone shows it."""
+
+
+class MirrorError(ExceptionGroup, CommitStoreError):  # type: ignore[misc]
+    """One or more mirrors failed under ``mirror_policy="required"``; one sub-exception each."""
+
+    def __new__(cls, message: str, exceptions: Sequence[Exception]) -> MirrorError:
+        return super().__new__(cls, message, exceptions)
+
+
+class BackendUnavailableError(CommitStoreError):
+    """The storage could not be reached (connection refused or dropped, timeout, 5xx)."""
+
+    retryable = True

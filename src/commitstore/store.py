@@ -1,0 +1,349 @@
+"""The user-facing facade: :class:`CommitStore` and :func:`open_store`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from . import _read
+from ._digest import manifest_digest
+from ._names import infer_step, record_parts, validate_name
+from ._stage import Stage
+from ._verify import check, check_level, read_record, scan_records, sort_key, unrecorded
+from .backends import Backend, CommitInfo, FileSink, resolve
+from .errors import (
+    AlreadyExistsError,
+    CommitError,
+    InsufficientSpaceError,
+    IntegrityError,
+    NotFoundError,
+)
+from .records import FileRecord, Record, RecordFormatError, VerifyReport, VerifyResult, encode_record
+
+__all__ = ["CommitStore", "open_store"]
+
+log = logging.getLogger("commitstore")
+
+RECORD_HEADROOM = 64 * 1024
+"""Space reserved for the record when checking free space before a write of known size."""
+
+Progress = Callable[[int], None]
+
+
+def open_store(url: str | os.PathLike[str], **storage_options: Any) -> CommitStore:
+    """Open the store at ``url``: a plain local path, ``file://`` or ``memory://`` URL.
+
+    The commit strategy is chosen from one table by the URL (see ``describe()``). Creates the root
+    folder if needed; writes nothing else.
+
+    Raises:
+        InvalidNameError: the URL's scheme has no commit strategy.
+    """
+    return CommitStore(resolve(url, storage_options), url=os.fspath(url))
+
+
+class CommitStore:
+    """Staged writes, commits, verification and reads of artifacts under one root.
+
+    Guarantees, on every backend:
+
+    - An artifact is visible under its name only when it is whole; a committed artifact has a
+      record (size, xxh3_128 digest) written after its data.
+    - A failed or interrupted write publishes nothing and leaves every earlier artifact intact.
+    - Reads never hand out bytes that do not match their record, unless ``verify="none"``.
+    """
+
+    def __init__(self, backend: Backend, *, url: str) -> None:
+        self.backend = backend
+        self.url = url
+
+    def __repr__(self) -> str:
+        return f"CommitStore({self.url!r}, strategy={self.backend.strategy!r})"
+
+    def __enter__(self) -> CommitStore:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release resources. Idempotent."""
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait for pending background work (none without mirrors)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Which commit strategy this store uses and why, with its declared capabilities."""
+        return {"url": self.url, **self.backend.describe()}
+
+    # -- writing ------------------------------------------------------------------------
+    def _check_free(self, parts: tuple[str, ...], size: int) -> None:
+        free = self.backend.free_space(parts)
+        if free is not None and free < size + RECORD_HEADROOM:
+            raise InsufficientSpaceError(
+                f"{self.url}: {size} bytes needed for {'/'.join(parts)}, {free} available",
+                path="/".join(parts),
+                needed=size,
+                available=free,
+            )
+
+    def _check_absent(self, name: str, parts: tuple[str, ...]) -> None:
+        if self.backend.stat(record_parts(parts)) is not None:
+            raise AlreadyExistsError(f"{name} is already committed (overwrite=False)", name=name)
+        if self.backend.stat(parts) is not None:
+            raise AlreadyExistsError(
+                f"{name} exists without a record (left by another tool or an interrupted commit); "
+                "pass overwrite=True to replace it",
+                name=name,
+            )
+
+    def _new_record(
+        self, name: str, step: int | None, metadata: Mapping[str, Any] | None, **kw: Any
+    ) -> Record:
+        return Record(
+            name=name,
+            step=step if step is not None else infer_step(name),
+            created=datetime.now(timezone.utc),
+            metadata=dict(metadata or {}),
+            **kw,
+        )
+
+    def _commit(
+        self, parts: tuple[str, ...], overwrite: bool, publish_data: Callable[[], Record]
+    ) -> Record:
+        """Under the publish lock: publish the data (``publish_data`` returns its record), then
+        the record with the same protocol. Two writers' pairs never interleave."""
+        with self.backend.publish_lock():
+            if not overwrite:
+                self._check_absent("/".join(parts), parts)
+            record = publish_data()
+            rsink = self.backend.open_sink(record_parts(parts), overwrite=True)
+            try:
+                rsink.write(memoryview(encode_record(record)))
+            except BaseException:
+                rsink.abort()
+                raise
+            rsink.publish()
+        log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
+        return record
+
+    def _published(self, info: CommitInfo, name: str) -> None:
+        if not info.durable:
+            log.warning("%s: committed, durability unconfirmed: %s", name, "; ".join(info.notes))
+
+    def stage(
+        self,
+        name: str,
+        *,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> Stage:
+        """Open a staged write of ``name``: a writable binary file and a context manager.
+
+        Bytes go to a staging location no reader mistakes for the artifact; a clean ``with`` exit
+        (or ``commit()``) publishes the artifact and then its record; an exception or
+        ``abort()``/``close()`` publishes nothing. With ``overwrite=True`` the replacement is
+        atomic for readers.
+
+        Raises:
+            InvalidNameError: before any I/O.
+            AlreadyExistsError: ``overwrite=False`` and the name is taken (checked now and again,
+                atomically, at commit).
+        """
+        parts = validate_name(name)
+        if not overwrite:
+            self._check_absent(name, parts)
+        sink = self.backend.open_sink(parts, overwrite=overwrite)
+
+        def finish(s: FileSink, size: int, digest: str) -> Record:
+            def publish_data() -> Record:
+                self._published(s.publish(), name)
+                return self._new_record(name, step, metadata, size=size, digest=digest)
+
+            return self._commit(parts, overwrite, publish_data)
+
+        return Stage(name, sink, finish)
+
+    @contextlib.contextmanager
+    def stage_dir(
+        self,
+        name: str,
+        *,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> Iterator[Path]:
+        """Yield a local folder to fill; a clean exit publishes it whole, as one artifact.
+
+        The record lists every file (path, size, digest). An exception publishes nothing.
+        """
+        parts = validate_name(name)
+        if not overwrite:
+            self._check_absent(name, parts)
+        sink = self.backend.open_dir_sink(parts, overwrite=overwrite)
+        try:
+            yield sink.local_path
+        except BaseException:
+            sink.abort()
+            raise
+
+        def publish_data() -> Record:
+            info = sink.publish()
+            self._published(info, name)
+            files = tuple(FileRecord(p, size, d) for p, size, d in info.files)
+            return self._new_record(
+                name,
+                step,
+                metadata,
+                size=sum(f.size for f in files),
+                digest=manifest_digest(info.files),
+                files=files,
+                kind="dir",
+            )
+
+        try:
+            self._commit(parts, overwrite, publish_data)
+        except BaseException:
+            sink.abort()
+            raise
+
+    def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
+        """Commit ``data`` as ``name`` (same protocol as :meth:`stage`); checks free space first."""
+        parts = validate_name(name)
+        self._check_free(parts, memoryview(data).nbytes)
+        with self.stage(name, **kw) as st:
+            st.write(data)
+        assert st.record is not None
+        return st.record
+
+    def put_file(
+        self,
+        name: str,
+        local_path: str | os.PathLike[str],
+        *,
+        progress: Progress | None = None,
+        **kw: Any,
+    ) -> Record:
+        """Commit a local file as ``name``, streamed with constant memory; checks free space first.
+
+        Raises:
+            CommitError: the source changed size while it was copied (nothing published).
+        """
+        parts = validate_name(name)
+        with open(local_path, "rb") as src:
+            size = os.fstat(src.fileno()).st_size
+            self._check_free(parts, size)
+            with self.stage(name, **kw) as st:
+                _read.copy_stream(src, st, progress)
+                if st.tell() != size:
+                    raise CommitError(f"{local_path}: changed size while it was copied")
+        assert st.record is not None
+        return st.record
+
+    def delete(self, name: str) -> None:
+        """Remove the record first, then the data: a crash between leaves nothing claiming to be
+        whole. Raises NotFoundError if neither exists."""
+        parts = validate_name(name)
+        with self.backend.publish_lock():
+            had_record = self.backend.remove(record_parts(parts))
+            had_data = self.backend.remove(parts)
+        if not (had_record or had_data):
+            raise NotFoundError(f"{name} does not exist", name=name)
+
+    # -- reading ------------------------------------------------------------------------
+    def record(self, name: str) -> Record:
+        """The committed record of ``name``.
+
+        Raises:
+            NotFoundError: no record. IntegrityError: the record is unreadable (``bad_record``).
+        """
+        parts = validate_name(name)
+        try:
+            rec = read_record(self.backend, parts)
+        except RecordFormatError as exc:
+            raise IntegrityError(f"{name}: bad record: {exc}", name=name, status="bad_record") from exc
+        if rec is None:
+            raise NotFoundError(f"{name} is not committed in {self.url}", name=name)
+        return rec
+
+    def list(self) -> list[Record]:
+        """Committed artifacts (valid records only), oldest to newest by step."""
+        records, _bad = scan_records(self.backend)
+        return sorted(records, key=sort_key)
+
+    def verify(self, name: str | None = None, *, level: str = "full") -> VerifyReport:
+        """Check one artifact or all against their records; never raises for a bad artifact.
+
+        ``level="size"`` compares sizes; ``"full"`` also recomputes digests. Unrecorded files
+        under the root are reported as ``no_record`` (they do not make the report fail).
+        """
+        check_level(level)
+        if name is not None:
+            parts = validate_name(name)
+            try:
+                rec = read_record(self.backend, parts)
+            except RecordFormatError as exc:
+                return VerifyReport((VerifyResult(name, "bad_record", str(exc)),))
+            if rec is None:
+                if self.backend.stat(parts) is not None:
+                    return VerifyReport((VerifyResult(name, "no_record", "data without a record"),))
+                return VerifyReport((VerifyResult(name, "missing", "nothing under this name"),))
+            return VerifyReport((check(self.backend, rec, level),))
+        records, bad = scan_records(self.backend)
+        results = [check(self.backend, r, level) for r in records] + bad
+        results += [
+            VerifyResult(n, "no_record", "data without a record")
+            for n in unrecorded(self.backend, records, bad)
+        ]
+        return VerifyReport(tuple(sorted(results, key=lambda r: r.name)))
+
+    def latest(self, *, level: str = "full") -> Record | None:
+        """The newest artifact that passes :meth:`verify` at ``level``; each one skipped is logged
+        as a warning. None if there is none."""
+        check_level(level)
+        records, bad = scan_records(self.backend)
+        for b in bad:
+            log.warning("latest: skipping %s: bad_record (%s)", b.name, b.detail)
+        for rec in sorted(records, key=sort_key, reverse=True):
+            result = check(self.backend, rec, level)
+            if result.status == "ok":
+                return rec
+            log.warning("latest: skipping %s: %s (%s)", rec.name, result.status, result.detail)
+        return None
+
+    def open(self, name: str, *, verify: str = "full") -> _read.VerifiedFile:
+        """A readable, seekable binary file of ``name`` whose bytes passed the check first.
+
+        Raises:
+            NotFoundError: not committed. IntegrityError: the bytes fail the check.
+        """
+        check_level(verify, allow_none=True)
+        return _read.open_verified(self, name, verify)
+
+    def read_bytes(self, name: str, *, verify: str = "full") -> bytes:
+        """All bytes of ``name``, read once and checked before they are returned."""
+        check_level(verify, allow_none=True)
+        return _read.read_verified(self, name, verify)
+
+    def get_file(
+        self,
+        name: str,
+        local_path: str | os.PathLike[str],
+        *,
+        verify: str = "full",
+        progress: Progress | None = None,
+    ) -> None:
+        """Copy ``name`` to ``local_path`` with the local commit protocol; the local file appears
+        only if the bytes matched the record (folder artifacts: the whole folder)."""
+        check_level(verify, allow_none=True)
+        _read.get_verified(self, name, Path(local_path), verify, progress)
+
