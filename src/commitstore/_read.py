@@ -73,6 +73,9 @@ def _file_record(store: CommitStore, name: str) -> Record:
 
 
 def _record_changed(store: CommitStore, rec: Record) -> bool:
+    """After a failed check: wait out any publish in flight, then see if the record moved on."""
+    with store.backend.publish_lock():
+        pass
     try:
         return read_record(store.backend, tuple(rec.name.split("/"))) != rec
     except RecordFormatError:

@@ -1,0 +1,24 @@
+"""Test helpers for commitstore and for third-party backends.
+
+- :class:`StoreConformance`: the conformance suite; subclass it with a ``target`` fixture.
+- :class:`LocalBackdoor`, :class:`FsspecBackdoor`: raw access to a target, for assertions.
+- ``commitstore.testing.plugin``: pytest fixtures (``local_target``, ``memory_target``); enable
+  with ``pytest_plugins = ["commitstore.testing.plugin"]``.
+
+Needs the ``test`` extra (pytest, hypothesis).
+"""
+
+from __future__ import annotations
+
+from .backdoor import Backdoor, FsspecBackdoor, LocalBackdoor
+from .conformance import StoreConformance, Target, record_path, xxh
+
+__all__ = [
+    "Backdoor",
+    "FsspecBackdoor",
+    "LocalBackdoor",
+    "StoreConformance",
+    "Target",
+    "record_path",
+    "xxh",
+]

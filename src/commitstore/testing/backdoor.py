@@ -1,0 +1,94 @@
+"""Backdoors: read and damage a store's target directly, never through the API under test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+import fsspec
+
+
+class Backdoor(Protocol):
+    """Raw access to a store's root. Paths are relative to the root, ``/``-separated."""
+
+    def read(self, rel: str) -> bytes | None:
+        """The bytes at ``rel``, or None if there is no file."""
+
+    def write(self, rel: str, data: bytes) -> None:
+        """Write ``data`` at ``rel`` directly (to simulate damage or foreign files)."""
+
+    def remove(self, rel: str) -> None:
+        """Delete the file at ``rel``."""
+
+    def files(self) -> list[str]:
+        """Every file below the root, hidden ones included, sorted."""
+
+    def is_dir(self, rel: str) -> bool:
+        """True if ``rel`` is a folder."""
+
+
+class LocalBackdoor:
+    """``os`` calls on a local folder."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def read(self, rel: str) -> bytes | None:
+        p = self.root / rel
+        return p.read_bytes() if p.is_file() else None
+
+    def write(self, rel: str, data: bytes) -> None:
+        p = self.root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "r+b" if p.exists() else "wb") as f:
+            f.write(data)
+            f.truncate(len(data))
+
+    def remove(self, rel: str) -> None:
+        os.unlink(self.root / rel)
+
+    def files(self) -> list[str]:
+        out = []
+        for dirpath, _dirs, fnames in os.walk(self.root):
+            for f in fnames:
+                out.append(os.path.relpath(os.path.join(dirpath, f), self.root).replace(os.sep, "/"))
+        return sorted(out)
+
+    def is_dir(self, rel: str) -> bool:
+        return (self.root / rel).is_dir()
+
+
+class FsspecBackdoor:
+    """Raw fsspec calls (a fresh filesystem instance, not the store's)."""
+
+    def __init__(self, protocol: str, root: str, **options: object) -> None:
+        self.fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+        self.root = root.rstrip("/")
+
+    def _p(self, rel: str) -> str:
+        return f"{self.root}/{rel}"
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            data = self.fs.cat_file(self._p(rel))
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        return bytes(data)
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.fs.pipe_file(self._p(rel), data)
+
+    def remove(self, rel: str) -> None:
+        self.fs.rm_file(self._p(rel))
+
+    def files(self) -> list[str]:
+        try:
+            found = self.fs.find(self.root, withdirs=False)
+        except FileNotFoundError:
+            return []
+        prefix = self.root.lstrip("/") + "/"
+        return sorted(str(p).lstrip("/")[len(prefix) :] for p in found)
+
+    def is_dir(self, rel: str) -> bool:
+        return bool(self.fs.isdir(self._p(rel)))

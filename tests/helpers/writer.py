@@ -1,0 +1,27 @@
+"""Child process: commit one large artifact through ``stage()``; used by the crash tests.
+
+Usage: python -m tests.helpers.writer ROOT NAME SEED SIZE
+Prints ``ready`` once the stage is open, ``done`` after the commit.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from commitstore import open_store
+
+from .payload import chunks
+
+
+def main() -> None:
+    root, name, seed, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    store = open_store(root)
+    with store.stage(name, overwrite=True) as st:
+        print("ready", flush=True)
+        for c in chunks(seed, size):
+            st.write(c)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

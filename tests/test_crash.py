@@ -1,0 +1,109 @@
+"""SIGKILL a real writer process at random moments of a 100+ MB commit.
+
+Afterwards: no final name holds an incomplete artifact, ``latest()`` is the previous whole step (or
+the new one if its record was committed), and everything else left over has a staging name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from commitstore import open_store
+from commitstore.testing import LocalBackdoor, record_path, xxh
+
+from .helpers.payload import digest
+
+SIZE = 112 * 1024 * 1024
+TRIALS = 32
+ROOT_DIR = Path(__file__).resolve().parent.parent
+
+
+def _spawn(root: Path, name: str, seed: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.writer", str(root), name, str(seed), str(SIZE)],
+        cwd=ROOT_DIR,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.mark.crash
+def test_sigkill_during_commit_never_leaves_partial(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = open_store(root)
+    door = LocalBackdoor(root)
+    store.put_bytes("step_0000.bin", b"genesis")
+    committed = {"step_0000.bin": xxh(b"genesis")}
+
+    # Calibrate: how long an unkilled commit takes after "ready".
+    proc = _spawn(root, "calibration.bin", 999)
+    t0 = time.monotonic()
+    assert proc.wait(timeout=120) == 0
+    duration = time.monotonic() - t0
+    store.delete("calibration.bin")
+
+    rng = random.Random(20261129)
+    outcomes = {"published": 0, "nothing": 0, "data_without_record": 0}
+    for trial in range(1, TRIALS + 1):
+        name = f"step_{trial:04d}.bin"
+        expected = digest(trial, SIZE)
+        proc = _spawn(root, name, trial)
+        time.sleep(rng.uniform(0, duration * 1.1))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+
+        data = door.read(name)
+        rec_raw = door.read(record_path(name))
+        if data is not None:
+            # Whatever is under the final name is whole.
+            assert len(data) == SIZE, f"trial {trial}: partial file under final name"
+            assert xxh(data) == expected
+        if rec_raw is not None:
+            assert data is not None
+            assert json.loads(rec_raw)["digest"] == expected
+            committed[name] = expected
+            outcomes["published"] += 1
+        elif data is not None:
+            outcomes["data_without_record"] += 1
+        else:
+            outcomes["nothing"] += 1
+        del data
+
+        latest = open_store(root).latest(level="size")
+        assert latest is not None
+        assert latest.name == max(committed), f"trial {trial}: latest is {latest.name}"
+        for f in door.files():
+            parts = f.split("/")
+            leftover_ok = (
+                f in committed
+                or f == name
+                or f == ".commitstore/lock"
+                or any(f == record_path(n) for n in committed)
+                or any(p.startswith(".commitstore.tmp.") for p in parts)
+            )
+            assert leftover_ok, f"trial {trial}: unexpected file {f}"
+        # Keep the disk small: drop staging orphans and all but the newest committed step.
+        for f in door.files():
+            if any(p.startswith(".commitstore.tmp.") for p in f.split("/")):
+                os.unlink(root / f)
+        for old in sorted(committed)[:-1]:
+            if old != "step_0000.bin":
+                open_store(root).delete(old)
+                del committed[old]
+        if name not in committed and (root / name).exists():
+            os.unlink(root / name)
+    assert open_store(root).verify().ok
+    # The random kills must have landed both before and after the commit point.
+    assert outcomes["nothing"] > 0 and outcomes["published"] > 0, outcomes

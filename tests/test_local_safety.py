@@ -1,0 +1,123 @@
+"""Local-only guarantees: symlinks never lead writes out of the root; two processes racing."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from commitstore import AlreadyExistsError, IntegrityError, InvalidNameError, open_store
+from commitstore.testing import LocalBackdoor, xxh
+
+
+def test_symlinked_folder_pointing_outside_is_refused(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    store = open_store(root)
+    os.symlink(outside, root / "link")
+    with pytest.raises(InvalidNameError):
+        store.put_bytes("link/step_1", b"data")
+    with pytest.raises(InvalidNameError), store.stage_dir("link/deeper/x"):
+        pass
+    assert list(outside.iterdir()) == []
+
+
+def test_symlink_inside_root_is_refused_too(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store = open_store(root)
+    (root / "real").mkdir()
+    os.symlink(root / "real", root / "alias")
+    with pytest.raises(InvalidNameError):
+        store.put_bytes("alias/x", b"data")
+    assert list((root / "real").iterdir()) == []
+
+
+def test_symlink_at_final_name_is_replaced_not_followed(tmp_path: Path) -> None:
+    root, target = tmp_path / "root", tmp_path / "victim.txt"
+    target.write_bytes(b"precious")
+    store = open_store(root)
+    os.symlink(target, root / "evil")
+    store.put_bytes("evil", b"new bytes", overwrite=True)
+    assert target.read_bytes() == b"precious"
+    assert stat.S_ISREG(os.lstat(root / "evil").st_mode)
+    assert (root / "evil").read_bytes() == b"new bytes"
+
+
+def test_symlink_is_never_read_through(tmp_path: Path) -> None:
+    root, target = tmp_path / "root", tmp_path / "secret"
+    target.write_bytes(b"secret")
+    store = open_store(root)
+    store.put_bytes("f", b"secret")
+    os.unlink(root / "f")
+    os.symlink(target, root / "f")
+    with pytest.raises((IntegrityError, InvalidNameError)):
+        store.read_bytes("f")
+    assert store.verify().results[0].status != "ok"
+
+
+def _race(root: str, payload: bytes, overwrite: bool, barrier: object, out: object) -> None:
+    store = open_store(root)
+    st = store.stage("contested.bin", overwrite=overwrite)
+    for _ in range(8):
+        st.write(payload)
+    barrier.wait()  # type: ignore[attr-defined]
+    try:
+        st.commit()
+        out.put("won")  # type: ignore[attr-defined]
+    except AlreadyExistsError:
+        out.put("lost")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_two_processes_same_name(tmp_path: Path, overwrite: bool) -> None:
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    root = str(tmp_path / "root")
+    open_store(root)
+    payloads = [b"A" * 1_000_000, b"B" * 1_000_000]
+    procs = [ctx.Process(target=_race, args=(root, p, overwrite, barrier, out)) for p in payloads]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    results = sorted(out.get() for _ in procs)
+    assert results == (["won", "won"] if overwrite else ["lost", "won"])
+    data = (Path(root) / "contested.bin").read_bytes()
+    assert data in (payloads[0] * 8, payloads[1] * 8)
+    store = open_store(root)
+    assert store.record("contested.bin").digest == xxh(data)
+    assert store.verify().ok
+    assert LocalBackdoor(root).files() == sorted(
+        ["contested.bin", ".commitstore/lock", ".commitstore/records/.commitstore.rec.contested.bin.json"]
+    )
+
+
+def test_readers_see_old_or_new_during_overwrites(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store = open_store(root)
+    versions = [bytes([i]) * 200_000 for i in range(2)]
+    store.put_bytes("hot", versions[0])
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        r = open_store(root)
+        while not stop.is_set():
+            try:
+                assert r.read_bytes("hot") in versions
+            except BaseException as exc:
+                errors.append(exc)
+                return
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(150):
+        store.put_bytes("hot", versions[i % 2], overwrite=True)
+    stop.set()
+    t.join()
+    assert errors == []
