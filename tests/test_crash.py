@@ -88,8 +88,7 @@ def test_sigkill_during_commit_never_leaves_partial(tmp_path: Path) -> None:
             parts = f.split("/")
             leftover_ok = (
                 f in committed
-                or f == name
-                or f == ".commitstore/lock"
+                or f in (name, ".commitstore/lock")
                 or any(f == record_path(n) for n in committed)
                 or any(p.startswith(".commitstore.tmp.") for p in parts)
             )

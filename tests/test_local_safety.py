@@ -93,7 +93,11 @@ def test_two_processes_same_name(tmp_path: Path, overwrite: bool) -> None:
     assert store.record("contested.bin").digest == xxh(data)
     assert store.verify().ok
     assert LocalBackdoor(root).files() == sorted(
-        ["contested.bin", ".commitstore/lock", ".commitstore/records/.commitstore.rec.contested.bin.json"]
+        [
+            "contested.bin",
+            ".commitstore/lock",
+            ".commitstore/records/.commitstore.rec.contested.bin.json",
+        ]
     )
 
 

@@ -57,7 +57,7 @@ def hash_stream(stream: BinaryIO, *, chunk: int = READ_CHUNK) -> tuple[int, str]
 
 
 def manifest_digest(files: Iterable[tuple[str, int, str]]) -> str:
-    """Digest of a folder artifact: xxh3_128 over ``path\\tsize\\tdigest\\n`` lines sorted by path."""
+    """Folder digest: xxh3_128 over ``path\\tsize\\tdigest\\n`` lines sorted by path."""
     h = xxhash.xxh3_128()
     for path, size, digest in sorted(files):
         h.update(f"{path}\t{size}\t{digest}\n".encode())

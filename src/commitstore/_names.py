@@ -43,7 +43,9 @@ def validate_name(name: object) -> Parts:
     if "\\" in name:
         raise InvalidNameError(f"artifact name must not contain a backslash: {name!r}")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        raise InvalidNameError(f"artifact name must not contain NUL or control characters: {name!r}")
+        raise InvalidNameError(
+            f"artifact name must not contain NUL or control characters: {name!r}"
+        )
     parts = tuple(name.split("/"))
     for part in parts:
         if not part:

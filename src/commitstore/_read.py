@@ -174,9 +174,10 @@ def get_verified(
         for entry in rec.files:
             out = dsink.local_path.joinpath(*entry.path.split("/"))
             out.parent.mkdir(parents=True, exist_ok=True)
-            with store.backend.open_read((*parts, *entry.path.split("/"))) as src, out.open(
-                "wb"
-            ) as dst:
+            with (
+                store.backend.open_read((*parts, *entry.path.split("/"))) as src,
+                out.open("wb") as dst,
+            ):
                 size, digest = _tee_copy(src, dst)
             done += size
             if progress is not None:

@@ -62,7 +62,9 @@ class Stage(io.RawIOBase):
 
     def write(self, b: Buffer) -> int:
         if self._sink is None:
-            raise ValueError(f"write to a stage that is {'committed' if self.record else 'aborted'}")
+            raise ValueError(
+                f"write to a stage that is {'committed' if self.record else 'aborted'}"
+            )
         view = memoryview(b).cast("B")
         n = view.nbytes
         self._hasher.update(view)
@@ -152,4 +154,3 @@ class Stage(io.RawIOBase):
                 self.abort()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
-

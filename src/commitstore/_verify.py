@@ -56,7 +56,9 @@ def check(backend: Backend, record: Record, level: str) -> VerifyResult:
     if info is None:
         return VerifyResult(record.name, "missing", "no data under this name")
     if info.is_dir:
-        return VerifyResult(record.name, "size_mismatch", "a folder stands where a file was recorded")
+        return VerifyResult(
+            record.name, "size_mismatch", "a folder stands where a file was recorded"
+        )
     if info.size != record.size:
         return VerifyResult(
             record.name, "size_mismatch", f"expected {record.size} bytes, found {info.size}"
@@ -83,7 +85,9 @@ def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> Ve
     if info is None:
         return VerifyResult(record.name, "missing", "no folder under this name")
     if not info.is_dir:
-        return VerifyResult(record.name, "size_mismatch", "a file stands where a folder was recorded")
+        return VerifyResult(
+            record.name, "size_mismatch", "a file stands where a folder was recorded"
+        )
     found = {"/".join(rel): fi for rel, fi in backend.walk(parts)}
     for entry in record.files:
         fi = found.pop(entry.path, None)
@@ -97,7 +101,9 @@ def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> Ve
             )
     if found:
         extra = sorted(found)[0]
-        return VerifyResult(record.name, "size_mismatch", f"unrecorded file {extra!r} in the folder")
+        return VerifyResult(
+            record.name, "size_mismatch", f"unrecorded file {extra!r} in the folder"
+        )
     if level == "full":
         for entry in record.files:
             with backend.open_read((*parts, *entry.path.split("/"))) as f:
@@ -155,7 +161,9 @@ def unrecorded(backend: Backend, records: list[Record], bad: list[VerifyResult])
         name = "/".join(rel)
         if name in files or name in claimed:
             continue
-        if any("/".join(rel[:i]) in dirs or "/".join(rel[:i]) in claimed for i in range(1, len(rel))):
+        if any(
+            "/".join(rel[:i]) in dirs or "/".join(rel[:i]) in claimed for i in range(1, len(rel))
+        ):
             continue
         out.append(name)
     return sorted(out)

@@ -142,7 +142,9 @@ def decode_record(data: bytes) -> Record:
             tzinfo=timezone.utc
         )
     except ValueError as exc:
-        raise RecordFormatError(f"record 'created' is not a UTC timestamp: {created_raw!r}") from exc
+        raise RecordFormatError(
+            f"record 'created' is not a UTC timestamp: {created_raw!r}"
+        ) from exc
     metadata = _need(doc, "metadata", dict)
     return Record(
         name=name,

@@ -24,7 +24,14 @@ from .errors import (
     IntegrityError,
     NotFoundError,
 )
-from .records import FileRecord, Record, RecordFormatError, VerifyReport, VerifyResult, encode_record
+from .records import (
+    FileRecord,
+    Record,
+    RecordFormatError,
+    VerifyReport,
+    VerifyResult,
+    encode_record,
+)
 
 __all__ = ["CommitStore", "open_store"]
 
@@ -270,7 +277,9 @@ class CommitStore:
         try:
             rec = read_record(self.backend, parts)
         except RecordFormatError as exc:
-            raise IntegrityError(f"{name}: bad record: {exc}", name=name, status="bad_record") from exc
+            raise IntegrityError(
+                f"{name}: bad record: {exc}", name=name, status="bad_record"
+            ) from exc
         if rec is None:
             raise NotFoundError(f"{name} is not committed in {self.url}", name=name)
         return rec
@@ -346,4 +355,3 @@ class CommitStore:
         only if the bytes matched the record (folder artifacts: the whole folder)."""
         check_level(verify, allow_none=True)
         _read.get_verified(self, name, Path(local_path), verify, progress)
-

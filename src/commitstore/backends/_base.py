@@ -1,9 +1,9 @@
 """The strategy seam: what every backend implements, and nothing more.
 
-A backend owns one root and knows its storage's single atomic "make it visible" step. The facade
-(:class:`commitstore.CommitStore`) hashes, checks and records; a backend only stages bytes, publishes
-them in one step, reads, lists and removes. Paths are tuples of already-validated parts, relative to
-the root.
+A backend owns one root and knows its storage's single atomic "make it visible" step. The
+facade (:class:`commitstore.CommitStore`) hashes, checks and records; a backend only stages bytes,
+publishes them in one step, reads, lists and removes. Paths are tuples of already-validated
+parts, relative to the root.
 """
 
 from __future__ import annotations

@@ -19,7 +19,13 @@ except OSError:  # pragma: no cover - non-glibc platforms
 
 _renameat2 = getattr(_libc, "renameat2", None) if _libc is not None else None
 if _renameat2 is not None:
-    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    _renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
     _renameat2.restype = ctypes.c_int
 
 _sync_file_range = getattr(_libc, "sync_file_range", None) if _libc is not None else None

@@ -14,8 +14,8 @@ import shutil
 import tempfile
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
@@ -23,7 +23,7 @@ from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 from .._names import Parts
 from ..errors import AlreadyExistsError, NotFoundError
 from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
-from .local import hash_and_sync_tree
+from ._localio import hash_and_sync_tree
 
 _LOCK = threading.RLock()
 
@@ -131,7 +131,7 @@ class MemoryBackend(Backend):
             now = time.time()
             for key, data in entries.items():
                 f = MemoryFile(self.fs, key, data)
-                f.modified = now  # type: ignore[attr-defined]
+                f.modified = now
                 self.fs.store[key] = f
 
 

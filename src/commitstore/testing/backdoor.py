@@ -52,7 +52,9 @@ class LocalBackdoor:
         out = []
         for dirpath, _dirs, fnames in os.walk(self.root):
             for f in fnames:
-                out.append(os.path.relpath(os.path.join(dirpath, f), self.root).replace(os.sep, "/"))
+                out.append(
+                    os.path.relpath(os.path.join(dirpath, f), self.root).replace(os.sep, "/")
+                )
         return sorted(out)
 
     def is_dir(self, rel: str) -> bool:

@@ -283,8 +283,9 @@ class StoreConformance:
         target.door.write("only_1", b"abd")
         assert target.store.latest() is None
 
-    def test_reads_refuse_bad_bytes(self, target: Target, tmp_path_factory: pytest.TempPathFactory
-                                    ) -> None:
+    def test_reads_refuse_bad_bytes(
+        self, target: Target, tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
         s = target.store
         s.put_bytes("r_1", b"0123456789" * 100)
         with s.open("r_1") as f:
@@ -353,11 +354,18 @@ class StoreConformance:
         assert latest is not None and latest.name == "step_9"
 
     # -- fault injection: any bit flip or truncation is caught --------------------------
-    @settings(max_examples=25, deadline=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+        ],
+    )
     @given(data=st.binary(min_size=1, max_size=4096), where=st.floats(0, 1), bit=st.integers(0, 7))
-    def test_any_bit_flip_detected(self, target: Target, data: bytes, where: float, bit: int
-                                   ) -> None:
+    def test_any_bit_flip_detected(
+        self, target: Target, data: bytes, where: float, bit: int
+    ) -> None:
         name = f"flip/{xxhash.xxh64_hexdigest(data)}-{bit}-{where}"
         target.store.put_bytes(name, data, overwrite=True)
         pos = min(int(where * len(data)), len(data) - 1)
@@ -368,8 +376,14 @@ class StoreConformance:
         with pytest.raises(IntegrityError):
             target.store.read_bytes(name)
 
-    @settings(max_examples=25, deadline=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+        ],
+    )
     @given(data=st.binary(min_size=1, max_size=4096), where=st.floats(0, 1))
     def test_any_truncation_detected(self, target: Target, data: bytes, where: float) -> None:
         name = f"trunc/{xxhash.xxh64_hexdigest(data)}-{where}"

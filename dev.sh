@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The project's two entry points (see README):
+#   ./dev.sh demo [DIR]   set up and run the main job (local folders, no cloud account)
+#   ./dev.sh test [ARGS]  set up and run the full test-suite (starts every server it needs)
+# Also: ./dev.sh lint (ruff + mypy --strict), ./dev.sh bench (benchmarks, not part of tests).
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${COMMITSTORE_VENV:-.venv}
+PY=${PYTHON:-python3}
+
+# Debian packages the test-suite needs (servers and tools it starts itself).
+SYSTEM_PACKAGES=(util-linux)
+
+need_root_apt() {
+    local missing=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" != 0 ]; then
+        echo "dev.sh: missing Debian packages: ${missing[*]} (run as root to install them)" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+}
+
+venv() {
+    local extras=$1
+    if [ ! -x "$VENV/bin/python" ]; then
+        if ! "$PY" -m venv "$VENV" 2>/dev/null; then
+            need_root_apt python3-venv
+            "$PY" -m venv "$VENV"
+        fi
+    fi
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    "$VENV/bin/python" -m pip install -q -e ".${extras}"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+    demo)
+        venv ""
+        exec "$VENV/bin/commitstore" demo "$@"
+        ;;
+    test)
+        need_root_apt "${SYSTEM_PACKAGES[@]}"
+        venv "[test]"
+        export COMMITSTORE_REQUIRE_SERVERS=1
+        exec "$VENV/bin/python" -m pytest "$@"
+        ;;
+    lint)
+        venv "[test,lint,typecheck]"
+        "$VENV/bin/ruff" check src tests benchmarks noxfile.py docs
+        "$VENV/bin/ruff" format --check src tests benchmarks noxfile.py docs
+        exec "$VENV/bin/mypy"
+        ;;
+    bench)
+        venv "[test]"
+        exec "$VENV/bin/python" -m benchmarks "$@"
+        ;;
+    *)
+        echo "usage: ./dev.sh demo [DIR] | test [PYTEST ARGS] | lint | bench [ARGS]" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,191 @@
+"""``commitstore`` command line: a thin layer over the public API.
+
+Exit status: 0 all good; 1 an integrity problem was found or an operation failed; 2 usage error.
+Expected failures print one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__, open_store
+from ._progress import ProgressBar
+from .errors import CommitStoreError, InvalidNameError
+from .records import Record, VerifyReport
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def record_json(rec: Record) -> dict[str, Any]:
+    """A record as plain JSON values (the same fields as the on-disk record)."""
+    return {
+        "name": rec.name,
+        "kind": rec.kind,
+        "step": rec.step,
+        "size": rec.size,
+        "digest": rec.digest,
+        "created": rec.created.isoformat(),
+        "metadata": rec.metadata,
+        "files": [{"path": f.path, "size": f.size, "digest": f.digest} for f in rec.files],
+    }
+
+
+def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
+    print(json.dumps(doc, indent=2) if args.json else text)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    records = open_store(args.url).list()
+    lines = [f"{'STEP':>8}  {'SIZE':>14}  {'DIGEST':<20}  NAME"]
+    for r in records:
+        step = "-" if r.step is None else str(r.step)
+        lines.append(f"{step:>8}  {r.size:>14}  {r.digest[:20]:<20}  {r.name}")
+    _emit(args, [record_json(r) for r in records], "\n".join(lines))
+    return EXIT_OK
+
+
+def _report_text(report: VerifyReport) -> str:
+    lines = [
+        f"{r.status:<14} {r.name}" + (f"  ({r.detail})" if r.detail else "") for r in report.results
+    ]
+    lines.append("OK" if report.ok else "PROBLEMS FOUND")
+    return "\n".join(lines)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = open_store(args.url).verify(args.name, level=args.level)
+    doc = {
+        "ok": report.ok,
+        "results": [
+            {"name": r.name, "status": r.status, "detail": r.detail} for r in report.results
+        ],
+    }
+    _emit(args, doc, _report_text(report))
+    return EXIT_OK if report.ok else EXIT_FAIL
+
+
+def cmd_latest(args: argparse.Namespace) -> int:
+    rec = open_store(args.url).latest(level=args.level)
+    if rec is None:
+        _emit(args, None, "no whole artifact found")
+        return EXIT_FAIL
+    _emit(args, record_json(rec), f"{rec.name} (step {rec.step}, {rec.size} bytes, {rec.digest})")
+    return EXIT_OK
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    name = args.name or os.path.basename(os.path.abspath(args.local))
+    store = open_store(args.url)
+    if os.path.isdir(args.local):
+        import shutil
+
+        with store.stage_dir(name, step=args.step, overwrite=args.overwrite) as d:
+            shutil.copytree(args.local, d, dirs_exist_ok=True)
+        rec = store.record(name)
+    else:
+        bar = ProgressBar(f"put {name}", os.path.getsize(args.local))
+        rec = store.put_file(
+            name, args.local, step=args.step, overwrite=args.overwrite, progress=bar
+        )
+    _emit(args, record_json(rec), f"committed {rec.name} ({rec.size} bytes, {rec.digest})")
+    return EXIT_OK
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    store = open_store(args.url)
+    rec = store.record(args.name)
+    bar = ProgressBar(f"get {args.name}", rec.size)
+    store.get_file(args.name, args.dest, verify=args.verify, progress=bar)
+    _emit(args, record_json(rec), f"{args.dest}: {rec.size} bytes, verified ({args.verify})")
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    info = open_store(args.url).describe()
+    text = "\n".join(f"{k}: {v}" for k, v in info.items())
+    _emit(args, info, text)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.dir, as_json=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="commitstore", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"commitstore {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("--json", action="store_true", help="machine-readable output")
+        return sp
+
+    sp = add("ls", "list committed artifacts, oldest to newest")
+    sp.add_argument("url")
+    sp.set_defaults(func=cmd_ls)
+    sp = add("verify", "check artifacts against their records")
+    sp.add_argument("url")
+    sp.add_argument("name", nargs="?")
+    sp.add_argument("--level", choices=("size", "full"), default="full")
+    sp.set_defaults(func=cmd_verify)
+    sp = add("latest", "the newest artifact that verifies")
+    sp.add_argument("url")
+    sp.add_argument("--level", choices=("size", "full"), default="full")
+    sp.set_defaults(func=cmd_latest)
+    sp = add("put", "commit a local file or folder")
+    sp.add_argument("local")
+    sp.add_argument("url")
+    sp.add_argument("--name")
+    sp.add_argument("--step", type=int)
+    sp.add_argument("--overwrite", action="store_true")
+    sp.set_defaults(func=cmd_put)
+    sp = add("get", "copy an artifact out, verified")
+    sp.add_argument("url")
+    sp.add_argument("name")
+    sp.add_argument("dest")
+    sp.add_argument("--verify", choices=("size", "full", "none"), default="full")
+    sp.set_defaults(func=cmd_get)
+    sp = add("info", "which commit strategy a store uses, and why")
+    sp.add_argument("url")
+    sp.set_defaults(func=cmd_info)
+    sp = add("demo", "simulated training run: crash, resume, corruption caught")
+    sp.add_argument("dir", nargs="?", default="commitstore-demo")
+    sp.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (also used by ``python -m commitstore``)."""
+    args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("commitstore: %(levelname)s: %(message)s"))
+    logger = logging.getLogger("commitstore")
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        code: int = args.func(args)
+        return code
+    except InvalidNameError as exc:
+        print(f"commitstore: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (CommitStoreError, OSError) as exc:
+        print(f"commitstore: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        print("commitstore: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        logger.removeHandler(handler)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
