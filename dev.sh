@@ -54,6 +54,7 @@ case "$cmd" in
         venv "[test,lint,typecheck]"
         "$VENV/bin/ruff" check src tests benchmarks noxfile.py docs
         "$VENV/bin/ruff" format --check src tests benchmarks noxfile.py docs
+        "$VENV/bin/python" docs/check_docs.py
         exec "$VENV/bin/mypy"
         ;;
     bench)

@@ -1,0 +1,47 @@
+"""Check the docs against the code (the nox ``docs`` session).
+
+- The example record in docs/format.md parses with the real decoder and round-trips.
+- Every public name of ``commitstore`` is mentioned in the README or docs.
+- The layout paths in docs/format.md match what the code computes.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import commitstore
+from commitstore._names import record_parts, validate_name
+from commitstore.records import decode_record
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    problems: list[str] = []
+    fmt = (ROOT / "docs" / "format.md").read_text()
+    match = re.search(r"<!-- example-record -->\s*```json\n(.*?)```", fmt, re.S)
+    if match is None:
+        problems.append("format.md: no example record")
+    else:
+        rec = decode_record(match.group(1).encode())
+        if rec.name != "run1/step_0810.pt" or rec.step != 810:
+            problems.append("format.md: example record decodes to something else")
+    example = "/".join(record_parts(validate_name("run1/step_0810.pt")))
+    if example not in fmt:
+        problems.append(f"format.md: layout example {example} missing")
+    text = (ROOT / "README.md").read_text() + "".join(
+        p.read_text() for p in (ROOT / "docs").glob("*.md")
+    )
+    for name in commitstore.__all__:
+        if name != "__version__" and name not in text:
+            problems.append(f"public name {name} is not documented")
+    for p in problems:
+        print(f"docs: {p}", file=sys.stderr)
+    print("docs: ok" if not problems else f"docs: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
