@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -89,8 +90,11 @@ def test_long_final_part_uses_hashed_record_name(tmp_path: Path) -> None:
 
 
 def test_exports_are_exact() -> None:
-    public = {n for n in dir(commitstore) if not n.startswith("_")}
-    modules = {"errors", "records", "store", "backends", "testing", "annotations"}
-    assert public - modules == set(commitstore.__all__) - {"__version__"}
+    public = {
+        n
+        for n, v in vars(commitstore).items()
+        if not n.startswith("_") and not isinstance(v, types.ModuleType) and n != "annotations"
+    }
+    assert public == set(commitstore.__all__) - {"__version__"}
     for name in commitstore.__all__:
         assert hasattr(commitstore, name)
