@@ -80,7 +80,7 @@ class MemoryBackend(Backend):
             entry = self.fs.store.get(key)
             if entry is not None:
                 return FileInfo(size=entry.size, mtime=_mtime(entry))
-            if self._has_children(key):
+            if key in self.fs.pseudo_dirs or self._has_children(key):
                 return FileInfo(size=0, mtime=None, is_dir=True)
         return None
 
@@ -94,12 +94,8 @@ class MemoryBackend(Backend):
         ]
 
     def remove(self, parts: Parts) -> bool:
-        key = self.key(parts)
         with _LOCK:
-            doomed = [k for k in self.fs.store if k == key or k.startswith(key + "/")]
-            for k in doomed:
-                del self.fs.store[k]
-        return bool(doomed)
+            return self._drop(self.key(parts))
 
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:
@@ -120,19 +116,32 @@ class MemoryBackend(Backend):
             },
         }
 
-    def install(self, entries: dict[str, bytes], final: str, *, overwrite: bool) -> None:
-        """Put every entry in the store in one step (under the lock)."""
+    def install(
+        self, entries: dict[str, bytes], final: str, *, overwrite: bool, is_dir: bool = False
+    ) -> None:
+        """Put every entry in the store in one step (under the lock); a folder is marked as one
+        even when empty."""
         with _LOCK:
             if self._exists(final):
                 if not overwrite:
                     raise AlreadyExistsError(f"memory://{final} already exists")
-                for k in [k for k in self.fs.store if k == final or k.startswith(final + "/")]:
-                    del self.fs.store[k]
+                self._drop(final)
             now = time.time()
             for key, data in entries.items():
                 f = MemoryFile(self.fs, key, data)
                 f.modified = now
                 self.fs.store[key] = f
+            if is_dir:
+                self.fs.pseudo_dirs.append(final)
+
+    def _drop(self, key: str) -> bool:
+        doomed = [k for k in self.fs.store if k == key or k.startswith(key + "/")]
+        for k in doomed:
+            del self.fs.store[k]
+        dirs = [d for d in self.fs.pseudo_dirs if d == key or d.startswith(key + "/")]
+        for d in dirs:
+            self.fs.pseudo_dirs.remove(d)
+        return bool(doomed or dirs)
 
 
 def _mtime(entry: Any) -> float | None:
@@ -183,7 +192,7 @@ class MemoryDirSink(DirSink):
             entries = {
                 f"{self._key}/{rel}": (self.local_path / rel).read_bytes() for rel, _, _ in files
             }
-            self._backend.install(entries, self._key, overwrite=self._overwrite)
+            self._backend.install(entries, self._key, overwrite=self._overwrite, is_dir=True)
             return CommitInfo(sum(s for _, s, _ in files), files=files)
         finally:
             self.abort()

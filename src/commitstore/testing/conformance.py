@@ -174,6 +174,17 @@ class StoreConformance:
         }
         assert staging_files(target.door) == []
 
+    def test_empty_folder_artifact(self, target: Target) -> None:
+        with target.store.stage_dir("empty_7"):
+            pass
+        assert target.door.is_dir("empty_7")
+        rec = target.store.record("empty_7")
+        assert rec.kind == "dir"
+        assert rec.files == ()
+        assert target.store.verify("empty_7").ok
+        target.store.delete("empty_7")
+        assert not target.door.is_dir("empty_7")
+
     def test_stage_dir_exception_publishes_nothing(self, target: Target) -> None:
         before = target.door.files()
         with pytest.raises(KeyError), target.store.stage_dir("hf/checkpoint-40") as d:
@@ -394,6 +405,11 @@ class StoreConformance:
             assert target.store.verify(name, level=level).results[0].status == "size_mismatch"
         latest = target.store.latest(level="size")
         assert latest is None or latest.name != name
+
+    def test_state_machine_against_model(self, target: Target) -> None:
+        from .stateful import run_store_machine
+
+        run_store_machine(target)
 
     # -- declared capabilities are true --------------------------------------------------
     def test_describe_names_strategy(self, target: Target) -> None:
