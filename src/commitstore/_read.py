@@ -162,7 +162,7 @@ def get_verified(
             problem = _compare(rec, level, h.count, h.digest())
             if problem is not None:
                 raise problem
-            sink.publish()
+            sink.publish(size=h.count, digest=h.digest())
         except BaseException:
             sink.abort()
             raise

@@ -13,7 +13,7 @@ from .errors import CommitError
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from .backends import FileSink
+    from .backends import CommitInfo, FileSink
     from .records import Record
 
 WRITE_CHUNK = 4 * 1024 * 1024
@@ -33,7 +33,7 @@ class Stage(io.RawIOBase):
         self,
         name: str,
         sink: FileSink,
-        finish: Callable[[FileSink, int, str], Record],
+        finish: Callable[[FileSink, int, str], tuple[Record, CommitInfo]],
     ) -> None:
         super().__init__()
         self.name = name
@@ -43,6 +43,11 @@ class Stage(io.RawIOBase):
         self._buf = bytearray()
         self.record: Record | None = None
         """The committed record, after :meth:`commit`."""
+        self.durable: bool | None = None
+        """After commit: False when the storage could not confirm durability (a directory fsync
+        refused on a network bridge); the commit itself succeeded."""
+        self.notes: tuple[str, ...] = ()
+        """After commit: what the commit strategy had to work around (retries, refusals)."""
 
     def __repr__(self) -> str:
         state = "committed" if self.record else ("aborted" if self._sink is None else "open")
@@ -109,7 +114,8 @@ class Stage(io.RawIOBase):
                     f"{self.name}: storage accepted {sink.bytes_written} bytes, "
                     f"{self._hasher.count} were hashed"
                 )
-            self.record = self._finish(sink, self._hasher.count, self._hasher.digest())
+            self.record, info = self._finish(sink, self._hasher.count, self._hasher.digest())
+            self.durable, self.notes = info.durable, tuple(info.notes)
         except BaseException:
             self.abort()
             raise

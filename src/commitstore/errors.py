@@ -125,8 +125,9 @@ class InsufficientSpaceError(CommitStoreError, OSError):
 
 
 class InvalidNameError(CommitStoreError, ValueError):
-    """The artifact name is not valid (see ``docs/format.md``), or writing it would leave the
-    store's root. Raised before any I/O whenever the name alone shows it."""
+    """The artifact name is not valid (see ``docs/format.md``), writing it would leave the store's
+    root, or a URL, option or level given with it is not valid. Raised before any I/O whenever the
+    input alone shows it."""
 
 
 class MirrorError(ExceptionGroup, CommitStoreError):  # type: ignore[misc]

@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _read
-from ._digest import manifest_digest
+from ._digest import digest_bytes, manifest_digest
 from ._names import infer_step, record_parts, validate_name
 from ._stage import Stage
 from ._verify import check, check_level, read_record, scan_records, sort_key, unrecorded
@@ -132,19 +132,20 @@ class CommitStore:
             if not overwrite:
                 self._check_absent("/".join(parts), parts)
             record = publish_data()
+            body = encode_record(record)
             rsink = self.backend.open_sink(record_parts(parts), overwrite=True)
             try:
-                rsink.write(memoryview(encode_record(record)))
+                rsink.write(memoryview(body))
             except BaseException:
                 rsink.abort()
                 raise
-            rsink.publish()
+            self._published(rsink.publish(size=len(body), digest=digest_bytes(body)), record.name)
         log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
         return record
 
     def _published(self, info: CommitInfo, name: str) -> None:
         if not info.durable:
-            log.warning("%s: committed, durability unconfirmed: %s", name, "; ".join(info.notes))
+            log.warning("%s: durability unconfirmed: %s", name, "; ".join(info.notes))
 
     def stage(
         self,
@@ -171,12 +172,15 @@ class CommitStore:
             self._check_absent(name, parts)
         sink = self.backend.open_sink(parts, overwrite=overwrite)
 
-        def finish(s: FileSink, size: int, digest: str) -> Record:
+        def finish(s: FileSink, size: int, digest: str) -> tuple[Record, CommitInfo]:
+            infos: list[CommitInfo] = []
+
             def publish_data() -> Record:
-                self._published(s.publish(), name)
+                infos.append(s.publish(size=size, digest=digest))
+                self._published(infos[0], name)
                 return self._new_record(name, step, metadata, size=size, digest=digest)
 
-            return self._commit(parts, overwrite, publish_data)
+            return self._commit(parts, overwrite, publish_data), infos[0]
 
         return Stage(name, sink, finish)
 

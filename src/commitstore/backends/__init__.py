@@ -5,6 +5,9 @@ URL                        strategy            commit point
 =========================  ==================  ==============================================
 ``/path``, ``file://...``  ``local-rename``    fsync file, rename (no-replace or replace),
                                                fsync directory
+  ... on 9p/drvfs/CIFS/    ``bridge-checked``  the same, plus fresh-stat size check, read-back
+  NFS/FUSE mounts                              digest, rename retries, size after rename,
+                                               dir-fsync errors reported, not fatal
 ``memory://...``           ``memory-swap``     one swap into the store under a lock
 =========================  ==================  ==============================================
 
@@ -20,6 +23,8 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import InvalidNameError
 from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
+from ._mounts import mount_of
+from .bridge import BridgeBackend
 from .local import LocalBackend
 from .memory import MemoryBackend
 
@@ -35,17 +40,38 @@ __all__ = [
 ]
 
 
+def _take(options: dict[str, Any], allowed: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise InvalidNameError(f"unknown storage options {unknown}; known: {sorted(allowed)}")
+    return {**allowed, **options}
+
+
 def _local(url: str, options: dict[str, Any]) -> Backend:
+    opts = _take(options, {"strategy": "auto", "readback": True})
     if url.startswith("file://"):
         parsed = urlsplit(url)
         if parsed.netloc not in ("", "localhost"):
             raise InvalidNameError(f"file:// URL with a remote host is not supported: {url!r}")
-        path = unquote(parsed.path)
-        return LocalBackend(path, reason="file:// URL")
-    return LocalBackend(os.path.expanduser(url), reason="plain local path")
+        path, how = unquote(parsed.path), "file:// URL"
+    else:
+        path, how = os.path.expanduser(url), "local path"
+    strategy = opts["strategy"]
+    if strategy not in ("auto", "local", "bridge"):
+        raise InvalidNameError(f"strategy must be 'auto', 'local' or 'bridge', not {strategy!r}")
+    mount = mount_of(path)
+    where = f"on {mount.fstype} mounted at {mount.mount_point}" if mount else "mount unknown"
+    if strategy == "bridge" or (strategy == "auto" and mount is not None and mount.is_bridge):
+        why = "strategy='bridge' requested" if strategy == "bridge" else "network/FUSE mount"
+        return BridgeBackend(
+            path, reason=f"{how} {where} ({why})", mount=mount, readback=bool(opts["readback"])
+        )
+    why = "strategy='local' requested" if strategy == "local" else "local filesystem"
+    return LocalBackend(path, reason=f"{how} {where} ({why})")
 
 
 def _memory(url: str, options: dict[str, Any]) -> Backend:
+    _take(options, {})
     return MemoryBackend(url[len("memory://") :])
 
 

@@ -69,12 +69,14 @@ class FileSink(abc.ABC):
         """Write all of ``data`` to the staging location (loops on short writes)."""
 
     @abc.abstractmethod
-    def publish(self) -> CommitInfo:
+    def publish(self, *, size: int, digest: str) -> CommitInfo:
         """Make the staged bytes durable, then visible under the final name in one step.
 
+        ``size`` and ``digest`` are what the caller hashed on the way; a backend that can check
+        what it stored (a fresh stat, a read-back, a server checksum) compares against them first.
         On failure nothing is visible under the final name and the staging location is removed.
         Raises AlreadyExistsError when the sink was opened with ``overwrite=False`` and the name
-        appeared meanwhile.
+        appeared meanwhile, CommitError when a check fails.
         """
 
     @abc.abstractmethod

@@ -8,6 +8,9 @@ import os
 import shutil
 import stat as statmod
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .._digest import READ_CHUNK, Hasher
@@ -27,14 +30,18 @@ def os_error(exc: OSError, what: str, path: str) -> Exception:
     return CommitError(f"{what} {path} failed: {exc.strerror or exc}")
 
 
-def fsync_dir(fd: int, info: CommitInfo | None = None) -> None:
-    """fsync a directory; EINVAL/ENOTSUP mean "not supported here": durability unconfirmed."""
+def fsync_dir(
+    fd: int,
+    info: CommitInfo | None = None,
+    tolerated: tuple[int, ...] = (errno.EINVAL, errno.ENOTSUP),
+) -> None:
+    """fsync a directory; a ``tolerated`` error marks durability unconfirmed in ``info``."""
     try:
         os.fsync(fd)
     except OSError as exc:
-        if exc.errno in (errno.EINVAL, errno.ENOTSUP) and info is not None:
+        if exc.errno in tolerated and info is not None:
             info.durable = False
-            info.notes.append(f"directory fsync not supported ({exc.strerror})")
+            info.notes.append(f"directory fsync failed ({exc.strerror}): durability unconfirmed")
             return
         raise
 
@@ -46,39 +53,107 @@ def rmtree_at(dirfd: int, name: str, shown: str) -> None:
         shutil.rmtree(os.path.join(f"/proc/self/fd/{dirfd}", name))
 
 
-def publish_at(dirfd: int, tmp: str, final: str, *, overwrite: bool, shown: str) -> None:
-    """Move ``tmp`` onto ``final`` in ``dirfd`` in one step.
+@dataclass(frozen=True, slots=True)
+class CommitPolicy:
+    """How suspicious a local-path strategy is of its filesystem (one per strategy)."""
 
-    ``overwrite=False``: ``renameat2(RENAME_NOREPLACE)`` (or link+unlink for files where the
-    filesystem lacks it), so of two racing writers exactly one wins. ``overwrite=True``: ``rename``,
-    or ``RENAME_EXCHANGE`` then removal of the old copy when the types differ or the old one is a
-    non-empty folder. Raises AlreadyExistsError or OSError; ``tmp`` is left for the caller to clean.
+    rename_attempts: int = 1
+    """Tries of the rename; bridges retry EACCES/EPERM/EBUSY, with backoff, never a copy."""
+    fresh_stat: bool = False
+    """After close: stat the staging file by name and compare its size with the bytes written."""
+    readback: bool = False
+    """After close: drop the staging file's cached pages, re-read it and compare the digest."""
+    check_after_rename: bool = False
+    """Stat the final name after the rename and compare its size again."""
+    dir_fsync_tolerated: tuple[int, ...] = (errno.EINVAL, errno.ENOTSUP)
+    """Errors of a directory fsync that mean "durability unconfirmed" rather than failure."""
+
+
+LOCAL_POLICY = CommitPolicy()
+BRIDGE_POLICY = CommitPolicy(
+    rename_attempts=6,
+    fresh_stat=True,
+    readback=True,
+    check_after_rename=True,
+    dir_fsync_tolerated=(errno.EINVAL, errno.ENOTSUP, errno.EIO),
+)
+RETRY_RENAME_ERRNOS = (errno.EACCES, errno.EPERM, errno.EBUSY)
+_NO_LINK = (errno.EPERM, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK, errno.EXDEV, errno.EINVAL)
+
+
+def _retrying(policy: CommitPolicy, info: CommitInfo | None, call: Callable[[], None]) -> None:
+    for attempt in range(policy.rename_attempts):
+        try:
+            call()
+            if attempt and info is not None:
+                info.notes.append(f"rename succeeded after {attempt + 1} attempts")
+            return
+        except OSError as exc:
+            if exc.errno not in RETRY_RENAME_ERRNOS or attempt + 1 >= policy.rename_attempts:
+                raise
+            time.sleep(min(0.05 * 2**attempt, 1.0))
+
+
+def publish_at(
+    dirfd: int,
+    tmp: str,
+    final: str,
+    *,
+    overwrite: bool,
+    shown: str,
+    policy: CommitPolicy = LOCAL_POLICY,
+    info: CommitInfo | None = None,
+) -> None:
+    """Move ``tmp`` onto ``final`` in ``dirfd`` in one step. Never copies.
+
+    ``overwrite=False``: ``renameat2(RENAME_NOREPLACE)``, so of two racing writers exactly one
+    wins; where the filesystem lacks it (FUSE, 9p), ``link`` + ``unlink`` for files, and where links
+    are refused too, check-then-rename under the store's publish lock. ``overwrite=True``:
+    ``rename``, or ``RENAME_EXCHANGE`` then removal of the old copy when the types differ or the old
+    one is a non-empty folder. Renames are retried per ``policy``. Raises AlreadyExistsError or
+    OSError; ``tmp`` is left for the caller to clean.
     """
+
+    def rename() -> None:
+        os.rename(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+
+    def exists() -> bool:
+        try:
+            os.stat(final, dir_fd=dirfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
     if not overwrite:
         try:
-            _posix.renameat2(dirfd, tmp, dirfd, final, _posix.RENAME_NOREPLACE)
+            _retrying(
+                policy,
+                info,
+                lambda: _posix.renameat2(dirfd, tmp, dirfd, final, _posix.RENAME_NOREPLACE),
+            )
             return
         except OSError as exc:
             if exc.errno == errno.EEXIST:
                 raise AlreadyExistsError(f"{shown} already exists") from exc
             if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
                 raise
-        st = os.stat(tmp, dir_fd=dirfd, follow_symlinks=False)
-        if statmod.S_ISDIR(st.st_mode):
+        if not statmod.S_ISDIR(os.stat(tmp, dir_fd=dirfd, follow_symlinks=False).st_mode):
             try:
-                os.stat(final, dir_fd=dirfd, follow_symlinks=False)
-                raise AlreadyExistsError(f"{shown} already exists")
-            except FileNotFoundError:
-                os.rename(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-            return
-        try:
-            os.link(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd, follow_symlinks=False)
-        except FileExistsError as exc:
-            raise AlreadyExistsError(f"{shown} already exists") from exc
-        os.unlink(tmp, dir_fd=dirfd)
+                os.link(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd, follow_symlinks=False)
+            except FileExistsError as exc:
+                raise AlreadyExistsError(f"{shown} already exists") from exc
+            except OSError as exc:
+                if exc.errno not in _NO_LINK:
+                    raise
+            else:
+                os.unlink(tmp, dir_fd=dirfd)
+                return
+        if exists():
+            raise AlreadyExistsError(f"{shown} already exists")
+        _retrying(policy, info, rename)
         return
     try:
-        os.replace(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        _retrying(policy, info, rename)
         return
     except OSError as exc:
         if exc.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
@@ -92,8 +167,34 @@ def publish_at(dirfd: int, tmp: str, final: str, *, overwrite: bool, shown: str)
         os.unlink(tmp, dir_fd=dirfd)
 
 
-def hash_and_sync_tree(top: Path) -> list[tuple[str, int, str]]:
-    """Hash every file below ``top``, fsync every file and folder; refuse symlinks and specials."""
+def readback_digest(dirfd: int, name: str) -> tuple[int, str]:
+    """Re-read ``name`` from the filesystem (cached pages dropped first) and hash it."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    try:
+        return _hash_fd(fd, uncached=True)
+    finally:
+        os.close(fd)
+
+
+def _hash_fd(fd: int, *, uncached: bool) -> tuple[int, str]:
+    """Hash an open file from its start; ``uncached`` drops its cached pages first."""
+    if uncached:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    h = Hasher()
+    buf = bytearray(READ_CHUNK)
+    view = memoryview(buf)
+    offset = 0
+    while n := os.preadv(fd, [buf], offset):
+        h.update(view[:n])
+        offset += n
+    return h.count, h.digest()
+
+
+def hash_and_sync_tree(
+    top: Path, policy: CommitPolicy = LOCAL_POLICY, info: CommitInfo | None = None
+) -> list[tuple[str, int, str]]:
+    """fsync every file, then hash it (past the cache when ``policy.readback``); fsync every
+    folder bottom-up. Refuses symlinks and special files."""
     files: list[tuple[str, int, str]] = []
     dirs: list[str] = []
     for dirpath, dirnames, filenames in os.walk(top):
@@ -103,28 +204,25 @@ def hash_and_sync_tree(top: Path) -> list[tuple[str, int, str]]:
                 raise CommitError(f"{os.path.join(dirpath, d)}: symlinks are not stored")
         for fname in filenames:
             full = os.path.join(dirpath, fname)
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                if not statmod.S_ISREG(os.fstat(fd).st_mode):
-                    raise CommitError(f"{full}: only regular files can be stored")
-                h = Hasher()
-                buf = bytearray(READ_CHUNK)
-                view = memoryview(buf)
-                while n := os.readv(fd, [buf]):
-                    h.update(view[:n])
-                os.fsync(fd)
+                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
                     raise CommitError(f"{full}: symlinks are not stored") from exc
                 raise
+            try:
+                if not statmod.S_ISREG(os.fstat(fd).st_mode):
+                    raise CommitError(f"{full}: only regular files can be stored")
+                os.fsync(fd)
+                size, digest = _hash_fd(fd, uncached=policy.readback)
             finally:
                 os.close(fd)
             rel = os.path.relpath(full, top).replace(os.sep, "/")
-            files.append((rel, h.count, h.digest()))
+            files.append((rel, size, digest))
     for d in reversed(dirs):
         dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            fsync_dir(dfd, CommitInfo(0))
+            fsync_dir(dfd, info or CommitInfo(0), policy.dir_fsync_tolerated)
         finally:
             os.close(dfd)
     return sorted(files)

@@ -25,7 +25,16 @@ from ..errors import (
 )
 from . import _posix
 from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
-from ._localio import fsync_dir, hash_and_sync_tree, os_error, publish_at, rmtree_at
+from ._localio import (
+    LOCAL_POLICY,
+    CommitPolicy,
+    fsync_dir,
+    hash_and_sync_tree,
+    os_error,
+    publish_at,
+    readback_digest,
+    rmtree_at,
+)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 WRITEBACK_EVERY = 16 * 1024 * 1024
@@ -36,6 +45,7 @@ class LocalBackend(Backend):
     """A folder on a local filesystem."""
 
     strategy = "local-rename"
+    policy: CommitPolicy = LOCAL_POLICY
     capabilities = Capabilities(
         atomic_replace=True,
         exclusive_create=True,
@@ -69,7 +79,7 @@ class LocalBackend(Backend):
                         raise
                     try:
                         os.mkdir(part, 0o777, dir_fd=fd)
-                        os.fsync(fd)
+                        fsync_dir(fd, CommitInfo(0), self.policy.dir_fsync_tolerated)
                     except FileExistsError:
                         pass
                     nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
@@ -169,7 +179,7 @@ class LocalBackend(Backend):
                 rmtree_at(dirfd, parts[-1], self.path_of(parts))
             else:
                 os.unlink(parts[-1], dir_fd=dirfd)
-            fsync_dir(dirfd, CommitInfo(0))
+            fsync_dir(dirfd, CommitInfo(0), self.policy.dir_fsync_tolerated)
             return True
         finally:
             os.close(dirfd)
@@ -252,21 +262,24 @@ class LocalFileSink(FileSink):
             _posix.start_writeback(self._fd, self._synced, self.bytes_written - self._synced)
             self._synced = self.bytes_written
 
-    def publish(self) -> CommitInfo:
+    def publish(self, *, size: int, digest: str) -> CommitInfo:
         assert self._fd is not None, "publish after publish/abort"
+        policy = self._backend.policy
         info = CommitInfo(self.bytes_written)
         try:
-            try:
-                os.fsync(self._fd)
-                size = os.fstat(self._fd).st_size
-            except OSError as exc:
-                raise os_error(exc, "flushing", self._shown) from exc
             if size != self.bytes_written:
                 raise CommitError(
-                    f"{self._shown}: staging file holds {size} bytes, {self.bytes_written} written"
+                    f"{self._shown}: {self.bytes_written} bytes written, {size} expected"
                 )
+            try:
+                os.fsync(self._fd)
+                stored = os.fstat(self._fd).st_size
+            except OSError as exc:
+                raise os_error(exc, "flushing", self._shown) from exc
+            self._check(stored, "after fsync")
             os.close(self._fd)
             self._fd = None
+            self._check_staged(policy, digest)
             try:
                 publish_at(
                     self._dirfd,
@@ -274,14 +287,18 @@ class LocalFileSink(FileSink):
                     self._final,
                     overwrite=self._overwrite,
                     shown=self._shown,
+                    policy=policy,
+                    info=info,
                 )
             except OSError as exc:
                 if isinstance(exc, AlreadyExistsError):
                     raise
                 raise os_error(exc, "renaming into place", self._shown) from exc
             self._done = True
+            if policy.check_after_rename:
+                self._check_final()
             try:
-                fsync_dir(self._dirfd, info)
+                fsync_dir(self._dirfd, info, policy.dir_fsync_tolerated)
             except OSError as exc:
                 raise os_error(exc, "syncing the folder of", self._shown) from exc
             return info
@@ -291,6 +308,40 @@ class LocalFileSink(FileSink):
         finally:
             if self._done:
                 self._close_dir()
+
+    def _check(self, stored: int, when: str) -> None:
+        if stored != self.bytes_written:
+            raise CommitError(
+                f"{self._shown}: post-copy size check failed {when}: "
+                f"{stored} bytes stored, {self.bytes_written} written"
+            )
+
+    def _check_staged(self, policy: CommitPolicy, digest: str) -> None:
+        try:
+            if policy.fresh_stat:
+                st = os.stat(self._tmp, dir_fd=self._dirfd, follow_symlinks=False)
+                self._check(st.st_size, "on a fresh stat")
+            if policy.readback:
+                size, found = readback_digest(self._dirfd, self._tmp)
+                self._check(size, "on read-back")
+                if found != digest:
+                    raise CommitError(
+                        f"{self._shown}: read-back digest {found} differs from written {digest}"
+                    )
+        except OSError as exc:
+            raise os_error(exc, "checking", self._shown) from exc
+
+    def _check_final(self) -> None:
+        """After the rename: the final name must hold what was written, else un-publish it."""
+        try:
+            st = os.stat(self._final, dir_fd=self._dirfd, follow_symlinks=False)
+            stored = st.st_size
+        except OSError:
+            stored = -1
+        if stored != self.bytes_written:
+            with contextlib.suppress(OSError):
+                os.unlink(self._final, dir_fd=self._dirfd)
+            self._check(stored, "after the rename")
 
     def abort(self) -> None:
         if self._fd is not None:
@@ -317,6 +368,7 @@ class LocalDirSink(DirSink):
 
     def __init__(self, backend: LocalBackend, dirfd: int, parts: Parts, *, overwrite: bool) -> None:
         self._dirfd = dirfd
+        self._policy = backend.policy
         self._final = parts[-1]
         self._shown = backend.path_of(parts)
         self._overwrite = overwrite
@@ -334,7 +386,7 @@ class LocalDirSink(DirSink):
         info = CommitInfo(0)
         try:
             try:
-                info.files = hash_and_sync_tree(self.local_path)
+                info.files = hash_and_sync_tree(self.local_path, self._policy, info)
             except OSError as exc:
                 raise os_error(exc, "syncing", self._shown) from exc
             info.bytes_written = sum(size for _, size, _ in info.files)
@@ -345,6 +397,8 @@ class LocalDirSink(DirSink):
                     self._final,
                     overwrite=self._overwrite,
                     shown=self._shown,
+                    policy=self._policy,
+                    info=info,
                 )
             except OSError as exc:
                 if isinstance(exc, AlreadyExistsError):
@@ -352,7 +406,7 @@ class LocalDirSink(DirSink):
                 raise os_error(exc, "renaming into place", self._shown) from exc
             self._done = True
             try:
-                fsync_dir(self._dirfd, info)
+                fsync_dir(self._dirfd, info, self._policy.dir_fsync_tolerated)
             except OSError as exc:
                 raise os_error(exc, "syncing the folder of", self._shown) from exc
             return info

@@ -166,7 +166,7 @@ class MemoryFileSink(FileSink):
         assert self._buf is not None, "write after publish/abort"
         self.bytes_written += self._buf.write(data)
 
-    def publish(self) -> CommitInfo:
+    def publish(self, *, size: int, digest: str) -> CommitInfo:
         assert self._buf is not None, "publish after publish/abort"
         data = self._buf.getvalue()
         self._buf = None
