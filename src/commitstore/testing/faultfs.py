@@ -1,9 +1,10 @@
 """A fault-injecting FUSE passthrough filesystem, for testing the bridge strategy.
 
-``python -m commitstore.testing.faultfs BACKING MOUNTPOINT CONTROL [ATTR_TIMEOUT]`` mounts BACKING at
-MOUNTPOINT (in the foreground, until unmounted) as ``fuse.commitstore-faultfs``. ATTR_TIMEOUT (seconds,
-default 1 like libfuse) is how long the kernel caches attributes: with the default, changes made to
-BACKING behind the mount's back show through it only after that long, as on real network clients. Its behaviour is switched at run
+``python -m commitstore.testing.faultfs BACKING MOUNTPOINT CONTROL [ATTR_TIMEOUT]`` mounts
+BACKING at MOUNTPOINT (in the foreground, until unmounted) as ``fuse.commitstore-faultfs``.
+ATTR_TIMEOUT (seconds, default 1 like libfuse) is how long the kernel caches attributes: with the
+default, changes made to BACKING behind the mount's back show through it only after that long, as
+on real network clients. Its behaviour is switched at run
 time by writing JSON to CONTROL (re-read whenever it changes; counters reset then). Every fault
 applies to paths containing its ``match`` string (default: all):
 
