@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from . import _read
 from ._digest import digest_bytes, manifest_digest
@@ -52,7 +53,17 @@ def open_store(url: str | os.PathLike[str], **storage_options: Any) -> CommitSto
     Raises:
         InvalidNameError: the URL's scheme has no commit strategy.
     """
-    return CommitStore(resolve(url, storage_options), url=os.fspath(url))
+    return CommitStore(resolve(url, storage_options), url=redact_url(os.fspath(url)))
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a password (``smb://user:pw@host`` -> ``smb://user@host``)."""
+    parts = urlsplit(url)
+    if "://" not in url or parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}" if user else host))
 
 
 class CommitStore:
@@ -68,7 +79,8 @@ class CommitStore:
 
     def __init__(self, backend: Backend, *, url: str) -> None:
         self.backend = backend
-        self.url = url
+        self.url = redact_url(url)
+        """The store's URL, without any password."""
 
     def __repr__(self) -> str:
         return f"CommitStore({self.url!r}, strategy={self.backend.strategy!r})"

@@ -9,6 +9,8 @@ URL                        strategy            commit point
   NFS/FUSE mounts                              digest, rename retries, size after rename,
                                                dir-fsync errors reported, not fatal
 ``memory://...``           ``memory-swap``     one swap into the store under a lock
+``smb://host/share/...``   ``smb-checked``     SMB2 FLUSH, fresh-stat size check, optional
+                                               read-back digest, rename / replace
 =========================  ==================  ==============================================
 
 Network shares and object stores add rows here; the facade never looks at URL schemes.
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..errors import InvalidNameError
+from ..errors import CommitStoreError, InvalidNameError
 from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
 from ._mounts import mount_of
 from .bridge import BridgeBackend
@@ -70,6 +72,43 @@ def _local(url: str, options: dict[str, Any]) -> Backend:
     return LocalBackend(path, reason=f"{how} {where} ({why})")
 
 
+def _smb(url: str, options: dict[str, Any]) -> Backend:
+    opts = _take(
+        options,
+        {"username": None, "password": None, "port": None, "readback": False, "timeout": 30.0},
+    )
+    parsed = urlsplit(url)
+    host = parsed.hostname
+    path = [p for p in unquote(parsed.path).split("/") if p]
+    if not host or not path:
+        raise InvalidNameError("SMB URLs look like smb://[user@]host[:port]/share[/path]")
+    try:
+        from ._smbio import SmbConnection
+        from .smb import SmbBackend
+    except ImportError as exc:
+        raise CommitStoreError(
+            "smb:// needs the smb extra: pip install 'commitstore[smb]'"
+        ) from exc
+    username = (
+        opts["username"]
+        or (unquote(parsed.username) if parsed.username else None)
+        or os.environ.get("COMMITSTORE_SMB_USERNAME")
+    )
+    password = (
+        opts["password"]
+        or (unquote(parsed.password) if parsed.password else None)
+        or os.environ.get("COMMITSTORE_SMB_PASSWORD")
+    )
+    port = int(opts["port"] or parsed.port or 445)
+    conn = SmbConnection(host, port, path[0], username, password, float(opts["timeout"]))
+    return SmbBackend(
+        conn,
+        "/".join(path[1:]),
+        readback=bool(opts["readback"]),
+        reason="smb:// URL (smbprotocol; flush, fresh-stat size check, rename/replace)",
+    )
+
+
 def _memory(url: str, options: dict[str, Any]) -> Backend:
     _take(options, {})
     return MemoryBackend(url[len("memory://") :])
@@ -79,6 +118,7 @@ STRATEGIES: dict[str, Callable[[str, dict[str, Any]], Backend]] = {
     "": _local,
     "file": _local,
     "memory": _memory,
+    "smb": _smb,
 }
 """URL scheme -> backend factory. The one table every store is chosen from."""
 

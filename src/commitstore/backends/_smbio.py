@@ -1,0 +1,146 @@
+"""SMB plumbing for the smb strategy: connection settings, the one place SMB errors are translated,
+and bounded retries (sharing violations, dropped connections)."""
+
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ..errors import (
+    AlreadyExistsError,
+    BackendUnavailableError,
+    CommitError,
+    CommitStoreError,
+    InsufficientSpaceError,
+    NotFoundError,
+)
+
+T = TypeVar("T")
+
+STATUS_SHARING_VIOLATION = 0xC0000043
+STATUS_DISK_FULL = 0xC000007F
+STATUS_QUOTA_EXCEEDED = 0xC0000044
+STATUS_ACCESS_DENIED = 0xC0000022
+STATUS_DELETE_PENDING = 0xC0000056
+_AUTH_STATUS = (0xC000006D, 0xC000006E, 0xC0000072, 0xC0000071, 0xC0000193, 0xC0000224)
+"""Logon failure, account restriction, disabled, password expired, account expired, must change."""
+_TRANSIENT_STATUS = (STATUS_SHARING_VIOLATION, STATUS_DELETE_PENDING)
+
+
+@dataclass
+class SmbConnection:
+    """Where and as whom to connect. ``password`` never appears in repr, messages or logs."""
+
+    host: str
+    port: int
+    share: str
+    username: str | None
+    password: str | None = field(repr=False)
+    timeout: float = 30.0
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Per-store connection cache (smbclient's global one is keyed without credentials)."""
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for every smbclient call: port, credentials, per-store cache.
+
+        Credentials go with every call so a dropped connection is re-established transparently.
+        """
+        return {
+            "port": self.port,
+            "username": self.username,
+            "password": self.password,
+            "connection_cache": self.cache,
+            "connection_timeout": self.timeout,
+        }
+
+    def reset(self) -> None:
+        """Drop cached connections (after a connection error)."""
+        import smbclient
+
+        try:
+            smbclient.reset_connection_cache(connection_cache=self.cache)
+        except Exception:
+            self.cache.clear()
+
+
+def _ntstatus(exc: BaseException) -> int | None:
+    status = getattr(exc, "ntstatus", None)
+    if status is None:
+        status = getattr(exc, "status", None)
+    return int(status) if isinstance(status, int) else None
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """A dropped or refused connection (retry after reconnecting), not an answer from the server."""
+    from smbprotocol.exceptions import SMBConnectionClosed
+
+    if isinstance(exc, (SMBConnectionClosed, ConnectionError, TimeoutError, EOFError)):
+        return True
+    if isinstance(exc, ValueError) and "Failed to connect" in str(exc):
+        return True
+    return isinstance(exc, OSError) and exc.errno in (
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.EPIPE,
+        errno.ETIMEDOUT,
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+    )
+
+
+def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
+    """Map an smbclient/smbprotocol exception to the error tree (the only place that does)."""
+    from smbprotocol.exceptions import SMBAuthenticationError
+
+    if isinstance(exc, CommitStoreError):
+        return exc
+    if isinstance(exc, SMBAuthenticationError) or _ntstatus(exc) in _AUTH_STATUS:
+        denied = BackendUnavailableError(f"{what} {shown}: SMB authentication failed")
+        denied.retryable = False
+        return denied
+    if is_connection_error(exc):
+        return BackendUnavailableError(
+            f"{what} {shown}: SMB server unreachable ({type(exc).__name__})"
+        )
+    status = _ntstatus(exc)
+    if status in (STATUS_DISK_FULL, STATUS_QUOTA_EXCEEDED):
+        return InsufficientSpaceError(
+            f"no space left on the share while {what} {shown}", path=shown
+        )
+    code = getattr(exc, "errno", None)
+    if code == errno.ENOENT:
+        return NotFoundError(f"{shown} does not exist")
+    if code == errno.EEXIST:
+        return AlreadyExistsError(f"{shown} already exists")
+    detail = f"NtStatus 0x{status:08x}" if status is not None else type(exc).__name__
+    return CommitError(f"{what} {shown} failed ({detail})")
+
+
+def call(
+    conn: SmbConnection,
+    what: str,
+    shown: str,
+    fn: Callable[[], T],
+    *,
+    attempts: int = 4,
+    reconnect: bool = True,
+) -> T:
+    """Run ``fn`` with bounded retries: sharing violations (another handle is closing) and, when
+    ``reconnect``, dropped connections. Everything else is translated and raised at once."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception as exc:
+            last = attempt + 1 >= attempts
+            if _ntstatus(exc) in _TRANSIENT_STATUS and not last:
+                time.sleep(0.05 * 2**attempt)
+                continue
+            if reconnect and is_connection_error(exc) and not last:
+                conn.reset()
+                time.sleep(0.1 * 2**attempt)
+                continue
+            raise translate(exc, what, shown) from exc
+    raise AssertionError("unreachable")  # pragma: no cover

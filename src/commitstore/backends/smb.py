@@ -1,0 +1,438 @@
+"""SMB strategy over smbprotocol's ``smbclient`` (``smb://[user@]host[:port]/share/path``).
+
+Commit: staging file in the destination's own folder on the same share, every byte through the
+hasher, SMB2 FLUSH before close (a server-side fsync under Samba's default ``strict sync``), a fresh
+stat whose size must equal the bytes written (the post-copy check), optionally a read-back digest,
+then ``smbclient.rename`` (``overwrite=False``: fails if the name exists) or ``smbclient.replace``.
+SMB has no directory fsync. A per-store lock file opened with exclusive share access serialises
+"data then record" across clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import stat as statmod
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import smbclient
+
+from .._digest import READ_CHUNK, Hasher
+from .._names import META_DIR, Parts, staging_part
+from ..errors import AlreadyExistsError, CommitError, NotFoundError
+from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
+from ._localio import hash_and_sync_tree
+from ._smbio import SmbConnection, call, translate
+
+LOCK_WAIT = 120.0
+"""Seconds to wait for another client's publish lock before giving up."""
+
+
+class SmbBackend(Backend):
+    """A folder on an SMB share."""
+
+    strategy = "smb-checked"
+    capabilities = Capabilities(
+        atomic_replace=True,
+        exclusive_create=True,
+        dir_fsync=False,
+        atomic_dir_publish=True,
+        free_space=True,
+    )
+
+    def __init__(self, conn: SmbConnection, prefix: str, *, readback: bool, reason: str) -> None:
+        self.conn = conn
+        self.prefix = prefix.strip("/")
+        self.readback = readback
+        self.reason = reason
+        base = rf"\\{conn.host}\{conn.share}"
+        self.root_unc = base + ("\\" + self.prefix.replace("/", "\\") if self.prefix else "")
+        call(conn, "creating", self.shown(()), lambda: self._makedirs(self.root_unc))
+
+    def __repr__(self) -> str:
+        return f"SmbBackend({self.shown(())!r})"
+
+    def shown(self, parts: Parts) -> str:
+        """A credential-free URL for messages."""
+        path = "/".join(p for p in (self.conn.share, self.prefix, *parts) if p)
+        return f"smb://{self.conn.host}:{self.conn.port}/{path}"
+
+    def unc(self, parts: Parts) -> str:
+        return "\\".join((self.root_unc, *parts)) if parts else self.root_unc
+
+    def kw(self) -> dict[str, Any]:
+        return self.conn.kwargs()
+
+    def _makedirs(self, unc: str) -> None:
+        smbclient.makedirs(unc, exist_ok=True, **self.kw())
+
+    def ensure_dir(self, parts: Parts) -> None:
+        call(
+            self.conn,
+            "creating the folder",
+            self.shown(parts),
+            lambda: self._makedirs(self.unc(parts)),
+        )
+
+    # -- Backend API ----------------------------------------------------------------------
+    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+        self.ensure_dir(parts[:-1])
+        return SmbFileSink(self, parts, overwrite=overwrite)
+
+    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
+        self.ensure_dir(parts[:-1])
+        return SmbDirSink(self, parts, overwrite=overwrite)
+
+    def open_read(self, parts: Parts) -> BinaryIO:
+        shown = self.shown(parts)
+        raw = call(
+            self.conn,
+            "opening",
+            shown,
+            lambda: smbclient.open_file(
+                self.unc(parts), mode="rb", buffering=0, share_access="rwd", **self.kw()
+            ),
+        )
+        return io.BufferedReader(_Reader(raw, self.conn, shown), READ_CHUNK)
+
+    def stat(self, parts: Parts) -> FileInfo | None:
+        try:
+            st = call(
+                self.conn,
+                "stat",
+                self.shown(parts),
+                lambda: smbclient.stat(self.unc(parts), **self.kw()),
+            )
+        except NotFoundError:
+            return None
+        mtime = st.st_mtime if st.st_mtime > 0 else None
+        return FileInfo(size=st.st_size, mtime=mtime, is_dir=statmod.S_ISDIR(st.st_mode))
+
+    def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
+        out: list[tuple[Parts, FileInfo]] = []
+
+        def visit(rel: Parts) -> None:
+            entries = call(
+                self.conn,
+                "listing",
+                self.shown((*parts, *rel)),
+                lambda: list(smbclient.scandir(self.unc((*parts, *rel)), **self.kw())),
+            )
+            for entry in entries:
+                info = entry.smb_info
+                if entry.is_dir():
+                    visit((*rel, entry.name))
+                    continue
+                ts = info.last_write_time.timestamp() if info.last_write_time else 0.0
+                out.append(((*rel, entry.name), FileInfo(info.end_of_file, ts if ts > 0 else None)))
+
+        try:
+            visit(())
+        except NotFoundError:
+            return []
+        return out
+
+    def remove(self, parts: Parts) -> bool:
+        info = self.stat(parts)
+        if info is None:
+            return False
+        shown = self.shown(parts)
+        if info.is_dir:
+            for rel, _ in self.walk(parts):
+                self._rm(smbclient.remove, (*parts, *rel), shown)
+            for rel in self._subdirs(parts):
+                self._rm(smbclient.rmdir, (*parts, *rel), shown)
+            call(
+                self.conn, "removing", shown, lambda: smbclient.rmdir(self.unc(parts), **self.kw())
+            )
+        else:
+            call(
+                self.conn, "removing", shown, lambda: smbclient.remove(self.unc(parts), **self.kw())
+            )
+        return True
+
+    def _rm(self, fn: Callable[..., None], parts: Parts, shown: str) -> None:
+        unc = self.unc(parts)
+        call(self.conn, "removing", shown, lambda: fn(unc, **self.kw()))
+
+    def _subdirs(self, parts: Parts) -> list[Parts]:
+        """Every folder below ``parts``, deepest first."""
+        found: list[Parts] = []
+
+        def visit(rel: Parts) -> None:
+            for entry in smbclient.scandir(self.unc((*parts, *rel)), **self.kw()):
+                if entry.is_dir():
+                    visit((*rel, entry.name))
+                    found.append((*rel, entry.name))
+
+        call(self.conn, "listing", self.shown(parts), lambda: visit(()))
+        return found
+
+    def free_space(self, parts: Parts) -> int | None:
+        vol = call(
+            self.conn,
+            "querying free space of",
+            self.shown(()),
+            lambda: smbclient.stat_volume(self.root_unc, **self.kw()),
+        )
+        return int(vol.caller_available_size)
+
+    @contextlib.contextmanager
+    def publish_lock(self) -> Iterator[None]:
+        """An exclusive-share open of ``.commitstore/lock``: other clients wait (up to LOCK_WAIT s);
+        the server drops it if the holder's connection dies."""
+        self.ensure_dir((META_DIR,))
+        unc = self.unc((META_DIR, "lock"))
+        deadline = time.monotonic() + LOCK_WAIT
+        delay = 0.01
+        while True:
+            try:
+                handle = call(
+                    self.conn,
+                    "locking",
+                    self.shown((META_DIR, "lock")),
+                    lambda: smbclient.open_file(
+                        unc, mode="ab", buffering=0, share_access=None, **self.kw()
+                    ),
+                    attempts=1,
+                )
+                break
+            except CommitError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                handle.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "reason": self.reason,
+            "location": self.shown(()),
+            "user": self.conn.username,
+            "capabilities": {
+                k: getattr(self.capabilities, k) for k in self.capabilities.__dataclass_fields__
+            },
+            "checks": {"flush_before_close": True, "fresh_stat": True, "readback": self.readback},
+        }
+
+    # -- shared by the sinks ----------------------------------------------------------------
+    def check_size(self, parts: Parts, expected: int, when: str) -> None:
+        st = call(
+            self.conn,
+            "stat",
+            self.shown(parts),
+            lambda: smbclient.stat(self.unc(parts), **self.kw()),
+        )
+        if st.st_size != expected:
+            raise CommitError(
+                f"{self.shown(parts)}: post-copy size check failed {when}: "
+                f"{st.st_size} bytes stored, {expected} written"
+            )
+
+    def check_digest(self, parts: Parts, expected: str) -> None:
+        with self.open_read(parts) as f:
+            h = Hasher()
+            while chunk := f.read(READ_CHUNK):
+                h.update(chunk)
+        if h.digest() != expected:
+            raise CommitError(f"{self.shown(parts)}: read-back digest {h.digest()} != {expected}")
+
+    def move(self, src: Parts, dst: Parts, *, overwrite: bool) -> None:
+        """``rename`` (fails if ``dst`` exists) or ``replace``; retried on sharing violations."""
+        fn = smbclient.replace if overwrite else smbclient.rename
+        try:
+            call(
+                self.conn,
+                "renaming into place",
+                self.shown(dst),
+                lambda: fn(self.unc(src), self.unc(dst), **self.kw()),
+            )
+        except AlreadyExistsError as exc:
+            raise AlreadyExistsError(f"{self.shown(dst)} already exists") from exc
+
+    def upload(self, parts: Parts, local: Path) -> None:
+        """Copy a local file to ``parts`` (no staging: the caller stages the whole folder)."""
+
+        def run() -> None:
+            with (
+                smbclient.open_file(self.unc(parts), mode="xb", buffering=0, **self.kw()) as f,
+                open(local, "rb") as src,
+            ):
+                while chunk := src.read(READ_CHUNK):
+                    view = memoryview(chunk)
+                    while view.nbytes:
+                        view = view[f.write(view) :]
+                f.flush()
+
+        call(self.conn, "uploading", self.shown(parts), run, attempts=1)
+
+
+class _Reader(io.RawIOBase):
+    """Raw reader that translates SMB errors into the error tree."""
+
+    def __init__(self, raw: Any, conn: SmbConnection, shown: str) -> None:
+        super().__init__()
+        self._raw = raw
+        self._conn = conn
+        self._shown = shown
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        try:
+            n: int = self._raw.readinto(b)
+            return n
+        except Exception as exc:
+            raise translate(exc, "reading", self._shown) from exc
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        pos: int = self._raw.seek(offset, whence)
+        return pos
+
+    def tell(self) -> int:
+        pos: int = self._raw.tell()
+        return pos
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._raw.close()
+        super().close()
+
+
+class SmbFileSink(FileSink):
+    """Staging file on the share, flushed, checked, renamed into place."""
+
+    def __init__(self, backend: SmbBackend, parts: Parts, *, overwrite: bool) -> None:
+        self._b = backend
+        self._parts = parts
+        self._tmp = (*parts[:-1], staging_part(parts[-1]))
+        self._overwrite = overwrite
+        self.bytes_written = 0
+        self._f: Any = call(
+            backend.conn,
+            "creating the staging file for",
+            backend.shown(parts),
+            lambda: smbclient.open_file(
+                backend.unc(self._tmp), mode="xb", buffering=0, **backend.kw()
+            ),
+            attempts=1,
+        )
+        self._done = False
+
+    def write(self, data: memoryview) -> None:
+        assert self._f is not None, "write after publish/abort"
+        view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        try:
+            while view.nbytes:
+                n = self._f.write(view)
+                self.bytes_written += n
+                view = view[n:]
+        except Exception as exc:
+            err = translate(exc, "writing", self._b.shown(self._parts))
+            self.abort()
+            raise err from exc
+
+    def publish(self, *, size: int, digest: str) -> CommitInfo:
+        assert self._f is not None, "publish after publish/abort"
+        b = self._b
+        info = CommitInfo(self.bytes_written, notes=["SMB has no directory fsync"])
+        try:
+            if size != self.bytes_written:
+                raise CommitError(
+                    f"{b.shown(self._parts)}: {self.bytes_written} written, {size} expected"
+                )
+            f, self._f = self._f, None
+            try:
+                f.flush()  # SMB2 FLUSH: the server fsyncs the file
+                f.close()
+            except Exception as exc:
+                raise translate(exc, "flushing", b.shown(self._parts)) from exc
+            b.check_size(self._tmp, self.bytes_written, "on a fresh stat")
+            if b.readback:
+                b.check_digest(self._tmp, digest)
+            b.move(self._tmp, self._parts, overwrite=self._overwrite)
+            self._done = True
+            try:
+                b.check_size(self._parts, self.bytes_written, "after the rename")
+            except CommitError:
+                with contextlib.suppress(Exception):
+                    smbclient.remove(b.unc(self._parts), **b.kw())
+                raise
+            return info
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        if self._f is not None:
+            with contextlib.suppress(Exception):
+                self._f.close()
+            self._f = None
+        if not self._done:
+            self._done = True
+            # A dead connection leaves the staging file as an orphan; gc removes it later.
+            with contextlib.suppress(Exception):
+                smbclient.remove(self._b.unc(self._tmp), **self._b.kw())
+
+
+class SmbDirSink(DirSink):
+    """A local folder, uploaded into a staging folder on the share, renamed into place."""
+
+    def __init__(self, backend: SmbBackend, parts: Parts, *, overwrite: bool) -> None:
+        self._b = backend
+        self._parts = parts
+        self._overwrite = overwrite
+        self._tmp = (*parts[:-1], staging_part(parts[-1]))
+        self.local_path = Path(tempfile.mkdtemp(prefix=".commitstore.tmp."))
+        self._remote_created = False
+
+    def publish(self) -> CommitInfo:
+        b = self._b
+        try:
+            files = hash_and_sync_tree(self.local_path)
+            b.ensure_dir(self._tmp)
+            self._remote_created = True
+            for rel, size, digest in files:
+                rparts = (*self._tmp, *rel.split("/"))
+                b.ensure_dir(rparts[:-1])
+                b.upload(rparts, self.local_path / rel)
+                b.check_size(rparts, size, "on a fresh stat")
+                if b.readback:
+                    b.check_digest(rparts, digest)
+            if self._overwrite and b.stat(self._parts) is not None:
+                old = (*self._parts[:-1], staging_part(self._parts[-1]))
+                b.move(self._parts, old, overwrite=False)
+                b.move(self._tmp, self._parts, overwrite=False)
+                b.remove(old)
+            else:
+                b.move(self._tmp, self._parts, overwrite=False)
+            self._remote_created = False
+            return CommitInfo(
+                sum(s for _, s, _ in files), files=files, notes=["SMB has no directory fsync"]
+            )
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            shutil.rmtree(self.local_path, ignore_errors=True)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.local_path, ignore_errors=True)
+        if self._remote_created:
+            self._remote_created = False
+            with contextlib.suppress(Exception):
+                self._b.remove(self._tmp)
