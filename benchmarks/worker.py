@@ -1,6 +1,8 @@
 """One measured operation in a fresh process, so its peak RSS is its own.
 
-``python -m benchmarks.worker OP PATH SIZE`` prints ``{"seconds": ..., "maxrss_kib": ...}``.
+``python -m benchmarks.worker OP TARGET SIZE`` prints ``{"seconds": ..., "maxrss_kib": ...}``.
+TARGET is a local path, or for the ``smb_*`` ops an ``smb://user@host:port/share/dir/name`` URL
+(password from ``COMMITSTORE_SMB_PASSWORD``).
 OPs: ``naive_write`` (write the final name + fsync, no staging, no hash: the unsafe baseline),
 ``stage_commit`` (commitstore ``stage()`` + commit), ``plain_read`` (read the file to the end),
 ``verify_full`` (``verify(name, level="full")``).
@@ -14,6 +16,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from commitstore import open_store
 
@@ -49,6 +52,54 @@ def stage_commit_no_writeback(path: Path, size: int) -> None:
     stage_commit(path, size)
 
 
+def bridge_commit_no_readback(path: Path, size: int) -> None:
+    """``stage_commit`` on a bridge with the read-back check off."""
+    block = _block()
+    store = open_store(path.parent, readback=False)
+    with store.stage(path.name, overwrite=True) as st:
+        for _ in range(size // CHUNK):
+            st.write(block)
+
+
+def _smb_commit(url: str, size: int, **options: object) -> None:
+    block = _block()
+    parent, name = url.rsplit("/", 1)
+    store = open_store(parent, **options)
+    with store.stage(name, overwrite=True) as st:
+        for _ in range(size // CHUNK):
+            st.write(block)
+
+
+def smb_commit(url: str, size: int) -> None:
+    _smb_commit(url, size)
+
+
+def smb_commit_readback(url: str, size: int) -> None:
+    _smb_commit(url, size, readback=True)
+
+
+def smb_raw_write(url: str, size: int) -> None:
+    """The baseline: smbclient.open_file + write + SMB2 FLUSH, straight to the final name."""
+    import smbclient
+
+    parts = urlsplit(url)
+    unc = "\\\\" + str(parts.hostname) + parts.path.replace("/", "\\")
+    cache: dict[str, object] = {}
+    kw = {
+        "port": parts.port,
+        "username": parts.username,
+        "password": os.environ["COMMITSTORE_SMB_PASSWORD"],
+        "connection_cache": cache,
+    }
+    block = _block()
+    with smbclient.open_file(unc, mode="wb", buffering=0, **kw) as f:
+        for _ in range(size // CHUNK):
+            view = memoryview(block)
+            while view.nbytes:
+                view = view[f.write(view) :]
+        f.flush()
+
+
 def plain_read(path: Path, size: int) -> None:
     buf = bytearray(8 * 1024 * 1024)
     with open(path, "rb", buffering=0) as f:
@@ -61,16 +112,27 @@ def verify_full(path: Path, size: int) -> None:
     assert report.ok, report
 
 
-OPS = {
+PATH_OPS = {
     f.__name__: f
-    for f in (naive_write, stage_commit, stage_commit_no_writeback, plain_read, verify_full)
+    for f in (
+        naive_write,
+        stage_commit,
+        stage_commit_no_writeback,
+        bridge_commit_no_readback,
+        plain_read,
+        verify_full,
+    )
 }
+URL_OPS = {f.__name__: f for f in (smb_commit, smb_commit_readback, smb_raw_write)}
 
 
 def main() -> None:
-    op, path, size = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    op, target, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
     t0 = time.perf_counter()
-    OPS[op](path, size)
+    if op in URL_OPS:
+        URL_OPS[op](target, size)
+    else:
+        PATH_OPS[op](Path(target), size)
     seconds = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"seconds": seconds, "maxrss_kib": rss}))

@@ -109,6 +109,13 @@ def test_put_folder_and_info(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert json.loads(out)["files"][0]["path"] == "sub/w.bin"
     code, out, _ = cli(capsys, "info", url, "--json")
     assert json.loads(out)["strategy"] == "local-rename"
+    code, out, _ = cli(capsys, "info", url, "--json", "-o", "strategy=bridge", "-o", "readback=no")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["strategy"] == "bridge-checked"
+    assert doc["checks"]["readback"] is False
+    assert cli(capsys, "info", url, "-o", "nosuchoption=1")[0] == 2
+    assert cli(capsys, "info", url, "-o", "novalue")[0] == 2
 
 
 def test_progress_bar_only_on_a_terminal() -> None:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__, open_store
+from . import CommitStore, __version__, open_store
 from ._progress import ProgressBar
 from .errors import CommitStoreError, InvalidNameError
 from .records import Record, VerifyReport
@@ -36,12 +36,35 @@ def record_json(rec: Record) -> dict[str, Any]:
     }
 
 
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _open(args: argparse.Namespace, url: str) -> CommitStore:
+    """open_store with the ``-o KEY=VALUE`` storage options of the command line."""
+    options: dict[str, Any] = {}
+    for item in getattr(args, "option", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidNameError(f"storage options look like KEY=VALUE, not {item!r}")
+        options[key] = _value(value)
+    return open_store(url, **options)
+
+
 def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
     print(json.dumps(doc, indent=2) if args.json else text)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    records = open_store(args.url).list()
+    records = _open(args, args.url).list()
     lines = [f"{'STEP':>8}  {'SIZE':>14}  {'DIGEST':<20}  NAME"]
     for r in records:
         step = "-" if r.step is None else str(r.step)
@@ -59,7 +82,7 @@ def _report_text(report: VerifyReport) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    report = open_store(args.url).verify(args.name, level=args.level)
+    report = _open(args, args.url).verify(args.name, level=args.level)
     doc = {
         "ok": report.ok,
         "results": [
@@ -71,7 +94,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_latest(args: argparse.Namespace) -> int:
-    rec = open_store(args.url).latest(level=args.level)
+    rec = _open(args, args.url).latest(level=args.level)
     if rec is None:
         _emit(args, None, "no whole artifact found")
         return EXIT_FAIL
@@ -81,7 +104,7 @@ def cmd_latest(args: argparse.Namespace) -> int:
 
 def cmd_put(args: argparse.Namespace) -> int:
     name = args.name or os.path.basename(os.path.abspath(args.local))
-    store = open_store(args.url)
+    store = _open(args, args.url)
     if os.path.isdir(args.local):
         import shutil
 
@@ -98,7 +121,7 @@ def cmd_put(args: argparse.Namespace) -> int:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    store = open_store(args.url)
+    store = _open(args, args.url)
     rec = store.record(args.name)
     bar = ProgressBar(f"get {args.name}", rec.size)
     store.get_file(args.name, args.dest, verify=args.verify, progress=bar)
@@ -107,7 +130,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    info = open_store(args.url).describe()
+    info = _open(args, args.url).describe()
     text = "\n".join(f"{k}: {v}" for k, v in info.items())
     _emit(args, info, text)
     return EXIT_OK
@@ -127,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("--json", action="store_true", help="machine-readable output")
+        sp.add_argument(
+            "-o",
+            "--option",
+            action="append",
+            metavar="KEY=VALUE",
+            help="storage option, e.g. strategy=bridge, readback=false, port=1445 (repeatable); "
+            "SMB passwords come from COMMITSTORE_SMB_PASSWORD",
+        )
         return sp
 
     sp = add("ls", "list committed artifacts, oldest to newest")
