@@ -170,15 +170,22 @@ def samba_on_faults(
 
 
 @pytest.mark.parametrize(
-    ("fault", "error"),
+    ("fault", "error", "message"),
     [
-        ({"short_write": {"match": "step_0002", "after": 5 * MiB}}, CommitError),
-        ({"write_eio": {"match": "step_0002", "after": int(0.73 * 8 * MiB)}}, CommitError),
-        ({"write_enospc": {"match": "step_0002", "after": 2 * MiB}}, InsufficientSpaceError),
+        (
+            {"short_write": {"match": "step_0002", "after": 5 * MiB}},
+            CommitError,
+            f"{5 * MiB} bytes stored, {8 * MiB} written",
+        ),
+        ({"write_eio": {"match": "step_0002", "after": int(0.73 * 8 * MiB)}}, CommitError, ""),
+        ({"write_enospc": {"match": "step_0002", "after": 2 * MiB}}, InsufficientSpaceError, ""),
     ],
 )
 def test_server_side_faults_publish_nothing(
-    samba_on_faults: tuple[SambaServer, FaultMount], fault: dict[str, object], error: type
+    samba_on_faults: tuple[SambaServer, FaultMount],
+    fault: dict[str, object],
+    error: type,
+    message: str,
 ) -> None:
     server, mount = samba_on_faults
     mount.clear()
@@ -186,7 +193,7 @@ def test_server_side_faults_publish_nothing(
     target.store.put_bytes("step_0001.pt", b"whole" * 100)
     mount.set(**fault)  # type: ignore[arg-type]
     try:
-        with pytest.raises(error), target.store.stage("step_0002.pt") as st:
+        with pytest.raises(error, match=message), target.store.stage("step_0002.pt") as st:
             for _ in range(8):
                 st.write(b"c" * MiB)
     finally:
