@@ -177,15 +177,15 @@ def samba_on_faults(
             CommitError,
             f"{5 * MiB} bytes stored, {8 * MiB} written",
         ),
-        ({"write_eio": {"match": "step_0002", "after": int(0.73 * 8 * MiB)}}, CommitError, ""),
-        ({"write_enospc": {"match": "step_0002", "after": 2 * MiB}}, InsufficientSpaceError, ""),
+        ({"write_eio": {"match": "step_0002", "after": int(0.73 * 8 * MiB)}}, CommitError, None),
+        ({"write_enospc": {"match": "step_0002", "after": 2 * MiB}}, InsufficientSpaceError, None),
     ],
 )
 def test_server_side_faults_publish_nothing(
     samba_on_faults: tuple[SambaServer, FaultMount],
     fault: dict[str, object],
     error: type,
-    message: str,
+    message: str | None,
 ) -> None:
     server, mount = samba_on_faults
     mount.clear()
