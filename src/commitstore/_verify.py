@@ -81,6 +81,8 @@ def check(backend: Backend, record: Record, level: str) -> VerifyResult:
 
 
 def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> VerifyResult:
+    if not record.files and not backend.capabilities.empty_folders:
+        return VerifyResult(record.name, "ok")  # nothing to check: the storage has no folders
     info = backend.stat(parts)
     if info is None:
         return VerifyResult(record.name, "missing", "no folder under this name")

@@ -145,7 +145,7 @@ class CommitStore:
                 self._check_absent("/".join(parts), parts)
             record = publish_data()
             body = encode_record(record)
-            rsink = self.backend.open_sink(record_parts(parts), overwrite=True)
+            rsink = self.backend.open_sink(record_parts(parts), overwrite=overwrite)
             try:
                 rsink.write(memoryview(body))
             except BaseException:

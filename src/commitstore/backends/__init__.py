@@ -11,6 +11,8 @@ URL                        strategy            commit point
 ``memory://...``           ``memory-swap``     one swap into the store under a lock
 ``smb://host/share/...``   ``smb-checked``     SMB2 FLUSH, fresh-stat size check, optional
                                                read-back digest, rename / replace
+``s3://bucket/prefix``     ``s3-multipart``    CompleteMultipartUpload (or one PutObject),
+                                               create-only where honoured, fresh HEAD size
 =========================  ==================  ==============================================
 
 Network shares and object stores add rows here; the facade never looks at URL schemes.
@@ -109,6 +111,57 @@ def _smb(url: str, options: dict[str, Any]) -> Backend:
     )
 
 
+def _s3(url: str, options: dict[str, Any]) -> Backend:
+    opts = _take(
+        options,
+        {
+            "endpoint_url": None,
+            "key": None,
+            "secret": None,
+            "token": None,
+            "part_size": 16 * 1024 * 1024,
+            "max_inflight": 4,
+            "conditional_writes": None,
+        },
+    )
+    parsed = urlsplit(url)
+    if not parsed.netloc:
+        raise InvalidNameError("S3 URLs look like s3://bucket[/prefix]")
+    try:
+        import s3fs
+
+        from .s3 import S3Backend
+    except ImportError as exc:
+        raise CommitStoreError("s3:// needs the s3 extra: pip install 'commitstore[s3]'") from exc
+    endpoint = (
+        opts["endpoint_url"]
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
+    fs = s3fs.S3FileSystem(
+        key=opts["key"],
+        secret=opts["secret"],
+        token=opts["token"],
+        endpoint_url=endpoint,
+        skip_instance_cache=True,
+        config_kwargs={
+            # botocore >= 1.36 checksums break several S3-compatible servers (s3fs#931)
+            "request_checksum_calculation": "when_required",
+            "response_checksum_validation": "when_required",
+        },
+    )
+    return S3Backend(
+        fs,
+        parsed.netloc,
+        unquote(parsed.path),
+        endpoint=endpoint,
+        part_size=int(opts["part_size"]),
+        max_inflight=int(opts["max_inflight"]),
+        conditional_writes=opts["conditional_writes"],
+        reason="s3:// URL (multipart upload completion is the commit)",
+    )
+
+
 def _memory(url: str, options: dict[str, Any]) -> Backend:
     _take(options, {})
     return MemoryBackend(url[len("memory://") :])
@@ -119,6 +172,7 @@ STRATEGIES: dict[str, Callable[[str, dict[str, Any]], Backend]] = {
     "file": _local,
     "memory": _memory,
     "smb": _smb,
+    "s3": _s3,
 }
 """URL scheme -> backend factory. The one table every store is chosen from."""
 

@@ -44,6 +44,8 @@ class Capabilities:
     """A folder artifact appears under its name in one step."""
     free_space: bool
     """``free_space`` answers with a number."""
+    empty_folders: bool = True
+    """An empty folder artifact is visible as a folder (object stores have no folders)."""
 
 
 @dataclass(slots=True)

@@ -10,13 +10,14 @@ Needs the ``test`` extra (pytest, hypothesis).
 
 from __future__ import annotations
 
-from .backdoor import Backdoor, FsspecBackdoor, LocalBackdoor
+from .backdoor import Backdoor, FsspecBackdoor, LocalBackdoor, S3Backdoor
 from .conformance import StoreConformance, Target, record_path, xxh
 
 __all__ = [
     "Backdoor",
     "FsspecBackdoor",
     "LocalBackdoor",
+    "S3Backdoor",
     "StoreConformance",
     "Target",
     "record_path",

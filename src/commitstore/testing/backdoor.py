@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import fsspec
 
@@ -94,3 +94,52 @@ class FsspecBackdoor:
 
     def is_dir(self, rel: str) -> bool:
         return bool(self.fs.isdir(self._p(rel)))
+
+
+class S3Backdoor:
+    """boto3 calls on a bucket prefix (the server's own client, not s3fs)."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+
+    def _k(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._k(rel))["Body"]
+        except self.client.exceptions.NoSuchKey:
+            return None
+        except Exception as exc:  # some servers answer a bare 404
+            if "404" in str(exc) or "NoSuchKey" in str(exc):
+                return None
+            raise
+        data: bytes = body.read()
+        return data
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._k(rel), Body=data)
+
+    def remove(self, rel: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._k(rel))
+
+    def files(self) -> list[str]:
+        out: list[str] = []
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix
+        ):
+            out.extend(obj["Key"][len(prefix) :] for obj in page.get("Contents", []))
+        return sorted(out)
+
+    def is_dir(self, rel: str) -> bool:
+        page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._k(rel) + "/", MaxKeys=1)
+        return bool(page.get("Contents"))
+
+    def pending_uploads(self) -> list[dict[str, Any]]:
+        """Multipart uploads not completed nor aborted, under the prefix."""
+        res = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix)
+        uploads: list[dict[str, Any]] = res.get("Uploads", [])
+        return uploads

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import commitstore
 from commitstore import (
     AlreadyExistsError,
+    CommitError,
     CommitStore,
     IntegrityError,
     InvalidNameError,
@@ -146,15 +147,22 @@ class StoreConformance:
                 outcomes.append(f"won{i}")
             except AlreadyExistsError:
                 outcomes.append("lost")
+            except CommitError:
+                outcomes.append("conflict")  # a detected race, where create-only is best effort
 
         threads = [threading.Thread(target=writer, args=(i,)) for i in (0, 1)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        assert sorted(outcomes)[0] == "lost" and len(outcomes) == 2
+        assert len(outcomes) == 2
+        data = target.door.read("race_1.bin")
+        assert data in payloads.values()  # never a torn or partial object
+        if not target.store.backend.capabilities.exclusive_create:
+            return  # declared: create-only is best effort here (docs/guarantees.md)
+        assert sorted(outcomes)[0] == "lost", outcomes
         winner = int(next(o for o in outcomes if o.startswith("won"))[-1])
-        assert target.door.read("race_1.bin") == payloads[winner]
+        assert data == payloads[winner]
         doc = json.loads(target.door.read(record_path("race_1.bin")) or b"")
         assert doc["digest"] == xxh(payloads[winner])
 
@@ -177,13 +185,15 @@ class StoreConformance:
     def test_empty_folder_artifact(self, target: Target) -> None:
         with target.store.stage_dir("empty_7"):
             pass
-        assert target.door.is_dir("empty_7")
+        visible = target.store.backend.capabilities.empty_folders
+        assert target.door.is_dir("empty_7") or not visible
         rec = target.store.record("empty_7")
         assert rec.kind == "dir"
         assert rec.files == ()
         assert target.store.verify("empty_7").ok
         target.store.delete("empty_7")
         assert not target.door.is_dir("empty_7")
+        assert target.store.verify("empty_7").results[0].status in ("missing", "no_record")
 
     def test_stage_dir_exception_publishes_nothing(self, target: Target) -> None:
         before = target.door.files()

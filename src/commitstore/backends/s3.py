@@ -1,0 +1,387 @@
+"""S3 strategy (``s3://bucket/prefix``): the upload's own completion is the commit.
+
+There is no rename on an object store. An artifact uploads as a multipart upload whose
+``CompleteMultipartUpload`` is the one step that makes it visible (a single ``PutObject`` when it is
+smaller than one part). Parts upload concurrently with bounded memory (``max_inflight`` x
+``part_size``); part size doubles every 1,000 parts to stay under S3's 10,000. Every failure path
+aborts the upload; nothing is completed from ``__exit__`` after an exception (the upload is driven
+directly, never through an fsspec file's close). After completion a fresh HEAD must show the
+expected size. ``IfNoneMatch="*"`` (create-only) is used for ``overwrite=False`` where the endpoint
+honours it, which is probed once per store (or set with ``conditional_writes=``), never assumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import shutil
+import tempfile
+from collections import deque
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from .._names import Parts
+from ..errors import AlreadyExistsError, CommitError, NotFoundError
+from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
+from ._localio import hash_and_sync_tree
+from ._s3io import probe_conditional_create, translate
+
+MiB = 1024 * 1024
+MAX_PARTS = 10_000
+
+
+class S3Backend(Backend):
+    """A prefix in an S3 bucket (AWS or any S3-compatible endpoint)."""
+
+    strategy = "s3-multipart"
+
+    def __init__(
+        self,
+        fs: Any,
+        bucket: str,
+        prefix: str,
+        *,
+        endpoint: str | None,
+        part_size: int = 16 * MiB,
+        max_inflight: int = 4,
+        conditional_writes: bool | None = None,
+        reason: str = "s3:// URL",
+    ) -> None:
+        if part_size < 5 * MiB:
+            raise ValueError("part_size must be at least 5 MiB (S3's minimum part)")
+        self.fs = fs
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint = endpoint
+        self.part_size = part_size
+        self.max_inflight = max(1, max_inflight)
+        self._conditional = conditional_writes
+        self.reason = reason
+
+    @property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
+        return Capabilities(
+            atomic_replace=True,
+            exclusive_create=self.conditional_writes(),
+            dir_fsync=False,
+            atomic_dir_publish=False,
+            free_space=False,
+            empty_folders=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"S3Backend({self.shown(())!r})"
+
+    def conditional_writes(self) -> bool:
+        """Whether create-only writes are honoured (probed once, on first need)."""
+        if self._conditional is None:
+            try:
+                self._conditional = probe_conditional_create(self.fs, self.bucket, self.prefix)
+            except Exception as exc:
+                raise translate(exc, "probing conditional writes at", self.shown(())) from exc
+        return self._conditional
+
+    def key(self, parts: Parts) -> str:
+        return "/".join((self.prefix, *parts)) if self.prefix else "/".join(parts)
+
+    def shown(self, parts: Parts) -> str:
+        return f"s3://{self.bucket}/{self.key(parts)}".rstrip("/")
+
+    def call(self, what: str, parts: Parts, method: str, **kwargs: Any) -> Any:
+        try:
+            return self.fs.call_s3(method, Bucket=self.bucket, **kwargs)
+        except Exception as exc:
+            raise translate(exc, what, self.shown(parts)) from exc
+
+    def submit(self, method: str, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        """Start an S3 call on s3fs's event loop; returns a future (for concurrent parts)."""
+        coro = self.fs._call_s3(method, Bucket=self.bucket, **kwargs)
+        return asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
+
+    # -- Backend API -------------------------------------------------------------------
+    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+        return S3FileSink(self, parts, overwrite=overwrite)
+
+    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
+        return S3DirSink(self, parts, overwrite=overwrite)
+
+    def open_read(self, parts: Parts) -> BinaryIO:
+        path = f"{self.bucket}/{self.key(parts)}"
+        self.fs.invalidate_cache(path)
+        try:
+            f: BinaryIO = self.fs.open(path, "rb", block_size=8 * MiB, cache_type="readahead")
+        except Exception as exc:
+            raise translate(exc, "opening", self.shown(parts)) from exc
+        return f
+
+    def head(self, parts: Parts) -> dict[str, Any] | None:
+        """A fresh HEAD of the object (never a listing cache); None if absent."""
+        try:
+            result: dict[str, Any] = self.call("stat", parts, "head_object", Key=self.key(parts))
+        except NotFoundError:
+            return None
+        return result
+
+    def stat(self, parts: Parts) -> FileInfo | None:
+        head = self.head(parts) if parts else None
+        if head is not None:
+            modified = head.get("LastModified")
+            ts = modified.timestamp() if modified is not None else 0.0
+            return FileInfo(int(head["ContentLength"]), ts if ts > 0 else None)
+        listing = self.call(
+            "listing", parts, "list_objects_v2", Prefix=self._dir_prefix(parts), MaxKeys=1
+        )
+        if listing.get("KeyCount", 0) or listing.get("Contents"):
+            return FileInfo(0, None, is_dir=True)
+        return None
+
+    def _dir_prefix(self, parts: Parts) -> str:
+        key = self.key(parts)
+        return f"{key}/" if key else ""
+
+    def _objects(self, parts: Parts) -> list[dict[str, Any]]:
+        """Every object below ``parts`` (one request per 1,000 keys), folder markers included."""
+        out: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Prefix": self._dir_prefix(parts)}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self.call("listing", parts, "list_objects_v2", **kwargs)
+            out.extend(page.get("Contents", []))
+            if not page.get("IsTruncated"):
+                return out
+            token = page.get("NextContinuationToken")
+
+    def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
+        prefix = self._dir_prefix(parts)
+        out: list[tuple[Parts, FileInfo]] = []
+        for obj in self._objects(parts):
+            if obj["Key"].endswith("/"):
+                continue  # a folder marker (empty folder artifact), not a file
+            rel = tuple(obj["Key"][len(prefix) :].split("/"))
+            ts = obj["LastModified"].timestamp() if obj.get("LastModified") else 0.0
+            out.append((rel, FileInfo(int(obj["Size"]), ts if ts > 0 else None)))
+        return out
+
+    def remove(self, parts: Parts) -> bool:
+        if self.head(parts) is not None:
+            self.call("removing", parts, "delete_object", Key=self.key(parts))
+            return True
+        keys = [obj["Key"] for obj in self._objects(parts)]
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[i : i + 1000]]
+            self.call("removing", parts, "delete_objects", Delete={"Objects": batch})
+        return bool(keys)
+
+    def free_space(self, parts: Parts) -> int | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "reason": self.reason,
+            "location": self.shown(()),
+            "endpoint": self.endpoint,
+            "capabilities": {
+                k: getattr(self.capabilities, k) for k in Capabilities.__dataclass_fields__
+            },
+            "conditional_writes": self._conditional,
+            "part_size": self.part_size,
+            "max_inflight": self.max_inflight,
+        }
+
+
+class S3FileSink(FileSink):
+    """One object, uploaded in parts; ``CompleteMultipartUpload`` (or one PutObject) publishes."""
+
+    def __init__(self, backend: S3Backend, parts: Parts, *, overwrite: bool) -> None:
+        self._b = backend
+        self._parts = parts
+        self._key = backend.key(parts)
+        self._overwrite = overwrite
+        self._buf = bytearray()
+        self._part_size = backend.part_size
+        self._upload_id: str | None = None
+        self._done_parts: list[dict[str, Any]] = []
+        self._inflight: deque[tuple[int, int, concurrent.futures.Future[Any]]] = deque()
+        self._uploaded = 0
+        self._closed = False
+        self.bytes_written = 0
+
+    def write(self, data: memoryview) -> None:
+        assert not self._closed, "write after publish/abort"
+        self._buf += data
+        self.bytes_written += data.nbytes
+        try:
+            while len(self._buf) >= self._part_size:
+                chunk = bytes(self._buf[: self._part_size])
+                del self._buf[: self._part_size]
+                self._submit(chunk)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _submit(self, chunk: bytes) -> None:
+        if self._upload_id is None:
+            created = self._b.call(
+                "starting the upload of", self._parts, "create_multipart_upload", Key=self._key
+            )
+            self._upload_id = created["UploadId"]
+        number = len(self._done_parts) + len(self._inflight) + 1
+        if number > MAX_PARTS:
+            raise CommitError(f"{self._b.shown(self._parts)}: more than {MAX_PARTS} parts")
+        fut = self._b.submit(
+            "upload_part", Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=chunk
+        )
+        self._inflight.append((number, len(chunk), fut))
+        if number % 1000 == 0:
+            self._part_size *= 2  # stays under 10,000 parts for any object up to ~16 TiB
+        while len(self._inflight) >= self._b.max_inflight:
+            self._reap()
+
+    def _reap(self) -> None:
+        number, size, fut = self._inflight.popleft()
+        try:
+            result = fut.result()
+        except Exception as exc:
+            raise translate(exc, "uploading a part of", self._b.shown(self._parts)) from exc
+        self._done_parts.append({"PartNumber": number, "ETag": result["ETag"]})
+        self._uploaded += size
+
+    def publish(self, *, size: int, digest: str) -> CommitInfo:
+        assert not self._closed, "publish after publish/abort"
+        b = self._b
+        shown = b.shown(self._parts)
+        try:
+            if size != self.bytes_written:
+                raise CommitError(f"{shown}: {self.bytes_written} bytes written, {size} expected")
+            conditional: dict[str, Any] = {}
+            if not self._overwrite:
+                if b.conditional_writes():
+                    conditional = {"IfNoneMatch": "*"}
+                elif b.head(self._parts) is not None:
+                    raise AlreadyExistsError(f"{shown} already exists")
+            if self._upload_id is None:
+                done = b.call(
+                    "uploading",
+                    self._parts,
+                    "put_object",
+                    Key=self._key,
+                    Body=bytes(self._buf),
+                    **conditional,
+                )
+                self._uploaded = len(self._buf)
+            else:
+                if self._buf:
+                    self._submit(bytes(self._buf))
+                self._buf = bytearray()
+                while self._inflight:
+                    self._reap()
+                if self._uploaded != size:
+                    raise CommitError(f"{shown}: {self._uploaded} bytes in parts, {size} expected")
+                done = b.call(
+                    "completing the upload of",
+                    self._parts,
+                    "complete_multipart_upload",
+                    Key=self._key,
+                    UploadId=self._upload_id,
+                    MultipartUpload={
+                        "Parts": sorted(self._done_parts, key=lambda p: p["PartNumber"])
+                    },
+                    **conditional,
+                )
+                self._upload_id = None  # completed: nothing left to abort
+            self._closed = True
+            head = b.head(self._parts)
+            found = -1 if head is None else int(head["ContentLength"])
+            etag = done.get("ETag")
+            if conditional and head is not None and etag and head.get("ETag") != etag:
+                raise CommitError(
+                    f"{shown}: another writer replaced the object right after this upload "
+                    "completed (the endpoint did not serialise the create-only condition)"
+                )
+            if found != size:
+                with contextlib.suppress(Exception):
+                    b.call("removing", self._parts, "delete_object", Key=self._key)
+                raise CommitError(
+                    f"{shown}: post-upload size check failed: {found} bytes stored, {size} written"
+                )
+            return CommitInfo(
+                size,
+                notes=[]
+                if conditional or self._overwrite
+                else ["endpoint ignores conditional writes: create-only is best effort"],
+            )
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        self._closed = True
+        self._buf = bytearray()
+        while self._inflight:
+            _, _, fut = self._inflight.popleft()
+            with contextlib.suppress(Exception):
+                fut.result()
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            # A dead endpoint leaves the upload pending; gc (and a bucket lifecycle rule) ends it.
+            with contextlib.suppress(Exception):
+                self._b.call(
+                    "aborting the upload of",
+                    self._parts,
+                    "abort_multipart_upload",
+                    Key=self._key,
+                    UploadId=upload_id,
+                )
+
+
+class S3DirSink(DirSink):
+    """A local folder, uploaded file by file on publish. There is no atomic folder publish on an
+    object store: the record, written after every file, is what makes the folder committed."""
+
+    def __init__(self, backend: S3Backend, parts: Parts, *, overwrite: bool) -> None:
+        self._b = backend
+        self._parts = parts
+        self._overwrite = overwrite
+        self.local_path = Path(tempfile.mkdtemp(prefix=".commitstore.tmp."))
+
+    def publish(self) -> CommitInfo:
+        b = self._b
+        try:
+            files = hash_and_sync_tree(self.local_path)
+            if not self._overwrite and b.stat(self._parts) is not None:
+                raise AlreadyExistsError(f"{b.shown(self._parts)} already exists")
+            if self._overwrite:
+                b.remove(self._parts)
+            uploaded: list[Parts] = []
+            if not files:  # an empty folder exists on an object store only as a marker
+                b.call(
+                    "uploading", self._parts, "put_object", Key=b.key(self._parts) + "/", Body=b""
+                )
+            try:
+                for rel, size, digest in files:
+                    fparts = (*self._parts, *rel.split("/"))
+                    sink = S3FileSink(b, fparts, overwrite=True)
+                    with open(self.local_path / rel, "rb") as src:
+                        while chunk := src.read(8 * MiB):
+                            sink.write(memoryview(chunk))
+                    sink.publish(size=size, digest=digest)
+                    uploaded.append(fparts)
+            except BaseException:
+                for fparts in uploaded:  # no record will claim them: take them back
+                    with contextlib.suppress(Exception):
+                        b.remove(fparts)
+                raise
+            return CommitInfo(
+                sum(s for _, s, _ in files),
+                files=files,
+                notes=["object store: files appear one by one; the record commits"],
+            )
+        finally:
+            shutil.rmtree(self.local_path, ignore_errors=True)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.local_path, ignore_errors=True)

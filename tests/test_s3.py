@@ -1,0 +1,169 @@
+"""S3 strategy against two independent S3 servers on 127.0.0.1: moto and ``rclone serve s3``.
+
+The backdoor is boto3 (the reference client), never s3fs or commitstore.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from commitstore import AlreadyExistsError, open_store
+from commitstore.testing import S3Backdoor, StoreConformance, Target, record_path, xxh
+
+from .helpers.s3servers import BUCKET, MotoServer, RcloneS3, S3Server
+
+MiB = 1024 * 1024
+ROOT_DIR = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def rclone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RcloneS3]:
+    server = RcloneS3(tmp_path_factory.mktemp("rclone"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def make_target(server: S3Server, **options: object) -> Target:
+    prefix = f"t{time.monotonic_ns()}"
+    opts = {**server.options(), "part_size": 5 * MiB, **options}
+    url = server.url(prefix)
+    return Target(
+        open_store(url, **opts),
+        S3Backdoor(server.client(), BUCKET, prefix),
+        lambda: open_store(url, **opts),
+    )
+
+
+def pending(t: Target) -> list[dict[str, object]]:
+    """Multipart uploads neither completed nor aborted under the target's prefix."""
+    assert isinstance(t.door, S3Backdoor)
+    return t.door.pending_uploads()
+
+
+class TestMotoConformance(StoreConformance):
+    @pytest.fixture
+    def target(self, moto: MotoServer) -> Target:
+        return make_target(moto)
+
+
+class TestRcloneConformance(StoreConformance):
+    @pytest.fixture
+    def target(self, rclone: RcloneS3) -> Target:
+        return make_target(rclone)
+
+
+@pytest.fixture(params=["moto", "rclone"])
+def s3(request: pytest.FixtureRequest) -> tuple[S3Server, Target]:
+    server: S3Server = request.getfixturevalue(request.param)
+    return server, make_target(server)
+
+
+def test_conditional_writes_are_probed_not_assumed(moto: MotoServer, rclone: RcloneS3) -> None:
+    for server, expected in ((moto, True), (rclone, False)):
+        t = make_target(server)
+        t.store.put_bytes("step_1", b"x")  # overwrite=False: needs the capability
+        assert t.store.describe()["conditional_writes"] is expected
+
+
+def test_multipart_upload_is_the_commit(s3: tuple[S3Server, Target]) -> None:
+    server, t = s3
+    data = os.urandom(23 * MiB + 5)
+    st = t.store.stage("big/step_0007.pt")
+    for i in range(0, len(data), 3 * MiB):
+        st.write(data[i : i + 3 * MiB])
+        assert t.door.read("big/step_0007.pt") is None
+    assert len(S3Backdoor(server.client(), BUCKET, "").pending_uploads()) >= 1
+    rec = st.commit()
+    assert t.door.read("big/step_0007.pt") == data
+    assert rec.digest == xxh(data)
+    assert pending(t) == []
+
+
+def test_exception_mid_stage_leaves_nothing(s3: tuple[S3Server, Target]) -> None:
+    _, t = s3
+    with pytest.raises(RuntimeError), t.store.stage("step_0009.pt") as st:
+        st.write(os.urandom(12 * MiB))
+        raise RuntimeError("training crashed mid-save")
+    assert t.door.files() == []
+    assert pending(t) == []
+
+
+def test_two_writers_create_only_exactly_one_wins(moto: MotoServer) -> None:
+    t = make_target(moto)
+    results: list[str] = []
+    barrier = threading.Barrier(2)
+    payloads = [b"A" * 7 * MiB, b"B" * 7 * MiB]
+
+    def writer(i: int) -> None:
+        store = t.reopen()
+        st = store.stage("race.bin")
+        st.write(payloads[i])
+        barrier.wait()
+        try:
+            st.commit()
+            results.append(f"won{i}")
+        except AlreadyExistsError:
+            results.append("lost")
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert sorted(results)[0] == "lost"
+    winner = int(next(r for r in results if r.startswith("won"))[-1])
+    assert t.door.read("race.bin") == payloads[winner]
+    assert pending(t) == []
+
+
+def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> None:
+    server, t = s3
+    t.store.put_bytes("step_0001.pt", b"whole")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.writer",
+            t.store.url,
+            "step_0002.pt",
+            "1",
+            str(64 * MiB),
+        ],
+        cwd=ROOT_DIR,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **server.env()},
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 30
+    while not pending(t) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert t.door.read("step_0002.pt") is None
+    assert t.door.read(record_path("step_0002.pt")) is None
+    assert len(pending(t)) == 1  # left for gc / the bucket lifecycle rule
+    latest = t.reopen().latest()
+    assert latest is not None
+    assert latest.name == "step_0001.pt"
