@@ -240,6 +240,20 @@ def test_sigkill_during_bridge_write(bridge: Target, fault_mount: FaultMount) ->
     _earlier_intact(bridge)
 
 
+def test_gc_keeps_orphans_of_unknown_age(bridge: Target, fault_mount: FaultMount) -> None:
+    _earlier(bridge)
+    st = bridge.store.stage("step_0003.pt")
+    st.write(b"x" * 5 * MiB)  # a live writer's staging file...
+    fault_mount.set(mtime_zero={"match": ".commitstore.tmp."})
+    time.sleep(1.2)  # let the mount's attribute cache expire
+    report = bridge.store.gc(min_age=0)
+    assert report.removed == ()
+    assert [i.reason for i in report.kept] == ["unknown mtime"]
+    fault_mount.clear()
+    st.commit()  # ...which survived and commits
+    assert bridge.store.verify().ok
+
+
 def test_mountinfo_parsing() -> None:
     text = "\n".join(
         [

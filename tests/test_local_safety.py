@@ -125,3 +125,65 @@ def test_readers_see_old_or_new_during_overwrites(tmp_path: Path) -> None:
     stop.set()
     t.join()
     assert errors == []
+
+
+def test_gc_removes_old_orphans_of_killed_writers(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = tmp_path / "store"
+    store = open_store(root)
+    store.put_bytes("step_0001.pt", b"committed")
+    for seed in (1, 2):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.helpers.writer",
+                str(root),
+                f"step_000{seed + 1}.pt",
+                str(seed),
+                str(256 * 1024 * 1024),
+            ],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    orphans = sorted(p for p in root.iterdir() if p.name.startswith(".commitstore.tmp."))
+    assert len(orphans) == 2
+    old = time.time() - 7200
+    os.utime(orphans[0], (old, old))  # one dead writer's leftover is two hours old
+    report = store.gc()  # default min_age: one hour
+    assert [i.path for i in report.removed] == [orphans[0].name]
+    assert [i.path for i in report.kept] == [orphans[1].name]
+    assert report.kept[0].reason == "younger than min_age"
+    assert not orphans[0].exists()
+    assert orphans[1].exists()
+    assert store.read_bytes("step_0001.pt") == b"committed"
+    assert store.gc(min_age=0).removed[0].path == orphans[1].name
+    assert LocalBackdoor(root).files() == sorted(
+        [
+            ".commitstore/lock",
+            ".commitstore/records/.commitstore.rec.step_0001.pt.json",
+            "step_0001.pt",
+        ]
+    )
+
+
+def test_gc_cannot_be_pointed_outside(tmp_path: Path) -> None:
+    outside = tmp_path / ".commitstore.tmp.0000.victim"
+    outside.write_bytes(b"not ours")
+    old = 1_000_000_000
+    os.utime(outside, (old, old))
+    store = open_store(tmp_path / "store")
+    assert store.gc(min_age=0).removed == ()
+    assert outside.exists()
+    with pytest.raises(InvalidNameError):
+        store.gc(min_age=-1)

@@ -156,8 +156,12 @@ def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> No
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
+    assert isinstance(t.door, S3Backdoor)
     deadline = time.monotonic() + 30
-    while not pending(t) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # mid-upload: at least one part has landed
+        ups = pending(t)
+        if ups and t.door.parts_uploaded(str(ups[0]["Key"]), str(ups[0]["UploadId"])) >= 1:
+            break
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
@@ -167,3 +171,16 @@ def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> No
     latest = t.reopen().latest()
     assert latest is not None
     assert latest.name == "step_0001.pt"
+    # gc aborts that upload, and never one under a sibling prefix ("t123x" next to "t123").
+    sibling = t.door.client.create_multipart_upload(Bucket=BUCKET, Key=t.door.prefix + "x/other")
+    assert t.reopen().gc().removed == ()  # younger than an hour
+    report = t.reopen().gc(min_age=0)
+    assert [(i.kind, i.path.rsplit("/", 1)[1]) for i in report.removed] == [
+        ("upload", "step_0002.pt")
+    ]
+    assert pending(t) == []
+    others = t.door.client.list_multipart_uploads(Bucket=BUCKET, Prefix=t.door.prefix + "x/")
+    assert [u["UploadId"] for u in others.get("Uploads", [])] == [sibling["UploadId"]]
+    t.door.client.abort_multipart_upload(
+        Bucket=BUCKET, Key=t.door.prefix + "x/other", UploadId=sibling["UploadId"]
+    )

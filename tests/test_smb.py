@@ -128,6 +128,11 @@ def test_sigkill_during_smb_write(smb: Target) -> None:
     latest = smb.reopen().latest()
     assert latest is not None
     assert latest.name == "step_0001.pt"
+    assert smb.reopen().gc().removed == ()  # young: a writer may still own them
+    report = smb.reopen().gc(min_age=0)
+    assert len(report.removed) >= 1
+    assert [f for f in smb.door.files() if ".commitstore.tmp." in f] == []
+    assert smb.reopen().read_bytes("step_0001.pt") == b"whole"
 
 
 def test_samba_stopped_mid_write(tmp_path: Path) -> None:

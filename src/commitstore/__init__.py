@@ -7,6 +7,7 @@ and fail loud.
 
 from __future__ import annotations
 
+from ._gc import GcItem, GcReport
 from ._stage import Stage
 from .errors import (
     AlreadyExistsError,
@@ -31,6 +32,8 @@ __all__ = [
     "CommitStore",
     "CommitStoreError",
     "FileRecord",
+    "GcItem",
+    "GcReport",
     "InsufficientSpaceError",
     "IntegrityError",
     "InvalidNameError",

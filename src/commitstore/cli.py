@@ -136,6 +136,23 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    report = _open(args, args.url).gc(min_age=args.min_age, dry_run=args.dry_run)
+    doc = {
+        "dry_run": report.dry_run,
+        "removed": [{"path": i.path, "kind": i.kind, "age": i.age} for i in report.removed],
+        "kept": [
+            {"path": i.path, "kind": i.kind, "age": i.age, "reason": i.reason} for i in report.kept
+        ],
+    }
+    verb = "would remove" if args.dry_run else "removed"
+    lines = [f"{verb} {i.kind} {i.path}" for i in report.removed]
+    lines += [f"kept {i.kind} {i.path} ({i.reason})" for i in report.kept]
+    lines.append(f"{len(report.removed)} {verb}, {len(report.kept)} kept")
+    _emit(args, doc, "\n".join(lines))
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -188,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("info", "which commit strategy a store uses, and why")
     sp.add_argument("url")
     sp.set_defaults(func=cmd_info)
+    sp = add("gc", "remove staging files and unfinished uploads left by dead writers")
+    sp.add_argument("url")
+    sp.add_argument("--min-age", type=float, default=3600, help="seconds (default 3600)")
+    sp.add_argument("--dry-run", action="store_true")
+    sp.set_defaults(func=cmd_gc)
     sp = add("demo", "simulated training run: crash, resume, corruption caught")
     sp.add_argument("dir", nargs="?", default="commitstore-demo")
     sp.set_defaults(func=cmd_demo)

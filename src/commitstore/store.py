@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from . import _read
 from ._digest import digest_bytes, manifest_digest
+from ._gc import GcReport, collect
 from ._names import infer_step, record_parts, validate_name
 from ._stage import Stage
 from ._verify import check, check_level, read_record, scan_records, sort_key, unrecorded
@@ -23,6 +24,7 @@ from .errors import (
     CommitError,
     InsufficientSpaceError,
     IntegrityError,
+    InvalidNameError,
     NotFoundError,
 )
 from .records import (
@@ -281,6 +283,23 @@ class CommitStore:
             had_data = self.backend.remove(parts)
         if not (had_record or had_data):
             raise NotFoundError(f"{name} does not exist", name=name)
+
+    def gc(self, *, min_age: float = 3600, dry_run: bool = False) -> GcReport:
+        """Remove what dead writers left: staging files and folders, and (object stores)
+        unfinished multipart uploads, older than ``min_age`` seconds.
+
+        Never touches a committed artifact, a record, or anything outside the store's root;
+        anything younger than ``min_age`` or of unknown age is kept and reported. Idempotent.
+        With ``dry_run=True`` nothing is removed; ``removed`` lists what would be.
+        """
+        if min_age < 0:
+            raise InvalidNameError(f"min_age must be >= 0, not {min_age!r}")
+        report = collect(self.backend, min_age=min_age, dry_run=dry_run)
+        for item in report.removed:
+            log.info(
+                "gc: %s %s (%s)", "would remove" if dry_run else "removed", item.path, item.kind
+            )
+        return report
 
     # -- reading ------------------------------------------------------------------------
     def record(self, name: str) -> Record:

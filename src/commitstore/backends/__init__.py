@@ -26,7 +26,15 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..errors import CommitStoreError, InvalidNameError
-from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
+from ._base import (
+    Backend,
+    Capabilities,
+    CommitInfo,
+    DirSink,
+    FileInfo,
+    FileSink,
+    PendingUpload,
+)
 from ._mounts import mount_of
 from .bridge import BridgeBackend
 from .local import LocalBackend
@@ -40,6 +48,7 @@ __all__ = [
     "DirSink",
     "FileInfo",
     "FileSink",
+    "PendingUpload",
     "resolve",
 ]
 

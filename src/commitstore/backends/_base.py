@@ -60,6 +60,17 @@ class CommitInfo:
     """For folder artifacts: (path, size, digest) of every file published, sorted by path."""
 
 
+@dataclass(frozen=True, slots=True)
+class PendingUpload:
+    """An object-store upload that was started and neither completed nor aborted."""
+
+    key: str
+    """The object key it would have created (relative to the bucket)."""
+    upload_id: str
+    started: float | None
+    """Seconds since the epoch; None if the store did not say."""
+
+
 class FileSink(abc.ABC):
     """Staged bytes of one file, invisible under the final name until :meth:`publish`."""
 
@@ -144,6 +155,14 @@ class Backend(abc.ABC):
         writes instead; the default holds nothing.
         """
         yield
+
+    def pending_uploads(self) -> list[PendingUpload]:
+        """Unfinished uploads under this store's root (object stores); none elsewhere."""
+        return []
+
+    def abort_upload(self, upload: PendingUpload) -> None:
+        """Abort one unfinished upload (object stores)."""
+        raise NotImplementedError(f"{type(self).__name__} has no uploads to abort")
 
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:

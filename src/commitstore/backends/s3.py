@@ -23,7 +23,15 @@ from typing import Any, BinaryIO
 
 from .._names import Parts
 from ..errors import AlreadyExistsError, CommitError, NotFoundError
-from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
+from ._base import (
+    Backend,
+    Capabilities,
+    CommitInfo,
+    DirSink,
+    FileInfo,
+    FileSink,
+    PendingUpload,
+)
 from ._localio import hash_and_sync_tree
 from ._s3io import probe_conditional_create, translate
 
@@ -177,6 +185,64 @@ class S3Backend(Backend):
 
     def free_space(self, parts: Parts) -> int | None:
         return None
+
+    def pending_uploads(self) -> list[PendingUpload]:
+        """Multipart uploads under this store's prefix only (``prefix/``, never a sibling).
+
+        An upload's time is its last activity: the newest of its start and its parts' upload
+        times, so a long upload still receiving parts is young (and moto's fixed ``Initiated``
+        cannot make a live upload look old).
+        """
+        prefix = self._dir_prefix(())
+        out: list[PendingUpload] = []
+        markers: dict[str, Any] = {}
+        while True:
+            try:
+                page = self.call(
+                    "listing uploads under", (), "list_multipart_uploads", Prefix=prefix, **markers
+                )
+            except NotFoundError:  # rclone answers NoSuchUpload when there are none
+                return out
+            for up in page.get("Uploads", []):
+                if not up["Key"].startswith(prefix):
+                    continue
+                started = up.get("Initiated")
+                times = [started.timestamp()] if started is not None else []
+                times += self._part_times(up["Key"], up["UploadId"])
+                last = max(times) if times else 0.0
+                out.append(PendingUpload(up["Key"], up["UploadId"], last if last > 0 else None))
+            if not page.get("IsTruncated"):
+                return out
+            markers = {
+                "KeyMarker": page.get("NextKeyMarker"),
+                "UploadIdMarker": page.get("NextUploadIdMarker"),
+            }
+
+    def _part_times(self, key: str, upload_id: str) -> list[float]:
+        times: list[float] = []
+        marker: dict[str, Any] = {}
+        while True:
+            try:
+                page = self.call(
+                    "listing parts of", (), "list_parts", Key=key, UploadId=upload_id, **marker
+                )
+            except NotFoundError:  # completed or aborted meanwhile
+                return times
+            times += [
+                p["LastModified"].timestamp()
+                for p in page.get("Parts", [])
+                if p.get("LastModified")
+            ]
+            if not page.get("IsTruncated"):
+                return times
+            marker = {"PartNumberMarker": page.get("NextPartNumberMarker")}
+
+    def abort_upload(self, upload: PendingUpload) -> None:
+        if not upload.key.startswith(self._dir_prefix(())):
+            raise ValueError(f"{upload.key} is outside {self.shown(())}")
+        self.call(
+            "aborting", (), "abort_multipart_upload", Key=upload.key, UploadId=upload.upload_id
+        )
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -140,6 +140,19 @@ class S3Backdoor:
 
     def pending_uploads(self) -> list[dict[str, Any]]:
         """Multipart uploads not completed nor aborted, under the prefix."""
-        res = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix)
+        try:
+            res = self.client.list_multipart_uploads(
+                Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else ""
+            )
+        except Exception as exc:  # rclone answers NoSuchUpload when there are none
+            if "NoSuchUpload" in str(exc):
+                return []
+            raise
         uploads: list[dict[str, Any]] = res.get("Uploads", [])
         return uploads
+
+    def parts_uploaded(self, key: str, upload_id: str) -> int:
+        """How many parts an unfinished upload has received."""
+        rel = f"{self.prefix}/{key}" if self.prefix and not key.startswith(self.prefix) else key
+        res = self.client.list_parts(Bucket=self.bucket, Key=rel, UploadId=upload_id)
+        return len(res.get("Parts", []))

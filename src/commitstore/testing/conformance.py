@@ -421,6 +421,23 @@ class StoreConformance:
 
         run_store_machine(target)
 
+    def test_gc_never_touches_committed(self, target: Target) -> None:
+        s = target.store
+        s.put_bytes("keep/step_1", b"one" * 100)
+        with s.stage_dir("keep/step_2") as d:
+            (d / "w.bin").write_bytes(b"two")
+        before = target.door.files()
+        dry = s.gc(min_age=0, dry_run=True)
+        assert dry.dry_run
+        report = s.gc(min_age=0)
+        assert [i.path for i in report.removed] == [i.path for i in dry.removed]
+        assert all(".commitstore.tmp." in i.path or i.kind == "upload" for i in report.removed)
+        assert [f for f in target.door.files() if ".commitstore.tmp." not in f] == [
+            f for f in before if ".commitstore.tmp." not in f
+        ]
+        assert s.verify().ok
+        assert s.gc(min_age=0).removed == ()  # idempotent
+
     # -- declared capabilities are true --------------------------------------------------
     def test_describe_names_strategy(self, target: Target) -> None:
         info = target.store.describe()
