@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from commitstore import AlreadyExistsError, open_store
+from commitstore import AlreadyExistsError, BackendUnavailableError, open_store
 from commitstore.testing import S3Backdoor, StoreConformance, Target, record_path, xxh
 
+from .helpers.faultproxy import FaultProxy
 from .helpers.s3servers import BUCKET, MotoServer, RcloneS3, S3Server
 
 MiB = 1024 * 1024
@@ -184,3 +185,46 @@ def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> No
     t.door.client.abort_multipart_upload(
         Bucket=BUCKET, Key=t.door.prefix + "x/other", UploadId=sibling["UploadId"]
     )
+
+
+@pytest.fixture
+def proxied(moto: MotoServer) -> Iterator[tuple[Target, FaultProxy]]:
+    proxy = FaultProxy(moto.port)
+    try:
+        prefix = f"p{time.monotonic_ns()}"
+        opts = {**moto.options(), "endpoint_url": proxy.endpoint, "part_size": 5 * MiB}
+        store = open_store(moto.url(prefix), **opts)
+        store.put_bytes("step_0001.pt", b"whole")  # also runs the conditional-write probe
+        yield Target(store, S3Backdoor(moto.client(), BUCKET, prefix), lambda: store), proxy
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize("fault", ["cut_after", "reset_after"])
+def test_transient_network_faults_are_retried(
+    proxied: tuple[Target, FaultProxy], fault: str
+) -> None:
+    t, proxy = proxied
+    data = os.urandom(17 * MiB)
+    proxy.set(**{fault: 2 * MiB}, faulty=2)  # the next two connections break mid-request
+    rec = t.store.put_bytes("step_0002.pt", data)
+    assert proxy.faulted == 2
+    assert t.door.read("step_0002.pt") == data
+    assert rec.digest == xxh(data)
+    assert pending(t) == []
+
+
+def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
+    proxied: tuple[Target, FaultProxy],
+) -> None:
+    t, proxy = proxied
+    proxy.set(cut_after=1 * MiB, faulty=None)  # every connection dies after 1 MiB
+    with pytest.raises(BackendUnavailableError):
+        t.store.put_bytes("step_0002.pt", os.urandom(12 * MiB))
+    proxy.clear()
+    assert t.door.read("step_0002.pt") is None
+    assert t.door.read(record_path("step_0002.pt")) is None
+    assert pending(t) == []  # the abort is small enough to get through
+    latest = t.reopen().latest()
+    assert latest is not None
+    assert latest.name == "step_0001.pt"

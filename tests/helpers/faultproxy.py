@@ -1,0 +1,118 @@
+"""A small TCP fault proxy of the project's own, between a client and a server on 127.0.0.1.
+
+Faults apply to the next ``faulty`` connections (then traffic passes untouched), or to all with
+``faulty=None``: ``cut_after`` closes a connection after that many client-to-server bytes,
+``reset_after`` resets it (RST), ``delay`` sleeps before forwarding each chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import struct
+import threading
+import time
+
+from .samba import free_port
+
+
+class FaultProxy:
+    """Listens on ``self.port``, forwards to ``upstream_port``."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.port = free_port()
+        self.cut_after: int | None = None
+        self.reset_after: int | None = None
+        self.delay = 0.0
+        self.faulty: int | None = 0
+        self.faulted = 0
+        """How many connections a fault was applied to."""
+        self._lock = threading.Lock()
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", self.port))
+        self._sock.listen(64)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def set(
+        self,
+        *,
+        cut_after: int | None = None,
+        reset_after: int | None = None,
+        delay: float = 0.0,
+        faulty: int | None = 1,
+    ) -> None:
+        """Arm faults for the next ``faulty`` connections (None: every connection)."""
+        with self._lock:
+            self.cut_after, self.reset_after, self.delay = cut_after, reset_after, delay
+            self.faulty, self.faulted = faulty, 0
+
+    def clear(self) -> None:
+        self.set(faulty=0)
+
+    def _claim(self) -> tuple[int | None, int | None, float]:
+        with self._lock:
+            if self.faulty is not None and self.faulted >= self.faulty:
+                return None, None, 0.0
+            self.faulted += 1
+            return self.cut_after, self.reset_after, self.delay
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._pump, args=(client,), daemon=True).start()
+
+    def _pump(self, client: socket.socket) -> None:
+        cut, reset, delay = self._claim()
+        try:
+            server = socket.create_connection(self.upstream)
+        except OSError:
+            client.close()
+            return
+        sent = 0
+        try:
+            while True:
+                ready, _, _ = select.select([client, server], [], [], 30)
+                if not ready:
+                    return
+                for src in ready:
+                    data = src.recv(65536)
+                    if not data:
+                        return
+                    if src is client:
+                        if delay:
+                            time.sleep(delay)
+                        limit = cut if cut is not None else reset
+                        if limit is not None and sent + len(data) > limit:
+                            server.sendall(data[: max(0, limit - sent)])
+                            if reset is not None:
+                                client.setsockopt(
+                                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                                )
+                            return
+                        sent += len(data)
+                        server.sendall(data)
+                    else:
+                        client.sendall(data)
+        except OSError:
+            return
+        finally:
+            for s in (client, server):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._sock.close()
