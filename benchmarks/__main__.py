@@ -7,15 +7,18 @@ Targets (time ratios ours/baseline, lower is better):
   (throughput >= 0.9x) while also hashing and checking.
 - bridge (FUSE passthrough): commit vs plain write + fsync through the same mount, reported,
   with and without the read-back.
+- s3: 1 GiB ``put_file`` to moto and to ``rclone serve s3`` vs ``s3fs.put_file`` and ``rclone
+  copyto`` of the same file to the same server: at least as fast as the fastest baseline (ratio
+  <= 1.0 against it); peak RSS < 256 MiB.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from . import bridge, local, smb
+from . import bridge, local, s3, smb
 
-SUITES = {"local": local.main, "smb": smb.main, "bridge": bridge.main}
+SUITES = {"local": local.main, "smb": smb.main, "bridge": bridge.main, "s3": s3.main}
 
 
 def main() -> None:

@@ -100,6 +100,61 @@ def smb_raw_write(url: str, size: int) -> None:
         f.flush()
 
 
+def _s3_options() -> dict[str, object]:
+    return {
+        "endpoint_url": os.environ["BENCH_S3_ENDPOINT"],
+        "key": os.environ["AWS_ACCESS_KEY_ID"],
+        "secret": os.environ["AWS_SECRET_ACCESS_KEY"],
+    }
+
+
+def s3_put_file(url: str, size: int) -> None:
+    """commitstore: ``put_file`` of BENCH_SOURCE (multipart, hashed, checked, recorded)."""
+    parent, name = url.rsplit("/", 1)
+    open_store(parent, **_s3_options()).put_file(name, os.environ["BENCH_SOURCE"], overwrite=True)
+
+
+def s3fs_put_file(url: str, size: int) -> None:
+    """Baseline: ``s3fs.S3FileSystem.put_file`` of the same file (no hash, no record)."""
+    import s3fs
+
+    o = _s3_options()
+    fs = s3fs.S3FileSystem(
+        key=o["key"], secret=o["secret"], endpoint_url=o["endpoint_url"], skip_instance_cache=True
+    )
+    fs.put_file(os.environ["BENCH_SOURCE"], url[len("s3://") :])
+
+
+def rclone_copyto(url: str, size: int) -> None:
+    """Baseline: ``rclone copyto`` of the same file to the same server."""
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("rclone") or os.path.join(os.path.dirname(sys.executable), "rclone")
+    o = _s3_options()
+    subprocess.run(
+        [
+            exe,
+            "copyto",
+            "--config",
+            "/dev/null",
+            "--s3-provider",
+            "Other",
+            "--s3-endpoint",
+            str(o["endpoint_url"]),
+            "--s3-access-key-id",
+            str(o["key"]),
+            "--s3-secret-access-key",
+            str(o["secret"]),
+            os.environ["BENCH_SOURCE"],
+            ":s3:" + url[len("s3://") :],
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
 def plain_read(path: Path, size: int) -> None:
     buf = bytearray(8 * 1024 * 1024)
     with open(path, "rb", buffering=0) as f:
@@ -123,7 +178,17 @@ PATH_OPS = {
         verify_full,
     )
 }
-URL_OPS = {f.__name__: f for f in (smb_commit, smb_commit_readback, smb_raw_write)}
+URL_OPS = {
+    f.__name__: f
+    for f in (
+        smb_commit,
+        smb_commit_readback,
+        smb_raw_write,
+        s3_put_file,
+        s3fs_put_file,
+        rclone_copyto,
+    )
+}
 
 
 def main() -> None:

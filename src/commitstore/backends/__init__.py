@@ -128,7 +128,7 @@ def _s3(url: str, options: dict[str, Any]) -> Backend:
             "key": None,
             "secret": None,
             "token": None,
-            "part_size": 16 * 1024 * 1024,
+            "part_size": 8 * 1024 * 1024,
             "max_inflight": 4,
             "conditional_writes": None,
         },

@@ -51,7 +51,7 @@ class S3Backend(Backend):
         prefix: str,
         *,
         endpoint: str | None,
-        part_size: int = 16 * MiB,
+        part_size: int = 8 * MiB,
         max_inflight: int = 4,
         conditional_writes: bool | None = None,
         reason: str = "s3:// URL",
@@ -282,7 +282,8 @@ class S3FileSink(FileSink):
         self.bytes_written += data.nbytes
         try:
             while len(self._buf) >= self._part_size:
-                chunk = bytes(self._buf[: self._part_size])
+                with memoryview(self._buf) as view:
+                    chunk = bytes(view[: self._part_size])  # one copy, handed to the upload
                 del self._buf[: self._part_size]
                 self._submit(chunk)
         except BaseException:

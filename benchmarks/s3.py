@@ -1,0 +1,53 @@
+"""S3: commitstore put_file vs s3fs.put_file and rclone copyto, same servers, same run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.s3servers import ACCESS_KEY, BUCKET, SECRET_KEY, MotoServer, RcloneS3
+
+from ._harness import MiB, pair, report
+
+
+def main(args: argparse.Namespace) -> None:
+    size = (args.size_mib or 1024) * MiB
+    results: dict[str, dict[str, Any]] = {}
+    targets: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="cs-bench-s3-") as tmp:
+        source = Path(tmp) / "source.bin"
+        with open(source, "wb") as f:
+            for _ in range(size // (4 * MiB)):
+                f.write(os.urandom(4 * MiB))
+        for cls in (MotoServer, RcloneS3):
+            base = Path(tmp) / cls.name
+            base.mkdir()
+            server = cls(base)
+            try:
+                env = {
+                    "BENCH_SOURCE": str(source),
+                    "BENCH_S3_ENDPOINT": server.endpoint,
+                    "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                    "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                    "AWS_DEFAULT_REGION": "us-east-1",
+                }
+                url = f"s3://{BUCKET}/bench/artifact.bin"
+                for baseline in ("s3fs_put_file", "rclone_copyto"):
+                    name = f"{cls.name}: put_file vs {baseline}"
+                    results[name] = pair(baseline, "s3_put_file", url, size, args.repeat, env=env)
+                fastest = min(
+                    (r for k, r in results.items() if k.startswith(cls.name)),
+                    key=lambda r: r["baseline_s"],
+                )
+                targets[f"{cls.name}: put_file vs {fastest['baseline']}"] = 1.0
+            finally:
+                server.stop()
+    report(
+        f"s3, {size // MiB} MiB, {args.repeat} runs each, medians (target against the fastest "
+        "baseline per server)",
+        results,
+        targets,
+    )
