@@ -66,3 +66,58 @@ def test_conditional_writes_are_probed(gcs: FakeGcs) -> None:
     t.store.put_bytes("step_1", b"x")
     # fake-gcs-server 1.54 ignores ifGenerationMatch for resumable uploads: the probe must say so.
     assert t.store.describe()["conditional_writes"] is False
+
+
+def test_sigkill_mid_upload_publishes_nothing(gcs: FakeGcs) -> None:
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    t = make_target(gcs)
+    t.store.put_bytes("step_0001.pt", b"whole")
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.endpoint}
+    # The same child, not killed, commits: so the kill below interrupts a working upload.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.writer",
+            t.store.url,
+            "step_0000.pt",
+            "0",
+            str(4 * MiB),
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert t.reopen().verify("step_0000.pt").ok
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.writer",
+            t.store.url,
+            "step_0002.pt",
+            "1",
+            str(64 * MiB),
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert t.door.read("step_0002.pt") is None
+    assert [f for f in t.door.files() if "step_0002" in f] == []
+    latest = t.reopen().latest()
+    assert latest is not None
+    assert latest.name == "step_0001.pt"
