@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import shutil
-import tempfile
 import uuid
-from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
@@ -26,7 +23,7 @@ from .._names import Parts
 from ..errors import AlreadyExistsError, CommitError, NotFoundError
 from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
 from ._gcsio import translate
-from ._localio import hash_and_sync_tree
+from ._objdir import ObjectDirSink
 
 MiB = 1024 * 1024
 ALIGN = 256 * 1024
@@ -163,7 +160,12 @@ class GcsBackend(Backend):
         return GcsFileSink(self, parts, overwrite=overwrite)
 
     def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
-        return GcsDirSink(self, parts, overwrite=overwrite)
+        return ObjectDirSink(
+            self,
+            parts,
+            overwrite=overwrite,
+            file_sink=lambda p: GcsFileSink(self, p, overwrite=True),
+        )
 
     def open_read(self, parts: Parts) -> BinaryIO:
         path = f"{self.bucket}/{self.key(parts)}"
@@ -349,47 +351,3 @@ class GcsFileSink(FileSink):
             # An unreachable endpoint leaves the session; GCS expires it after a week.
             with contextlib.suppress(Exception):
                 self._b.call("cancelling the upload of", self._parts, "DELETE", location)
-
-
-class GcsDirSink(DirSink):
-    """Like S3's: files upload one by one; the record commits the folder."""
-
-    def __init__(self, backend: GcsBackend, parts: Parts, *, overwrite: bool) -> None:
-        self._b = backend
-        self._parts = parts
-        self._overwrite = overwrite
-        self.local_path = Path(tempfile.mkdtemp(prefix=".commitstore.tmp."))
-
-    def publish(self) -> CommitInfo:
-        b = self._b
-        try:
-            files = hash_and_sync_tree(self.local_path)
-            if not self._overwrite and b.stat(self._parts) is not None:
-                raise AlreadyExistsError(f"{b.shown(self._parts)} already exists")
-            if self._overwrite:
-                b.remove(self._parts)
-            uploaded: list[Parts] = []
-            try:
-                for rel, size, digest in files:
-                    fparts = (*self._parts, *rel.split("/"))
-                    sink = GcsFileSink(b, fparts, overwrite=True)
-                    with open(self.local_path / rel, "rb") as src:
-                        while chunk := src.read(8 * MiB):
-                            sink.write(memoryview(chunk))
-                    sink.publish(size=size, digest=digest)
-                    uploaded.append(fparts)
-            except BaseException:
-                for fparts in uploaded:
-                    with contextlib.suppress(Exception):
-                        b.remove(fparts)
-                raise
-            return CommitInfo(
-                sum(s for _, s, _ in files),
-                files=files,
-                notes=["object store: files appear one by one; the record commits"],
-            )
-        finally:
-            shutil.rmtree(self.local_path, ignore_errors=True)
-
-    def abort(self) -> None:
-        shutil.rmtree(self.local_path, ignore_errors=True)

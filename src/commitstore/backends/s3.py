@@ -15,10 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import shutil
-import tempfile
 from collections import deque
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from .._names import Parts
@@ -32,7 +29,7 @@ from ._base import (
     FileSink,
     PendingUpload,
 )
-from ._localio import hash_and_sync_tree
+from ._objdir import ObjectDirSink
 from ._s3io import probe_conditional_create, translate
 
 MiB = 1024 * 1024
@@ -112,7 +109,16 @@ class S3Backend(Backend):
         return S3FileSink(self, parts, overwrite=overwrite)
 
     def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
-        return S3DirSink(self, parts, overwrite=overwrite)
+        def mark_empty() -> None:  # an empty folder exists on an object store only as a marker
+            self.call("uploading", parts, "put_object", Key=self.key(parts) + "/", Body=b"")
+
+        return ObjectDirSink(
+            self,
+            parts,
+            overwrite=overwrite,
+            file_sink=lambda p: S3FileSink(self, p, overwrite=True),
+            mark_empty=mark_empty,
+        )
 
     def open_read(self, parts: Parts) -> BinaryIO:
         path = f"{self.bucket}/{self.key(parts)}"
@@ -403,52 +409,3 @@ class S3FileSink(FileSink):
                     Key=self._key,
                     UploadId=upload_id,
                 )
-
-
-class S3DirSink(DirSink):
-    """A local folder, uploaded file by file on publish. There is no atomic folder publish on an
-    object store: the record, written after every file, is what makes the folder committed."""
-
-    def __init__(self, backend: S3Backend, parts: Parts, *, overwrite: bool) -> None:
-        self._b = backend
-        self._parts = parts
-        self._overwrite = overwrite
-        self.local_path = Path(tempfile.mkdtemp(prefix=".commitstore.tmp."))
-
-    def publish(self) -> CommitInfo:
-        b = self._b
-        try:
-            files = hash_and_sync_tree(self.local_path)
-            if not self._overwrite and b.stat(self._parts) is not None:
-                raise AlreadyExistsError(f"{b.shown(self._parts)} already exists")
-            if self._overwrite:
-                b.remove(self._parts)
-            uploaded: list[Parts] = []
-            if not files:  # an empty folder exists on an object store only as a marker
-                b.call(
-                    "uploading", self._parts, "put_object", Key=b.key(self._parts) + "/", Body=b""
-                )
-            try:
-                for rel, size, digest in files:
-                    fparts = (*self._parts, *rel.split("/"))
-                    sink = S3FileSink(b, fparts, overwrite=True)
-                    with open(self.local_path / rel, "rb") as src:
-                        while chunk := src.read(8 * MiB):
-                            sink.write(memoryview(chunk))
-                    sink.publish(size=size, digest=digest)
-                    uploaded.append(fparts)
-            except BaseException:
-                for fparts in uploaded:  # no record will claim them: take them back
-                    with contextlib.suppress(Exception):
-                        b.remove(fparts)
-                raise
-            return CommitInfo(
-                sum(s for _, s, _ in files),
-                files=files,
-                notes=["object store: files appear one by one; the record commits"],
-            )
-        finally:
-            shutil.rmtree(self.local_path, ignore_errors=True)
-
-    def abort(self) -> None:
-        shutil.rmtree(self.local_path, ignore_errors=True)
