@@ -21,9 +21,10 @@ from fsspec.asyn import sync
 
 from .._names import Parts
 from ..errors import AlreadyExistsError, CommitError, NotFoundError
-from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
+from ._base import CommitInfo, DirSink, FileInfo, FileSink
 from ._gcsio import translate
 from ._objdir import ObjectDirSink
+from ._object import ObjectBackend
 
 MiB = 1024 * 1024
 ALIGN = 256 * 1024
@@ -34,10 +35,11 @@ def crc32c_b64(value: int) -> str:
     return base64.b64encode(value.to_bytes(4, "big")).decode()
 
 
-class GcsBackend(Backend):
+class GcsBackend(ObjectBackend):
     """A prefix in a GCS bucket (or a compatible server)."""
 
     strategy = "gcs-resumable"
+    scheme = "gs"
 
     def __init__(
         self,
@@ -51,32 +53,9 @@ class GcsBackend(Backend):
     ) -> None:
         if chunk_size < ALIGN or chunk_size % ALIGN:
             raise ValueError("chunk_size must be a positive multiple of 256 KiB")
+        super().__init__(bucket, prefix, conditional_writes=conditional_writes, reason=reason)
         self.fs = fs
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
         self.chunk_size = chunk_size
-        self._conditional = conditional_writes
-        self.reason = reason
-
-    @property
-    def capabilities(self) -> Capabilities:  # type: ignore[override]
-        return Capabilities(
-            atomic_replace=True,
-            exclusive_create=self.conditional_writes(),
-            dir_fsync=False,
-            atomic_dir_publish=False,
-            free_space=False,
-            empty_folders=False,
-        )
-
-    def __repr__(self) -> str:
-        return f"GcsBackend({self.shown(())!r})"
-
-    def key(self, parts: Parts) -> str:
-        return "/".join((self.prefix, *parts)) if self.prefix else "/".join(parts)
-
-    def shown(self, parts: Parts) -> str:
-        return f"gs://{self.bucket}/{self.key(parts)}".rstrip("/")
 
     def run(self, what: str, parts: Parts, coro: Any) -> Any:
         """Run a gcsfs coroutine on its loop; errors translated in one place."""
@@ -88,31 +67,27 @@ class GcsBackend(Backend):
     def call(self, what: str, parts: Parts, method: str, path: str, *args: Any, **kw: Any) -> Any:
         return self.run(what, parts, self.fs._call(method, path, *args, **kw))
 
-    def conditional_writes(self) -> bool:
+    def _probe_conditional(self) -> bool:
         """Does a resumable upload with ``ifGenerationMatch=0`` refuse to replace an object?"""
-        if self._conditional is None:
-            key = "/".join(
-                p for p in (self.prefix, ".commitstore", f"probe-{uuid.uuid4().hex}") if p
+        parts = (".commitstore", f"probe-{uuid.uuid4().hex}")
+        key = self.key(parts)
+        self.upload_small(parts, key, b"1", create_only=False)
+        try:
+            loc = self.initiate(parts, key, create_only=True)
+            self.call(
+                "probing",
+                parts,
+                "POST",
+                loc,
+                headers={"Content-Range": "bytes 0-0/1", "Content-Length": "1"},
+                data=b"2",
             )
-            parts = (".commitstore", "probe")
-            self.upload_small(parts, key, b"1", create_only=False)
-            try:
-                loc = self.initiate(parts, key, create_only=True)
-                self.call(
-                    "probing",
-                    parts,
-                    "POST",
-                    loc,
-                    headers={"Content-Range": "bytes 0-0/1", "Content-Length": "1"},
-                    data=b"2",
-                )
-                self._conditional = False
-            except (AlreadyExistsError, CommitError):
-                self._conditional = True
-            finally:
-                with contextlib.suppress(Exception):
-                    self.delete_key(parts, key)
-        return self._conditional
+        except (AlreadyExistsError, CommitError):
+            return True
+        finally:
+            with contextlib.suppress(Exception):
+                self.delete_key(parts, key)
+        return False
 
     # -- protocol pieces -------------------------------------------------------------------
     def initiate(self, parts: Parts, key: str, *, create_only: bool) -> str:
@@ -185,8 +160,7 @@ class GcsBackend(Backend):
         return None
 
     def _list(self, parts: Parts, *, max_results: int | None = None) -> list[dict[str, Any]]:
-        key = self.key(parts)
-        prefix = f"{key}/" if key else ""
+        prefix = self.dir_prefix(parts)
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -202,8 +176,7 @@ class GcsBackend(Backend):
                 return items
 
     def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
-        key = self.key(parts)
-        prefix = f"{key}/" if key else ""
+        prefix = self.dir_prefix(parts)
         out = []
         for item in self._list(parts):
             name = item["name"]
@@ -226,19 +199,10 @@ class GcsBackend(Backend):
             self.delete_key(parts, item["name"])
         return bool(items)
 
-    def free_space(self, parts: Parts) -> int | None:
-        return None
-
     def describe(self) -> dict[str, Any]:
         return {
-            "strategy": self.strategy,
-            "reason": self.reason,
-            "location": self.shown(()),
+            **self.common_description(),
             "endpoint": self.fs._location,
-            "capabilities": {
-                k: getattr(self.capabilities, k) for k in Capabilities.__dataclass_fields__
-            },
-            "conditional_writes": self._conditional,
             "chunk_size": self.chunk_size,
         }
 
@@ -332,8 +296,20 @@ class GcsFileSink(FileSink):
             found_size = int(fresh.get("size", -1))
             found_crc = fresh.get("crc32c") or meta.get("crc32c")
             if found_size != size or (found_crc is not None and found_crc != expected_crc):
-                with contextlib.suppress(Exception):
-                    b.delete_key(self._parts, self._key)
+                ours = meta.get("generation")
+                if ours is not None and str(fresh.get("generation")) == str(ours):
+                    # Our own object is wrong: take it back (only that generation, never another
+                    # writer's).
+                    with contextlib.suppress(Exception):
+                        b.call(
+                            "removing",
+                            self._parts,
+                            "DELETE",
+                            "b/{}/o/{}",
+                            b.bucket,
+                            self._key,
+                            ifGenerationMatch=str(ours),
+                        )
                 raise CommitError(
                     f"{shown}: post-upload check failed: {found_size} bytes / crc32c {found_crc} "
                     f"stored, {size} bytes / crc32c {expected_crc} sent"

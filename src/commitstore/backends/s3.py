@@ -21,8 +21,6 @@ from typing import Any, BinaryIO
 from .._names import Parts
 from ..errors import AlreadyExistsError, CommitError, NotFoundError
 from ._base import (
-    Backend,
-    Capabilities,
     CommitInfo,
     DirSink,
     FileInfo,
@@ -30,16 +28,18 @@ from ._base import (
     PendingUpload,
 )
 from ._objdir import ObjectDirSink
+from ._object import ObjectBackend
 from ._s3io import probe_conditional_create, translate
 
 MiB = 1024 * 1024
 MAX_PARTS = 10_000
 
 
-class S3Backend(Backend):
+class S3Backend(ObjectBackend):
     """A prefix in an S3 bucket (AWS or any S3-compatible endpoint)."""
 
     strategy = "s3-multipart"
+    scheme = "s3"
 
     def __init__(
         self,
@@ -55,43 +55,17 @@ class S3Backend(Backend):
     ) -> None:
         if part_size < 5 * MiB:
             raise ValueError("part_size must be at least 5 MiB (S3's minimum part)")
+        super().__init__(bucket, prefix, conditional_writes=conditional_writes, reason=reason)
         self.fs = fs
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
         self.endpoint = endpoint
         self.part_size = part_size
         self.max_inflight = max(1, max_inflight)
-        self._conditional = conditional_writes
-        self.reason = reason
 
-    @property
-    def capabilities(self) -> Capabilities:  # type: ignore[override]
-        return Capabilities(
-            atomic_replace=True,
-            exclusive_create=self.conditional_writes(),
-            dir_fsync=False,
-            atomic_dir_publish=False,
-            free_space=False,
-            empty_folders=False,
-        )
-
-    def __repr__(self) -> str:
-        return f"S3Backend({self.shown(())!r})"
-
-    def conditional_writes(self) -> bool:
-        """Whether create-only writes are honoured (probed once, on first need)."""
-        if self._conditional is None:
-            try:
-                self._conditional = probe_conditional_create(self.fs, self.bucket, self.prefix)
-            except Exception as exc:
-                raise translate(exc, "probing conditional writes at", self.shown(())) from exc
-        return self._conditional
-
-    def key(self, parts: Parts) -> str:
-        return "/".join((self.prefix, *parts)) if self.prefix else "/".join(parts)
-
-    def shown(self, parts: Parts) -> str:
-        return f"s3://{self.bucket}/{self.key(parts)}".rstrip("/")
+    def _probe_conditional(self) -> bool:
+        try:
+            return probe_conditional_create(self.fs, self.bucket, self.prefix)
+        except Exception as exc:
+            raise translate(exc, "probing conditional writes at", self.shown(())) from exc
 
     def call(self, what: str, parts: Parts, method: str, **kwargs: Any) -> Any:
         try:
@@ -144,22 +118,18 @@ class S3Backend(Backend):
             ts = modified.timestamp() if modified is not None else 0.0
             return FileInfo(int(head["ContentLength"]), ts if ts > 0 else None)
         listing = self.call(
-            "listing", parts, "list_objects_v2", Prefix=self._dir_prefix(parts), MaxKeys=1
+            "listing", parts, "list_objects_v2", Prefix=self.dir_prefix(parts), MaxKeys=1
         )
         if listing.get("KeyCount", 0) or listing.get("Contents"):
             return FileInfo(0, None, is_dir=True)
         return None
-
-    def _dir_prefix(self, parts: Parts) -> str:
-        key = self.key(parts)
-        return f"{key}/" if key else ""
 
     def _objects(self, parts: Parts) -> list[dict[str, Any]]:
         """Every object below ``parts`` (one request per 1,000 keys), folder markers included."""
         out: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"Prefix": self._dir_prefix(parts)}
+            kwargs: dict[str, Any] = {"Prefix": self.dir_prefix(parts)}
             if token:
                 kwargs["ContinuationToken"] = token
             page = self.call("listing", parts, "list_objects_v2", **kwargs)
@@ -169,7 +139,7 @@ class S3Backend(Backend):
             token = page.get("NextContinuationToken")
 
     def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
-        prefix = self._dir_prefix(parts)
+        prefix = self.dir_prefix(parts)
         out: list[tuple[Parts, FileInfo]] = []
         for obj in self._objects(parts):
             if obj["Key"].endswith("/"):
@@ -189,9 +159,6 @@ class S3Backend(Backend):
             self.call("removing", parts, "delete_objects", Delete={"Objects": batch})
         return bool(keys)
 
-    def free_space(self, parts: Parts) -> int | None:
-        return None
-
     def pending_uploads(self) -> list[PendingUpload]:
         """Multipart uploads under this store's prefix only (``prefix/``, never a sibling).
 
@@ -199,7 +166,7 @@ class S3Backend(Backend):
         times, so a long upload still receiving parts is young (and moto's fixed ``Initiated``
         cannot make a live upload look old).
         """
-        prefix = self._dir_prefix(())
+        prefix = self.dir_prefix(())
         out: list[PendingUpload] = []
         markers: dict[str, Any] = {}
         while True:
@@ -244,7 +211,7 @@ class S3Backend(Backend):
             marker = {"PartNumberMarker": page.get("NextPartNumberMarker")}
 
     def abort_upload(self, upload: PendingUpload) -> None:
-        if not upload.key.startswith(self._dir_prefix(())):
+        if not upload.key.startswith(self.dir_prefix(())):
             raise ValueError(f"{upload.key} is outside {self.shown(())}")
         self.call(
             "aborting", (), "abort_multipart_upload", Key=upload.key, UploadId=upload.upload_id
@@ -252,14 +219,8 @@ class S3Backend(Backend):
 
     def describe(self) -> dict[str, Any]:
         return {
-            "strategy": self.strategy,
-            "reason": self.reason,
-            "location": self.shown(()),
+            **self.common_description(),
             "endpoint": self.endpoint,
-            "capabilities": {
-                k: getattr(self.capabilities, k) for k in Capabilities.__dataclass_fields__
-            },
-            "conditional_writes": self._conditional,
             "part_size": self.part_size,
             "max_inflight": self.max_inflight,
         }
@@ -376,8 +337,10 @@ class S3FileSink(FileSink):
                     "completed (the endpoint did not serialise the create-only condition)"
                 )
             if found != size:
-                with contextlib.suppress(Exception):
-                    b.call("removing", self._parts, "delete_object", Key=self._key)
+                if head is not None and etag and head.get("ETag") == etag:
+                    # Our own object is wrong: take it back (never another writer's).
+                    with contextlib.suppress(Exception):
+                        b.call("removing", self._parts, "delete_object", Key=self._key)
                 raise CommitError(
                     f"{shown}: post-upload size check failed: {found} bytes stored, {size} written"
                 )
