@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 import pytest
 import xxhash
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import commitstore
 from commitstore import (
@@ -28,6 +26,7 @@ from commitstore import (
     NotFoundError,
 )
 
+from ._faults import FaultConformance
 from .backdoor import Backdoor
 
 RECORDS = ".commitstore/records"
@@ -64,7 +63,7 @@ class Target:
     reopen: Callable[[], CommitStore]
 
 
-class StoreConformance:
+class StoreConformance(FaultConformance):
     """Behaviour every backend shares. Subclasses override the ``target`` fixture."""
 
     @pytest.fixture
@@ -373,70 +372,6 @@ class StoreConformance:
         assert [r.name for r in s.list()] == ["config.json", "notes.txt", "step_9"]
         latest = s.latest()
         assert latest is not None and latest.name == "step_9"
-
-    # -- fault injection: any bit flip or truncation is caught --------------------------
-    @settings(
-        max_examples=25,
-        deadline=None,
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.differing_executors,
-        ],
-    )
-    @given(data=st.binary(min_size=1, max_size=4096), where=st.floats(0, 1), bit=st.integers(0, 7))
-    def test_any_bit_flip_detected(
-        self, target: Target, data: bytes, where: float, bit: int
-    ) -> None:
-        name = f"flip/{xxhash.xxh64_hexdigest(data)}-{bit}-{where}"
-        target.store.put_bytes(name, data, overwrite=True)
-        pos = min(int(where * len(data)), len(data) - 1)
-        damaged = bytearray(data)
-        damaged[pos] ^= 1 << bit
-        target.door.write(name, bytes(damaged))
-        assert target.store.verify(name).results[0].status == "hash_mismatch"
-        with pytest.raises(IntegrityError):
-            target.store.read_bytes(name)
-
-    @settings(
-        max_examples=25,
-        deadline=None,
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.differing_executors,
-        ],
-    )
-    @given(data=st.binary(min_size=1, max_size=4096), where=st.floats(0, 1))
-    def test_any_truncation_detected(self, target: Target, data: bytes, where: float) -> None:
-        name = f"trunc/{xxhash.xxh64_hexdigest(data)}-{where}"
-        target.store.put_bytes(name, data, overwrite=True)
-        cut = min(int(where * len(data)), len(data) - 1)
-        target.door.write(name, data[:cut])
-        for level in ("size", "full"):
-            assert target.store.verify(name, level=level).results[0].status == "size_mismatch"
-        latest = target.store.latest(level="size")
-        assert latest is None or latest.name != name
-
-    def test_state_machine_against_model(self, target: Target) -> None:
-        from .stateful import run_store_machine
-
-        run_store_machine(target)
-
-    def test_gc_never_touches_committed(self, target: Target) -> None:
-        s = target.store
-        s.put_bytes("keep/step_1", b"one" * 100)
-        with s.stage_dir("keep/step_2") as d:
-            (d / "w.bin").write_bytes(b"two")
-        before = target.door.files()
-        dry = s.gc(min_age=0, dry_run=True)
-        assert dry.dry_run
-        report = s.gc(min_age=0)
-        assert [i.path for i in report.removed] == [i.path for i in dry.removed]
-        assert all(".commitstore.tmp." in i.path or i.kind == "upload" for i in report.removed)
-        assert [f for f in target.door.files() if ".commitstore.tmp." not in f] == [
-            f for f in before if ".commitstore.tmp." not in f
-        ]
-        assert s.verify().ok
-        assert s.gc(min_age=0).removed == ()  # idempotent
 
     # -- declared capabilities are true --------------------------------------------------
     def test_describe_names_strategy(self, target: Target) -> None:
