@@ -46,6 +46,11 @@ case "$cmd" in
         ;;
     test)
         need_root_apt "${SYSTEM_PACKAGES[@]}"
+        if [ ! -x .cache/azurite/node_modules/.bin/azurite-blob ]; then
+            command -v npm >/dev/null || need_root_apt npm
+            mkdir -p .cache/azurite
+            npm install --silent --no-audit --no-fund --prefix .cache/azurite azurite@3
+        fi
         venv "[test]"
         export COMMITSTORE_REQUIRE_SERVERS=1
         exec "$VENV/bin/python" -m pytest "$@"

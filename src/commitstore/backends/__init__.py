@@ -212,6 +212,48 @@ def _gcs(url: str, options: dict[str, Any]) -> Backend:
     )
 
 
+def _azure(url: str, options: dict[str, Any]) -> Backend:
+    opts = _take(
+        options,
+        {
+            "connection_string": None,
+            "account_url": None,
+            "credential": None,
+            "block_size": 8 * 1024 * 1024,
+            "max_inflight": 4,
+            "conditional_writes": None,
+        },
+    )
+    parsed = urlsplit(url)
+    if not parsed.netloc:
+        raise InvalidNameError("Azure URLs look like az://container[/prefix]")
+    try:
+        from azure.storage.blob import BlobServiceClient
+
+        from .azure import AzureBackend
+    except ImportError as exc:
+        raise CommitStoreError(
+            "az:// needs the azure extra: pip install 'commitstore[azure]'"
+        ) from exc
+    conn = opts["connection_string"] or os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    if conn:
+        service = BlobServiceClient.from_connection_string(conn)
+    elif opts["account_url"]:
+        service = BlobServiceClient(opts["account_url"], credential=opts["credential"])
+    else:
+        raise InvalidNameError(
+            "az:// needs connection_string= (or AZURE_STORAGE_CONNECTION_STRING) or account_url="
+        )
+    return AzureBackend(
+        service.get_container_client(parsed.netloc),
+        unquote(parsed.path),
+        block_size=int(opts["block_size"]),
+        max_inflight=int(opts["max_inflight"]),
+        conditional_writes=opts["conditional_writes"],
+        reason="az:// URL (commit_block_list is the commit)",
+    )
+
+
 def _memory(url: str, options: dict[str, Any]) -> Backend:
     _take(options, {})
     return MemoryBackend(url[len("memory://") :])
@@ -225,6 +267,8 @@ STRATEGIES: dict[str, Callable[[str, dict[str, Any]], Backend]] = {
     "s3": _s3,
     "gs": _gcs,
     "gcs": _gcs,
+    "az": _azure,
+    "abfs": _azure,
 }
 """URL scheme -> backend factory. The one table every store is chosen from."""
 
