@@ -11,7 +11,7 @@ import pytest
 from commitstore import open_store
 from commitstore.testing import StoreConformance, Target, xxh
 
-from .helpers.azurite import Azurite, AzureBackdoor
+from .helpers.azurite import AzureBackdoor, Azurite
 
 MiB = 1024 * 1024
 
