@@ -10,15 +10,22 @@ Targets (time ratios ours/baseline, lower is better):
 - s3: 1 GiB ``put_file`` to moto and to ``rclone serve s3`` vs ``s3fs.put_file`` and ``rclone
   copyto`` of the same file to the same server: at least as fast as the fastest baseline (ratio
   <= 1.0 against it); peak RSS < 256 MiB.
+- gcs: the same against fake-gcs-server vs ``gcsfs.put_file``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from . import bridge, local, s3, smb
+from . import bridge, gcs, local, s3, smb
 
-SUITES = {"local": local.main, "smb": smb.main, "bridge": bridge.main, "s3": s3.main}
+SUITES = {
+    "local": local.main,
+    "smb": smb.main,
+    "bridge": bridge.main,
+    "s3": s3.main,
+    "gcs": gcs.main,
+}
 
 
 def main() -> None:

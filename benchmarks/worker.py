@@ -155,6 +155,27 @@ def rclone_copyto(url: str, size: int) -> None:
     )
 
 
+def gcs_put_file(url: str, size: int) -> None:
+    """commitstore: ``put_file`` of BENCH_SOURCE to fake-gcs-server."""
+    parent, name = url.rsplit("/", 1)
+    opts = {"endpoint_url": os.environ["BENCH_GCS_ENDPOINT"], "token": "anon", "project": "test"}
+    open_store(parent, **opts).put_file(name, os.environ["BENCH_SOURCE"], overwrite=True)
+
+
+def gcsfs_put_file(url: str, size: int) -> None:
+    """Baseline: ``gcsfs.GCSFileSystem.put_file`` of the same file (no hash, no record)."""
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    import gcsfs
+
+    fs = gcsfs.GCSFileSystem(
+        endpoint_url=os.environ["BENCH_GCS_ENDPOINT"],
+        token="anon",
+        project="test",
+        skip_instance_cache=True,
+    )
+    fs.put_file(os.environ["BENCH_SOURCE"], url[len("gs://") :])
+
+
 def plain_read(path: Path, size: int) -> None:
     buf = bytearray(8 * 1024 * 1024)
     with open(path, "rb", buffering=0) as f:
@@ -187,6 +208,8 @@ URL_OPS = {
         s3_put_file,
         s3fs_put_file,
         rclone_copyto,
+        gcs_put_file,
+        gcsfs_put_file,
     )
 }
 

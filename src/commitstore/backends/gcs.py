@@ -47,7 +47,7 @@ class GcsBackend(ObjectBackend):
         bucket: str,
         prefix: str,
         *,
-        chunk_size: int = 8 * MiB,
+        chunk_size: int = 16 * MiB,
         conditional_writes: bool | None = None,
         reason: str = "gs:// URL",
     ) -> None:
@@ -239,7 +239,6 @@ class GcsFileSink(FileSink):
 
     def write(self, data: memoryview) -> None:
         assert not self._closed, "write after publish/abort"
-        self._crc.update(bytes(data))  # type: ignore[no-untyped-call]
         self._buf += data
         self.bytes_written += data.nbytes
         try:
@@ -255,6 +254,7 @@ class GcsFileSink(FileSink):
             self._location = b.initiate(self._parts, self._key, create_only=self._create_only())
         with memoryview(self._buf) as view:
             chunk = bytes(view[:length])
+        self._crc.update(chunk)  # type: ignore[no-untyped-call]
         end = self._offset + length - 1
         total = str(self._offset + length) if final else "*"
         rng = f"bytes {self._offset}-{end}/{total}" if length else f"bytes */{total}"
@@ -281,6 +281,7 @@ class GcsFileSink(FileSink):
             if not self._overwrite and not create_only and b.metadata(self._parts) is not None:
                 raise AlreadyExistsError(f"{shown} already exists")
             if self._location is None:
+                self._crc.update(bytes(self._buf))  # type: ignore[no-untyped-call]
                 meta = b.upload_small(
                     self._parts, self._key, bytes(self._buf), create_only=not self._overwrite
                 )
