@@ -8,7 +8,9 @@ and fail loud.
 from __future__ import annotations
 
 from ._gc import GcItem, GcReport
+from ._mirrors import MirrorState
 from ._stage import Stage
+from ._sync import MirrorSync, SyncReport
 from .errors import (
     AlreadyExistsError,
     BackendUnavailableError,
@@ -38,9 +40,12 @@ __all__ = [
     "IntegrityError",
     "InvalidNameError",
     "MirrorError",
+    "MirrorState",
+    "MirrorSync",
     "NotFoundError",
     "Record",
     "Stage",
+    "SyncReport",
     "VerifyReport",
     "VerifyResult",
     "__version__",

@@ -15,7 +15,7 @@ from .errors import InsufficientSpaceError, IntegrityError, InvalidNameError, No
 from .records import Record, RecordFormatError
 
 if TYPE_CHECKING:
-    from .store import CommitStore
+    from ._reads import Reads as CommitStore
 
 VerifiedFile = BinaryIO
 """What :meth:`CommitStore.open` returns: a readable, seekable binary file."""

@@ -34,11 +34,14 @@ class Stage(io.RawIOBase):
         name: str,
         sink: FileSink,
         finish: Callable[[FileSink, int, str], tuple[Record, CommitInfo]],
+        *,
+        after: Callable[[Record], None] | None = None,
     ) -> None:
         super().__init__()
         self.name = name
         self._sink: FileSink | None = sink
         self._finish = finish
+        self._after = after
         self._hasher = Hasher()
         self._buf = bytearray()
         self.record: Record | None = None
@@ -121,6 +124,8 @@ class Stage(io.RawIOBase):
             raise
         self._sink = None
         super().close()
+        if self._after is not None:
+            self._after(self.record)  # e.g. replication; the artifact is committed either way
         return self.record
 
     def abort(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import CommitStore, __version__, open_store
 from ._progress import ProgressBar
+from ._sync import sync_mirrors
 from .errors import CommitStoreError, InvalidNameError
 from .records import Record, VerifyReport
 
@@ -49,14 +50,16 @@ def _value(text: str) -> Any:
 
 
 def _open(args: argparse.Namespace, url: str) -> CommitStore:
-    """open_store with the ``-o KEY=VALUE`` storage options of the command line."""
+    """open_store with the ``-o KEY=VALUE`` storage options and ``--mirror`` URLs of the command
+    line (mirrors replicate before the command returns)."""
     options: dict[str, Any] = {}
     for item in getattr(args, "option", None) or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise InvalidNameError(f"storage options look like KEY=VALUE, not {item!r}")
         options[key] = _value(value)
-    return open_store(url, **options)
+    mirrors = getattr(args, "mirror", None) or []
+    return open_store(url, mirrors=mirrors, mirror_mode="sync", **options)
 
 
 def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
@@ -153,6 +156,38 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sync(args: argparse.Namespace) -> int:
+    store = _open(args, args.primary)
+    report = sync_mirrors(store, [open_store(m) for m in args.mirrors], repair=not args.no_repair)
+    doc = {
+        "ok": report.ok,
+        "primary_bad": report.primary_bad,
+        "mirrors": [
+            {
+                "url": m.url,
+                "copied": m.copied,
+                "repaired": m.repaired,
+                "ok": m.ok,
+                "foreign": m.foreign,
+                "failed": m.failed,
+            }
+            for m in report.mirrors
+        ],
+    }
+    lines = [
+        f"primary: {name} fails its check ({why}); not copied"
+        for name, why in report.primary_bad.items()
+    ]
+    for m in report.mirrors:
+        lines.append(
+            f"{m.url}: {len(m.copied)} copied, {len(m.repaired)} repaired, {len(m.ok)} ok, "
+            f"{len(m.foreign)} foreign (left alone), {len(m.failed)} failed"
+        )
+        lines += [f"  failed {name}: {err}" for name, err in m.failed.items()]
+    _emit(args, doc, "\n".join(lines))
+    return EXIT_OK if report.ok else EXIT_FAIL
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -167,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("--json", action="store_true", help="machine-readable output")
+        sp.add_argument("--mirror", action="append", metavar="URL", help="mirror (repeatable)")
         sp.add_argument(
             "-o",
             "--option",
@@ -210,6 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--min-age", type=float, default=3600, help="seconds (default 3600)")
     sp.add_argument("--dry-run", action="store_true")
     sp.set_defaults(func=cmd_gc)
+    sp = add("sync", "copy to mirrors what they lack, repair what fails verification")
+    sp.add_argument("primary")
+    sp.add_argument("mirrors", nargs="+")
+    sp.add_argument("--no-repair", action="store_true")
+    sp.set_defaults(func=cmd_sync)
     sp = add("demo", "simulated training run: crash, resume, corruption caught")
     sp.add_argument("dir", nargs="?", default="commitstore-demo")
     sp.set_defaults(func=cmd_demo)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -15,24 +15,22 @@ from urllib.parse import urlsplit, urlunsplit
 from . import _read
 from ._digest import digest_bytes, manifest_digest
 from ._gc import GcReport, collect
+from ._mirrors import MirrorState, Replicator
 from ._names import infer_step, record_parts, validate_name
+from ._reads import Reads
 from ._stage import Stage
-from ._verify import check, check_level, read_record, scan_records, sort_key, unrecorded
+from ._sync import SyncReport, restore, sync_mirrors
 from .backends import Backend, CommitInfo, FileSink, resolve
 from .errors import (
     AlreadyExistsError,
     CommitError,
     InsufficientSpaceError,
-    IntegrityError,
     InvalidNameError,
     NotFoundError,
 )
 from .records import (
     FileRecord,
     Record,
-    RecordFormatError,
-    VerifyReport,
-    VerifyResult,
     encode_record,
 )
 
@@ -46,16 +44,34 @@ RECORD_HEADROOM = 64 * 1024
 Progress = Callable[[int], None]
 
 
-def open_store(url: str | os.PathLike[str], **storage_options: Any) -> CommitStore:
-    """Open the store at ``url``: a plain local path, ``file://`` or ``memory://`` URL.
+def open_store(
+    url: str | os.PathLike[str],
+    *,
+    mirrors: Sequence[str | os.PathLike[str] | CommitStore] = (),
+    mirror_mode: str = "background",
+    mirror_policy: str = "best_effort",
+    mirror_queue: int = 8,
+    **storage_options: Any,
+) -> CommitStore:
+    """Open the store at ``url`` (a local path or any supported URL), with optional mirrors.
 
-    The commit strategy is chosen from one table by the URL (see ``describe()``). Creates the root
-    folder if needed; writes nothing else.
+    The commit strategy is chosen from one table by the URL (see ``describe()``).
+    ``storage_options`` go to the primary; give a mirror that needs options as a
+    :class:`CommitStore`. After each primary commit every mirror receives the artifact through its
+    own commit strategy: in the background (``mirror_mode="background"``, at most
+    ``mirror_queue`` artifacts queued per mirror, then commits wait) or before ``commit()``
+    returns (``"sync"``). ``mirror_policy="required"`` turns a mirror failure into a MirrorError.
 
     Raises:
-        InvalidNameError: the URL's scheme has no commit strategy.
+        InvalidNameError: unknown scheme, option, mode or policy, before any I/O.
     """
-    return CommitStore(resolve(url, storage_options), url=redact_url(os.fspath(url)))
+    store = CommitStore(resolve(url, storage_options), url=redact_url(os.fspath(url)))
+    if mirrors:
+        opened = [m if isinstance(m, CommitStore) else open_store(m) for m in mirrors]
+        store.replicator = Replicator(
+            store, opened, mode=mirror_mode, policy=mirror_policy, queue_size=mirror_queue
+        )
+    return store
 
 
 def redact_url(url: str) -> str:
@@ -68,7 +84,7 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}@{host}" if user else host))
 
 
-class CommitStore:
+class CommitStore(Reads):
     """Staged writes, commits, verification and reads of artifacts under one root.
 
     Guarantees, on every backend:
@@ -83,6 +99,8 @@ class CommitStore:
         self.backend = backend
         self.url = redact_url(url)
         """The store's URL, without any password."""
+        self.replicator: Replicator | None = None
+        """The mirrors, when the store has any."""
 
     def __repr__(self) -> str:
         return f"CommitStore({self.url!r}, strategy={self.backend.strategy!r})"
@@ -96,10 +114,50 @@ class CommitStore:
         self.close()
 
     def close(self) -> None:
-        """Release resources. Idempotent."""
+        """Wait for background replication, then stop it. Idempotent.
+
+        Raises:
+            MirrorError: under ``mirror_policy="required"``, if a mirror failed.
+        """
+        if self.replicator is not None:
+            self.replicator.close()
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait for pending background work (none without mirrors)."""
+        """Wait until every queued artifact reached every mirror (or failed there).
+
+        Raises:
+            MirrorError: under ``mirror_policy="required"``, if a mirror failed.
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        if self.replicator is not None:
+            self.replicator.flush(timeout)
+
+    @property
+    def mirrors(self) -> list[CommitStore]:
+        """The mirror stores, in the order given."""
+        return [w.mirror for w in self.replicator.workers] if self.replicator else []
+
+    def mirror_status(self) -> list[MirrorState]:
+        """Per mirror: pending and failed (with the last error) replications, and the primary
+        artifacts it lacks."""
+        return self.replicator.status() if self.replicator else []
+
+    def sync(self, *, repair: bool = True) -> SyncReport:
+        """Copy to every mirror what it lacks and, with ``repair``, replace copies that fail
+        verification. Never deletes on a mirror; artifacts only the mirror has are reported.
+        A primary artifact that fails its own check is never copied. Idempotent."""
+        self.flush()
+        return sync_mirrors(self, self.mirrors, repair=repair)
+
+    def restore(self, name: str, *, source: CommitStore | None = None) -> Record:
+        """Copy a verified mirror copy of ``name`` (from ``source``, or the first mirror that
+        has a whole one) back to the primary, through the primary's commit protocol."""
+        validate_name(name)
+        return restore(self, self.mirrors, name, source)
+
+    def _replicate(self, record: Record) -> None:
+        if self.replicator is not None:
+            self.replicator.submit(record.name)
 
     def describe(self) -> dict[str, Any]:
         """Which commit strategy this store uses and why, with its declared capabilities."""
@@ -138,15 +196,20 @@ class CommitStore:
         )
 
     def _commit(
-        self, parts: tuple[str, ...], overwrite: bool, publish_data: Callable[[], Record]
+        self,
+        parts: tuple[str, ...],
+        overwrite: bool,
+        publish_data: Callable[[], Record],
+        body: bytes | None = None,
     ) -> Record:
         """Under the publish lock: publish the data (``publish_data`` returns its record), then
-        the record with the same protocol. Two writers' pairs never interleave."""
+        the record with the same protocol (``body``: exact record bytes, for mirrors). Two
+        writers' pairs never interleave."""
         with self.backend.publish_lock():
             if not overwrite:
                 self._check_absent("/".join(parts), parts)
             record = publish_data()
-            body = encode_record(record)
+            body = body if body is not None else encode_record(record)
             rsink = self.backend.open_sink(record_parts(parts), overwrite=overwrite)
             try:
                 rsink.write(memoryview(body))
@@ -196,7 +259,7 @@ class CommitStore:
 
             return self._commit(parts, overwrite, publish_data), infos[0]
 
-        return Stage(name, sink, finish)
+        return Stage(name, sink, finish, after=self._replicate)
 
     @contextlib.contextmanager
     def stage_dir(
@@ -236,10 +299,11 @@ class CommitStore:
             )
 
         try:
-            self._commit(parts, overwrite, publish_data)
+            record = self._commit(parts, overwrite, publish_data)
         except BaseException:
             sink.abort()
             raise
+        self._replicate(record)
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
         """Commit ``data`` as ``name`` (same protocol as :meth:`stage`); checks free space first."""
@@ -300,93 +364,3 @@ class CommitStore:
                 "gc: %s %s (%s)", "would remove" if dry_run else "removed", item.path, item.kind
             )
         return report
-
-    # -- reading ------------------------------------------------------------------------
-    def record(self, name: str) -> Record:
-        """The committed record of ``name``.
-
-        Raises:
-            NotFoundError: no record. IntegrityError: the record is unreadable (``bad_record``).
-        """
-        parts = validate_name(name)
-        try:
-            rec = read_record(self.backend, parts)
-        except RecordFormatError as exc:
-            raise IntegrityError(
-                f"{name}: bad record: {exc}", name=name, status="bad_record"
-            ) from exc
-        if rec is None:
-            raise NotFoundError(f"{name} is not committed in {self.url}", name=name)
-        return rec
-
-    def list(self) -> list[Record]:
-        """Committed artifacts (valid records only), oldest to newest by step."""
-        records, _bad = scan_records(self.backend)
-        return sorted(records, key=sort_key)
-
-    def verify(self, name: str | None = None, *, level: str = "full") -> VerifyReport:
-        """Check one artifact or all against their records; never raises for a bad artifact.
-
-        ``level="size"`` compares sizes; ``"full"`` also recomputes digests. Unrecorded files
-        under the root are reported as ``no_record`` (they do not make the report fail).
-        """
-        check_level(level)
-        if name is not None:
-            parts = validate_name(name)
-            try:
-                rec = read_record(self.backend, parts)
-            except RecordFormatError as exc:
-                return VerifyReport((VerifyResult(name, "bad_record", str(exc)),))
-            if rec is None:
-                if self.backend.stat(parts) is not None:
-                    return VerifyReport((VerifyResult(name, "no_record", "data without a record"),))
-                return VerifyReport((VerifyResult(name, "missing", "nothing under this name"),))
-            return VerifyReport((check(self.backend, rec, level),))
-        records, bad = scan_records(self.backend)
-        results = [check(self.backend, r, level) for r in records] + bad
-        results += [
-            VerifyResult(n, "no_record", "data without a record")
-            for n in unrecorded(self.backend, records, bad)
-        ]
-        return VerifyReport(tuple(sorted(results, key=lambda r: r.name)))
-
-    def latest(self, *, level: str = "full") -> Record | None:
-        """The newest artifact that passes :meth:`verify` at ``level``; each one skipped is logged
-        as a warning. None if there is none."""
-        check_level(level)
-        records, bad = scan_records(self.backend)
-        for b in bad:
-            log.warning("latest: skipping %s: bad_record (%s)", b.name, b.detail)
-        for rec in sorted(records, key=sort_key, reverse=True):
-            result = check(self.backend, rec, level)
-            if result.status == "ok":
-                return rec
-            log.warning("latest: skipping %s: %s (%s)", rec.name, result.status, result.detail)
-        return None
-
-    def open(self, name: str, *, verify: str = "full") -> _read.VerifiedFile:
-        """A readable, seekable binary file of ``name`` whose bytes passed the check first.
-
-        Raises:
-            NotFoundError: not committed. IntegrityError: the bytes fail the check.
-        """
-        check_level(verify, allow_none=True)
-        return _read.open_verified(self, name, verify)
-
-    def read_bytes(self, name: str, *, verify: str = "full") -> bytes:
-        """All bytes of ``name``, read once and checked before they are returned."""
-        check_level(verify, allow_none=True)
-        return _read.read_verified(self, name, verify)
-
-    def get_file(
-        self,
-        name: str,
-        local_path: str | os.PathLike[str],
-        *,
-        verify: str = "full",
-        progress: Progress | None = None,
-    ) -> None:
-        """Copy ``name`` to ``local_path`` with the local commit protocol; the local file appears
-        only if the bytes matched the record (folder artifacts: the whole folder)."""
-        check_level(verify, allow_none=True)
-        _read.get_verified(self, name, Path(local_path), verify, progress)

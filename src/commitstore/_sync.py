@@ -1,0 +1,155 @@
+"""One-shot repair of mirrors (``sync``), restore to the primary, and ``latest`` across stores."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ._replicate import copy_artifact, raw_record
+from ._verify import check, sort_key
+from .errors import CommitStoreError, IntegrityError, NotFoundError
+from .records import Record
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._reads import Reads
+    from .store import CommitStore
+
+log = logging.getLogger("commitstore")
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorSync:
+    """What ``sync`` did on one mirror. Nothing is ever deleted on a mirror."""
+
+    url: str
+    copied: tuple[str, ...]
+    """Artifacts the mirror lacked, now copied."""
+    repaired: tuple[str, ...]
+    """Mirror copies that failed verification (or differed from the primary's record), replaced."""
+    ok: tuple[str, ...]
+    """Already whole and identical."""
+    foreign: tuple[str, ...]
+    """On the mirror but not committed on the primary (other tools' files, old checkpoints):
+    reported, never touched."""
+    failed: dict[str, str]
+    """Copies that could not be made, with the error."""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    """Result of :meth:`CommitStore.sync`."""
+
+    mirrors: tuple[MirrorSync, ...]
+    primary_bad: dict[str, str]
+    """Primary artifacts that fail their own check: never copied anywhere."""
+
+    @property
+    def ok(self) -> bool:
+        """True when every mirror holds every whole primary artifact."""
+        return not self.primary_bad and all(not m.failed for m in self.mirrors)
+
+
+def sync_mirrors(primary: CommitStore, mirrors: list[CommitStore], *, repair: bool) -> SyncReport:
+    records = primary.list()
+    primary_bad = {}
+    whole = []
+    for rec in records:
+        result = check(primary.backend, rec, "full")
+        if result.status == "ok":
+            whole.append(rec)
+        else:
+            primary_bad[rec.name] = f"{result.status}: {result.detail}"
+    out = []
+    names = {r.name for r in records}
+    for mirror in mirrors:
+        copied: list[str] = []
+        repaired: list[str] = []
+        ok: list[str] = []
+        failed: dict[str, str] = {}
+        for rec in whole:
+            try:
+                theirs = raw_record(mirror, rec.name)
+            except IntegrityError:
+                theirs = None
+                state = "bad"
+            else:
+                state = "missing" if theirs is None else "present"
+            if state == "present":
+                mine = raw_record(primary, rec.name)
+                same = mine is not None and theirs is not None and theirs[0] == mine[0]
+                if same and check(mirror.backend, rec, "full").status == "ok":
+                    ok.append(rec.name)
+                    continue
+                state = "bad"
+            if state == "bad" and not repair:
+                failed[rec.name] = "mirror copy fails verification (repair=False)"
+                continue
+            try:
+                copy_artifact(primary, mirror, rec.name)
+            except CommitStoreError as exc:
+                failed[rec.name] = str(exc)
+                continue
+            (copied if state == "missing" else repaired).append(rec.name)
+        report = mirror.verify(level="size")
+        foreign = sorted({r.name for r in report.results if r.name not in names})
+        out.append(
+            MirrorSync(
+                mirror.url, tuple(copied), tuple(repaired), tuple(ok), tuple(foreign), failed
+            )
+        )
+        for name in foreign:
+            log.info("sync: %s on %s is not on the primary; left alone", name, mirror.url)
+    return SyncReport(tuple(out), primary_bad)
+
+
+def latest_any(stores: Sequence[Reads], level: str) -> Record | None:
+    """The newest artifact that is whole on at least one of ``stores`` (primary first)."""
+    by_name: dict[str, Record] = {}
+    for store in stores:
+        for rec in store.list():
+            by_name.setdefault(rec.name, rec)
+    for rec in sorted(by_name.values(), key=sort_key, reverse=True):
+        for store in stores:
+            found = raw_record(store, rec.name) if _has(store, rec.name) else None
+            if found is None:
+                continue
+            result = check(store.backend, found[1], level)
+            if result.status == "ok":
+                return found[1]
+            log.warning("latest: skipping %s on %s: %s", rec.name, store.url, result.status)
+    return None
+
+
+def _has(store: Reads, name: str) -> bool:
+    try:
+        return raw_record(store, name) is not None
+    except IntegrityError:
+        return False
+
+
+def restore(
+    primary: CommitStore, mirrors: list[CommitStore], name: str, source: CommitStore | None
+) -> Record:
+    """Copy a verified mirror copy of ``name`` back to the primary."""
+    candidates = [source] if source is not None else mirrors
+    errors = []
+    for mirror in candidates:
+        try:
+            found = raw_record(mirror, name)
+        except IntegrityError as exc:
+            errors.append(f"{mirror.url}: {exc}")
+            continue
+        if found is None:
+            continue
+        result = check(mirror.backend, found[1], "full")
+        if result.status != "ok":
+            errors.append(f"{mirror.url}: {result.status}")
+            continue
+        return copy_artifact(mirror, primary, name)
+    raise NotFoundError(
+        f"no mirror holds a whole copy of {name}" + (f" ({'; '.join(errors)})" if errors else ""),
+        name=name,
+    )
