@@ -24,6 +24,7 @@ class FakeGcs:
 
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        base.mkdir(parents=True, exist_ok=True)
         self.log = base / "fake-gcs.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(

@@ -38,6 +38,7 @@ class S3Server:
 
     def __init__(self, base: Path) -> None:
         self.base = base
+        base.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log = base / f"{self.name}.log"

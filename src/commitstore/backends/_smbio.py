@@ -4,6 +4,7 @@ and bounded retries (sharing violations, dropped connections)."""
 from __future__ import annotations
 
 import errno
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,8 +41,17 @@ class SmbConnection:
     username: str | None
     password: str | None = field(repr=False)
     timeout: float = 30.0
-    cache: dict[str, Any] = field(default_factory=dict, repr=False)
-    """Per-store connection cache (smbclient's global one is keyed without credentials)."""
+    _local: threading.local = field(default_factory=threading.local, repr=False)
+
+    @property
+    def cache(self) -> dict[str, Any]:
+        """Per-store, per-thread connection cache (smbclient's global one is keyed without
+        credentials). One connection per thread: SMB credits are per connection, and a
+        background mirror thread must not starve the training thread's requests."""
+        cache: dict[str, Any] | None = getattr(self._local, "cache", None)
+        if cache is None:
+            cache = self._local.cache = {}
+        return cache
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for every smbclient call: port, credentials, per-store cache.
@@ -115,7 +125,11 @@ def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
         return NotFoundError(f"{shown} does not exist")
     if code == errno.EEXIST:
         return AlreadyExistsError(f"{shown} already exists")
-    detail = f"NtStatus 0x{status:08x}" if status is not None else type(exc).__name__
+    detail = (
+        f"NtStatus 0x{status:08x}"
+        if status is not None
+        else f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    )
     return CommitError(f"{what} {shown} failed ({detail})")
 
 

@@ -1,0 +1,294 @@
+"""Mirrors: one primary and mirrors on other kinds of storage share the same integrity semantics.
+
+Every ordered (primary, mirror) pair of local, bridge (FUSE), SMB (Samba), S3 (moto) and GCS
+(fake-gcs-server) runs the mirror clauses; assertions read both sides through backdoors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commitstore import CommitStore, MirrorError, open_store
+from commitstore.testing import Backdoor, LocalBackdoor, S3Backdoor, record_path, xxh
+
+from .helpers.fusemount import FaultMount
+from .helpers.gcsserver import FakeGcs, GcsBackdoor
+from .helpers.s3servers import BUCKET, MotoServer
+from .helpers.samba import PASSWORD, SambaServer
+
+MiB = 1024 * 1024
+ROOT_DIR = Path(__file__).resolve().parent.parent
+KINDS = ["local", "bridge", "smb", "s3", "gcs"]
+
+
+@dataclass
+class Side:
+    url: str
+    options: dict[str, Any]
+    door: Backdoor
+
+    def open(self, **kw: Any) -> CommitStore:
+        return open_store(self.url, **self.options, **kw)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    base = tmp_path_factory.mktemp("mirror-servers")
+    started: dict[str, Any] = {}
+    try:
+        started["fuse"] = FaultMount(base / "fuse")
+        started["samba"] = SambaServer(base / "samba")
+        started["moto"] = MotoServer(base / "moto")
+        started["gcs"] = FakeGcs(base / "gcs")
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def side(kind: str, servers: dict[str, Any], tmp: Path) -> Side:
+    sub = f"{kind}{time.monotonic_ns()}"
+    if kind == "local":
+        return Side(str(tmp / sub), {}, LocalBackdoor(tmp / sub))
+    if kind == "bridge":
+        fuse: FaultMount = servers["fuse"]
+        return Side(str(fuse.mnt / sub), {}, LocalBackdoor(fuse.backing / sub))
+    if kind == "smb":
+        samba: SambaServer = servers["samba"]
+        return Side(samba.url(sub), {"password": PASSWORD}, LocalBackdoor(samba.share_dir / sub))
+    if kind == "s3":
+        moto: MotoServer = servers["moto"]
+        return Side(moto.url(sub), moto.options(), S3Backdoor(moto.client(), BUCKET, sub))
+    gcs: FakeGcs = servers["gcs"]
+    return Side(gcs.url(sub), gcs.options(), GcsBackdoor(gcs, sub))
+
+
+PAIRS = [(p, m) for p in KINDS for m in KINDS if p != m] + [("local", "local")]
+
+
+@pytest.mark.parametrize(("primary_kind", "mirror_kind"), PAIRS)
+def test_mirror_clauses(
+    primary_kind: str, mirror_kind: str, servers: dict[str, Any], tmp_path: Path
+) -> None:
+    p = side(primary_kind, servers, tmp_path)
+    m = side(mirror_kind, servers, tmp_path)
+    payloads = {f"ckpt/step_{i:04d}.pt": os.urandom(MiB + i) for i in (1, 2, 3)}
+    with p.open(mirrors=[m.open()]) as store:
+        for name, data in payloads.items():
+            store.put_bytes(name, data)
+        with store.stage_dir("hf/checkpoint-4") as d:
+            (d / "model.bin").write_bytes(b"w" * 1000)
+        store.flush()
+        assert store.mirror_status()[0].failed == {}
+        assert store.mirror_status()[0].missing == ()
+        # Same bytes and the same record, byte for byte, on both sides.
+        for name, data in payloads.items():
+            assert m.door.read(name) == data
+            assert m.door.read(record_path(name)) == p.door.read(record_path(name))
+        assert m.door.read("hf/checkpoint-4/model.bin") == b"w" * 1000
+        assert m.door.read(record_path("hf/checkpoint-4")) == p.door.read(
+            record_path("hf/checkpoint-4")
+        )
+        assert m.open().verify().ok
+        # A primary-side corruption is never copied to a mirror.
+        bad = payloads["ckpt/step_0002.pt"]
+        p.door.write("ckpt/step_0002.pt", bad[:-1] + bytes([bad[-1] ^ 1]))
+        report = store.sync()
+        assert "ckpt/step_0002.pt" in report.primary_bad
+        assert m.door.read("ckpt/step_0002.pt") == bad
+        # ...and the primary gets it back from the mirror.
+        rec = store.restore("ckpt/step_0002.pt")
+        assert rec.digest == xxh(bad)
+        assert p.door.read("ckpt/step_0002.pt") == bad
+        # latest(source="any") finds the newest whole artifact when the primary's is gone.
+        p.door.remove("hf/checkpoint-4/model.bin")
+        latest_any = store.latest(source="any")
+        assert latest_any is not None
+        assert latest_any.name == "hf/checkpoint-4"
+        latest_primary = store.latest()
+        assert latest_primary is not None
+        assert latest_primary.name == "ckpt/step_0003.pt"
+
+
+def test_rclone_check_finds_no_difference(tmp_path: Path) -> None:
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    rclone = shutil.which("rclone") or str(Path(sys.executable).parent / "rclone")
+    with open_store(primary, mirrors=[str(mirror)]) as store:
+        for i in range(4):
+            store.put_bytes(f"step_{i}.pt", os.urandom(300_000))
+        with store.stage_dir("folder_5") as d:
+            (d / "x").write_bytes(b"x")
+    check = [rclone, "check", "--config", "/dev/null", str(primary), str(mirror)]
+    res = subprocess.run(check, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    # A store written without mirrors, mirrored later by the one-shot sync.
+    (tmp_path / "late").mkdir()
+    late = open_store(tmp_path / "late")
+    late.put_bytes("step_9.pt", b"late")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commitstore",
+            "sync",
+            str(tmp_path / "late"),
+            str(mirror),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["mirrors"][0]["copied"] == ["step_9.pt"]
+    assert "step_0.pt" in doc["mirrors"][0]["foreign"]  # other tools' files: reported, kept
+    assert (mirror / "step_0.pt").exists()
+
+
+@pytest.fixture
+def bridge_mirror(servers: dict[str, Any], tmp_path: Path) -> Iterator[tuple[Side, FaultMount]]:
+    fuse: FaultMount = servers["fuse"]
+    fuse.clear()
+    yield side("bridge", servers, tmp_path), fuse
+    fuse.clear()
+
+
+def test_incident_replayed_bridge_mirror_fails_at_73_percent(
+    bridge_mirror: tuple[Side, FaultMount], tmp_path: Path
+) -> None:
+    m, fuse = bridge_mirror
+    primary = tmp_path / "primary"
+    size = 8 * MiB
+    with open_store(primary, mirrors=[m.open()]) as store:
+        store.put_bytes("step_0809.pt", os.urandom(size))
+        store.flush()
+        fuse.set(write_eio={"match": "step_0810", "after": int(0.73 * size)})
+        data = os.urandom(size)
+        store.put_bytes("step_0810.pt", data)  # best effort: the commit succeeds
+        store.flush()
+        state = store.mirror_status()[0]
+        assert "step_0810.pt" in state.failed
+        assert state.missing == ("step_0810.pt",)
+        assert m.door.read("step_0810.pt") is None  # nothing under the final name
+        assert m.open().verify().ok  # the mirror is clean: no truncated copy anywhere
+        fuse.clear()
+        report = store.sync()
+        assert report.mirrors[0].copied == ("step_0810.pt",)
+        assert m.door.read("step_0810.pt") == data
+        # A mirror copy truncated behind commitstore's back: verify reports it, latest(any)
+        # skips it, sync repairs it.
+        os.truncate(fuse.mnt / m.url.rsplit("/", 1)[1] / "step_0810.pt", size // 2)
+        assert m.open().verify("step_0810.pt").results[0].status == "size_mismatch"
+        os.unlink(primary / "step_0810.pt")
+        latest = store.latest(source="any")
+        assert latest is not None
+        assert latest.name == "step_0809.pt"
+        store.restore("step_0809.pt")  # harmless: already whole
+        report = store.sync()
+        assert report.mirrors[0].repaired == ()  # the primary lost step_0810 too: nothing to copy
+        store.put_bytes("step_0810.pt", data, overwrite=True)
+        report = store.sync()
+        assert "step_0810.pt" in report.mirrors[0].repaired + report.mirrors[0].ok
+        assert m.open().verify().ok
+
+
+def test_required_policy_raises_and_keeps_the_primary(
+    bridge_mirror: tuple[Side, FaultMount], tmp_path: Path
+) -> None:
+    m, fuse = bridge_mirror
+    fuse.set(write_eio={"match": "step_", "after": 1000})
+    for mode in ("sync", "background"):
+        root = tmp_path / mode
+        store = open_store(root, mirrors=[m.open()], mirror_mode=mode, mirror_policy="required")
+        if mode == "sync":
+            with pytest.raises(MirrorError) as info:
+                store.put_bytes("step_1.pt", os.urandom(100_000))
+        else:
+            store.put_bytes("step_1.pt", os.urandom(100_000))
+            with pytest.raises(MirrorError) as info:
+                store.flush()
+        assert len(info.value.exceptions) == 1
+        assert open_store(root).verify("step_1.pt").ok  # the artifact stays on the primary
+        assert m.door.read("step_1.pt") is None
+    best = open_store(tmp_path / "best", mirrors=[m.open()])
+    best.put_bytes("step_1.pt", b"x" * 5000)  # best effort: no error
+    best.flush()
+    assert "step_1.pt" in best.mirror_status()[0].failed
+
+
+def test_back_pressure_bounds_the_queue(
+    bridge_mirror: tuple[Side, FaultMount], tmp_path: Path
+) -> None:
+    m, fuse = bridge_mirror
+    fuse.set(write_delay={"match": "step_", "seconds": 0.01})
+    store = open_store(tmp_path / "p", mirrors=[m.open()], mirror_queue=1)
+    most = 0
+    for i in range(6):
+        store.put_bytes(f"step_{i}.pt", os.urandom(512 * 1024))
+        most = max(most, len(store.mirror_status()[0].pending))
+    assert most <= 2  # one queued + one in flight, never an unbounded backlog
+    store.close()
+    assert m.open().verify().ok
+    assert len(m.open().list()) == 6
+
+
+def test_sigkill_mid_replication_to_s3_and_smb(servers: dict[str, Any], tmp_path: Path) -> None:
+    s3m = side("s3", servers, tmp_path)
+    smbm = side("smb", servers, tmp_path)
+    primary = tmp_path / "primary"
+    script = (
+        "import os, sys\n"
+        "from commitstore import open_store\n"
+        "s3o, smbo = dict(endpoint_url=sys.argv[3], key=sys.argv[4], secret=sys.argv[5]), "
+        "dict(password=sys.argv[6])\n"
+        "store = open_store(sys.argv[1], mirrors=[open_store(sys.argv[2], **s3o), "
+        "open_store(sys.argv[7], **smbo)])\n"
+        "store.put_bytes('step_0001.pt', os.urandom(64 * 1024 * 1024))\n"
+        "print('committed', flush=True)\n"
+        "import time; time.sleep(60)\n"
+    )
+    o = s3m.options
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            script,
+            str(primary),
+            s3m.url,
+            o["endpoint_url"],
+            o["key"],
+            o["secret"],
+            PASSWORD,
+            smbm.url,
+        ],
+        cwd=ROOT_DIR,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "committed"
+    time.sleep(0.3)  # replication is under way in the background
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    for mirror in (s3m, smbm):
+        data = mirror.door.read("step_0001.pt")
+        assert data is None or len(data) == 64 * MiB  # never a partial artifact
+    store = open_store(primary, mirrors=[s3m.open(), smbm.open()])
+    report = store.sync()
+    assert report.ok
+    for mirror in (s3m, smbm):
+        assert mirror.open().verify("step_0001.pt").ok
+    store.close()
