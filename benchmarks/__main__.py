@@ -11,13 +11,16 @@ Targets (time ratios ours/baseline, lower is better):
   copyto`` of the same file to the same server: at least as fast as the fastest baseline (ratio
   <= 1.0 against it); peak RSS < 256 MiB.
 - gcs: the same against fake-gcs-server vs ``gcsfs.put_file``.
+- mirrors: time ``stage()``+commit blocks the caller with two background mirrors (local + moto)
+  vs none, <= 1.10x; ``sync()`` of 20 x 64 MiB to a local folder and moto vs ``rclone copy
+  --checksum`` of the same set to the same targets, time ratio <= 1.0.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from . import bridge, gcs, local, s3, smb
+from . import bridge, gcs, local, mirrors, s3, smb
 
 SUITES = {
     "local": local.main,
@@ -25,6 +28,7 @@ SUITES = {
     "bridge": bridge.main,
     "s3": s3.main,
     "gcs": gcs.main,
+    "mirrors": mirrors.main,
 }
 
 

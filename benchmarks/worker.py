@@ -16,6 +16,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from commitstore import open_store
@@ -61,7 +62,7 @@ def bridge_commit_no_readback(path: Path, size: int) -> None:
             st.write(block)
 
 
-def _smb_commit(url: str, size: int, **options: object) -> None:
+def _smb_commit(url: str, size: int, **options: Any) -> None:
     block = _block()
     parent, name = url.rsplit("/", 1)
     store = open_store(parent, **options)
@@ -100,7 +101,7 @@ def smb_raw_write(url: str, size: int) -> None:
         f.flush()
 
 
-def _s3_options() -> dict[str, object]:
+def _s3_options() -> dict[str, Any]:
     return {
         "endpoint_url": os.environ["BENCH_S3_ENDPOINT"],
         "key": os.environ["AWS_ACCESS_KEY_ID"],
@@ -158,7 +159,11 @@ def rclone_copyto(url: str, size: int) -> None:
 def gcs_put_file(url: str, size: int) -> None:
     """commitstore: ``put_file`` of BENCH_SOURCE to fake-gcs-server."""
     parent, name = url.rsplit("/", 1)
-    opts = {"endpoint_url": os.environ["BENCH_GCS_ENDPOINT"], "token": "anon", "project": "test"}
+    opts: dict[str, Any] = {
+        "endpoint_url": os.environ["BENCH_GCS_ENDPOINT"],
+        "token": "anon",
+        "project": "test",
+    }
     open_store(parent, **opts).put_file(name, os.environ["BENCH_SOURCE"], overwrite=True)
 
 
@@ -174,6 +179,96 @@ def gcsfs_put_file(url: str, size: int) -> None:
         skip_instance_cache=True,
     )
     fs.put_file(os.environ["BENCH_SOURCE"], url[len("gs://") :])
+
+
+def _mirror_targets() -> list[object]:
+    mirrors: list[object] = []
+    if os.environ.get("BENCH_MIRROR_DIR"):
+        mirrors.append(os.environ["BENCH_MIRROR_DIR"])
+    if os.environ.get("BENCH_S3_ENDPOINT"):
+        opts = _s3_options()
+        mirrors.append(open_store(os.environ["BENCH_S3_MIRROR"], **opts))
+    return mirrors
+
+
+def _commit_set(path: Path, size: int, mirrors: list[object]) -> float:
+    """Commit 20 artifacts of size/20 bytes; return the time the caller was blocked."""
+    each = size // 20
+    block = _block()
+    store = open_store(path, mirrors=mirrors)  # type: ignore[arg-type]
+    blocked = 0.0
+    for i in range(20):
+        t0 = time.perf_counter()
+        with store.stage(f"step_{i:04d}.pt", overwrite=True) as st:
+            for _ in range(each // CHUNK):
+                st.write(block)
+        blocked += time.perf_counter() - t0
+    store.close()  # waits for the mirrors; not counted as blocking
+    return blocked
+
+
+def commit_set_without_mirrors(path: Path, size: int) -> float:
+    return _commit_set(path, size, [])
+
+
+def commit_set_with_mirrors(path: Path, size: int) -> float:
+    """The same with the background mirrors named by BENCH_MIRROR_DIR / BENCH_S3_MIRROR."""
+    return _commit_set(path, size, _mirror_targets())
+
+
+def sync_to_mirrors(path: Path, size: int) -> None:
+    """commitstore: replicate an existing store (BENCH_SOURCE_STORE) to the mirrors."""
+    store = open_store(os.environ["BENCH_SOURCE_STORE"], mirrors=_mirror_targets())  # type: ignore[arg-type]
+    report = store.sync()
+    assert report.ok, report
+
+
+def rclone_copy_checksum(path: Path, size: int) -> None:
+    """Baseline: ``rclone copy --checksum`` of the same store folder to the same mirrors."""
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("rclone") or os.path.join(os.path.dirname(sys.executable), "rclone")
+    src = os.environ["BENCH_SOURCE_STORE"]
+    if os.environ.get("BENCH_MIRROR_DIR"):
+        subprocess.run(
+            [
+                exe,
+                "copy",
+                "--checksum",
+                "--config",
+                "/dev/null",
+                src,
+                os.environ["BENCH_MIRROR_DIR"],
+            ],
+            check=True,
+            capture_output=True,
+        )
+    if os.environ.get("BENCH_S3_ENDPOINT"):
+        o = _s3_options()
+        dest = ":s3:" + os.environ["BENCH_S3_MIRROR"][len("s3://") :]
+        subprocess.run(
+            [
+                exe,
+                "copy",
+                "--checksum",
+                "--config",
+                "/dev/null",
+                "--s3-provider",
+                "Other",
+                "--s3-endpoint",
+                str(o["endpoint_url"]),
+                "--s3-access-key-id",
+                str(o["key"]),
+                "--s3-secret-access-key",
+                str(o["secret"]),
+                src,
+                dest,
+            ],
+            check=True,
+            capture_output=True,
+        )
 
 
 def plain_read(path: Path, size: int) -> None:
@@ -197,6 +292,10 @@ PATH_OPS = {
         bridge_commit_no_readback,
         plain_read,
         verify_full,
+        commit_set_without_mirrors,
+        commit_set_with_mirrors,
+        sync_to_mirrors,
+        rclone_copy_checksum,
     )
 }
 URL_OPS = {
@@ -217,11 +316,9 @@ URL_OPS = {
 def main() -> None:
     op, target, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
     t0 = time.perf_counter()
-    if op in URL_OPS:
-        URL_OPS[op](target, size)
-    else:
-        PATH_OPS[op](Path(target), size)
-    seconds = time.perf_counter() - t0
+    timed = URL_OPS[op](target, size) if op in URL_OPS else PATH_OPS[op](Path(target), size)
+    # An op may time only its own part (e.g. what blocks the caller) and return it.
+    seconds = timed if isinstance(timed, float) else time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"seconds": seconds, "maxrss_kib": rss}))
 

@@ -289,6 +289,7 @@ def test_sigkill_mid_replication_to_s3_and_smb(servers: dict[str, Any], tmp_path
     store = open_store(primary, mirrors=[s3m.open(), smbm.open()])
     report = store.sync()
     assert report.ok
+    assert any(m.copied for m in report.mirrors)  # the kill did interrupt a replication
     for mirror in (s3m, smbm):
         assert mirror.open().verify("step_0001.pt").ok
     store.close()

@@ -3,7 +3,9 @@ returns, with bounded queues (back-pressure), retries, status, and required/best
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -109,6 +111,9 @@ class Replicator:
             return
 
     def _run(self, w: _Worker) -> None:
+        # Replication is background work: yield the CPU to the training thread.
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         while True:
             name = w.jobs.get()
             if name is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -62,9 +63,9 @@ def sync_mirrors(primary: CommitStore, mirrors: list[CommitStore], *, repair: bo
             whole.append(rec)
         else:
             primary_bad[rec.name] = f"{result.status}: {result.detail}"
-    out = []
     names = {r.name for r in records}
-    for mirror in mirrors:
+
+    def one(mirror: CommitStore) -> MirrorSync:
         copied: list[str] = []
         repaired: list[str] = []
         ok: list[str] = []
@@ -95,13 +96,15 @@ def sync_mirrors(primary: CommitStore, mirrors: list[CommitStore], *, repair: bo
             (copied if state == "missing" else repaired).append(rec.name)
         report = mirror.verify(level="size")
         foreign = sorted({r.name for r in report.results if r.name not in names})
-        out.append(
-            MirrorSync(
-                mirror.url, tuple(copied), tuple(repaired), tuple(ok), tuple(foreign), failed
-            )
-        )
         for name in foreign:
             log.info("sync: %s on %s is not on the primary; left alone", name, mirror.url)
+        return MirrorSync(
+            mirror.url, tuple(copied), tuple(repaired), tuple(ok), tuple(foreign), failed
+        )
+
+    # Mirrors are independent: repair them side by side.
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(mirrors))) as pool:
+        out = list(pool.map(one, mirrors))
     return SyncReport(tuple(out), primary_bad)
 
 

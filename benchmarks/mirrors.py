@@ -1,0 +1,78 @@
+"""Mirrors: what background replication costs the training thread, and mirror throughput."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.s3servers import ACCESS_KEY, BUCKET, SECRET_KEY, MotoServer
+
+from ._harness import MiB, pair, report, run
+
+
+def main(args: argparse.Namespace) -> None:
+    size = (args.size_mib or 1280) * MiB  # 20 artifacts of size/20 (64 MiB by default)
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="cs-bench-mirrors-") as tmp:
+        base = Path(tmp)
+        moto = MotoServer(base / "moto")
+        try:
+            mirror_dir = base / "mirror"
+            s3_mirror = f"s3://{BUCKET}/mirror"
+            env = {
+                "BENCH_MIRROR_DIR": str(mirror_dir),
+                "BENCH_S3_ENDPOINT": moto.endpoint,
+                "BENCH_S3_MIRROR": s3_mirror,
+                "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                "AWS_DEFAULT_REGION": "us-east-1",
+            }
+            primary = base / "primary"
+
+            def clear() -> None:
+                shutil.rmtree(primary, ignore_errors=True)
+                shutil.rmtree(mirror_dir, ignore_errors=True)
+                moto.reset()
+                os.sync()
+
+            results["blocking: commit with 2 background mirrors vs none"] = pair(
+                "commit_set_without_mirrors",
+                "commit_set_with_mirrors",
+                str(primary),
+                size,
+                args.repeat,
+                clear=clear,
+                env=env,
+            )
+            clear()
+            source = base / "source"
+            run("commit_set_without_mirrors", str(source), size)
+            env["BENCH_SOURCE_STORE"] = str(source)
+
+            def clear_mirrors() -> None:
+                shutil.rmtree(mirror_dir, ignore_errors=True)
+                moto.reset()
+
+            results["throughput: sync to local + moto vs rclone copy --checksum"] = pair(
+                "rclone_copy_checksum",
+                "sync_to_mirrors",
+                str(source),
+                size,
+                args.repeat,
+                clear=clear_mirrors,
+                env=env,
+            )
+        finally:
+            moto.stop()
+    report(
+        f"mirrors, 20 x {size // 20 // MiB} MiB, {args.repeat} runs each, medians",
+        results,
+        {
+            "blocking: commit with 2 background mirrors vs none": 1.10,
+            "throughput: sync to local + moto vs rclone copy --checksum": 1.0,
+        },
+    )
