@@ -293,3 +293,49 @@ def test_sigkill_mid_replication_to_s3_and_smb(servers: dict[str, Any], tmp_path
     for mirror in (s3m, smbm):
         assert mirror.open().verify("step_0001.pt").ok
     store.close()
+
+
+def test_incident_prune_46_keep_12_on_primary_and_bridge_mirror(
+    bridge_mirror: tuple[Side, FaultMount], tmp_path: Path
+) -> None:
+    m, fuse = bridge_mirror
+    fuse.set(
+        mtime_zero={"match": "step_0020.pt"},  # this network filesystem answers mtime 0
+        write_delay={"match": "step_0047.pt", "seconds": 0.05},
+    )
+    primary = tmp_path / "primary"
+    store = open_store(primary, mirrors=[m.open()], mirror_mode="sync")
+    for step in range(1, 47):
+        store.put_bytes(f"step_{step:04d}.pt", os.urandom(10_000))
+    old = time.time() - 3600
+    sub = m.url.rsplit("/", 1)[1]
+    for root in (primary, fuse.mnt / sub):
+        for dirpath, _dirs, files in os.walk(root):
+            for f in files:
+                os.utime(os.path.join(dirpath, f), (old, old))
+    time.sleep(1.2)  # the mount's attribute cache expires
+    # A copy in flight on the mirror: another process committing step 47 there, slowly.
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys\nfrom commitstore import open_store\n"
+            "with open_store(sys.argv[1]).stage('step_0047.pt') as st:\n"
+            "    print('writing', flush=True)\n"
+            "    for _ in range(40):\n        st.write(os.urandom(65536))\n",
+            m.url,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None
+    assert writer.stdout.readline().strip() == "writing"
+    report = store.prune(keep_last=12)
+    assert writer.wait(120) == 0  # the in-flight copy survived and committed
+    primary_left = sorted(r.name for r in store.list())
+    mirror_left = sorted(r.name for r in m.open().list())
+    last12 = [f"step_{s:04d}.pt" for s in range(35, 47)]
+    assert primary_left == last12
+    assert report.targets[1].skipped["step_0020.pt"] == "unknown mtime"
+    assert mirror_left == sorted([*last12, "step_0020.pt", "step_0047.pt"])
+    assert m.open().verify().ok

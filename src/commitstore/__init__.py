@@ -7,8 +7,11 @@ and fail loud.
 
 from __future__ import annotations
 
+from ._adopt import AdoptReport
 from ._gc import GcItem, GcReport
 from ._mirrors import MirrorState
+from ._open import open_store
+from ._prune import PruneReport, TargetPrune
 from ._stage import Stage
 from ._sync import MirrorSync, SyncReport
 from .errors import (
@@ -23,11 +26,13 @@ from .errors import (
     NotFoundError,
 )
 from .records import FileRecord, Record, VerifyReport, VerifyResult
-from .store import CommitStore, open_store
+from .retention import Retention
+from .store import CommitStore
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdoptReport",
     "AlreadyExistsError",
     "BackendUnavailableError",
     "CommitError",
@@ -43,9 +48,12 @@ __all__ = [
     "MirrorState",
     "MirrorSync",
     "NotFoundError",
+    "PruneReport",
     "Record",
+    "Retention",
     "Stage",
     "SyncReport",
+    "TargetPrune",
     "VerifyReport",
     "VerifyResult",
     "__version__",

@@ -156,6 +156,43 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_prune(args: argparse.Namespace) -> int:
+    report = _open(args, args.url).prune(
+        keep_last=args.keep_last,
+        keep_every=args.keep_every,
+        min_age=args.min_age,
+        dry_run=args.dry_run,
+    )
+    doc = {
+        "dry_run": report.dry_run,
+        "targets": [
+            {"url": t.url, "deleted": t.deleted, "kept": t.kept, "skipped": t.skipped}
+            for t in report.targets
+        ],
+    }
+    verb = "would delete" if args.dry_run else "deleted"
+    lines = []
+    for t in report.targets:
+        lines += [f"{t.url}: {verb} {n}" for n in t.deleted]
+        lines += [f"{t.url}: kept {n} ({why})" for n, why in t.skipped.items()]
+        lines.append(
+            f"{t.url}: {len(t.deleted)} {verb}, {len(t.kept)} in the keep-set, "
+            f"{len(t.skipped)} protected"
+        )
+    _emit(args, doc, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    report = _open(args, args.url).adopt(args.name, trust=args.trust)
+    doc = {"adopted": report.adopted, "rejected": report.rejected}
+    lines = [f"adopted {n}" for n in report.adopted]
+    lines += [f"rejected {n}: {why}" for n, why in report.rejected.items()]
+    _emit(args, doc, "\n".join(lines) or "nothing to adopt")
+    truncated = any("unknown format" not in why for why in report.rejected.values())
+    return EXIT_FAIL if truncated else EXIT_OK
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     store = _open(args, args.primary)
     report = sync_mirrors(store, [open_store(m) for m in args.mirrors], repair=not args.no_repair)
@@ -246,6 +283,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--min-age", type=float, default=3600, help="seconds (default 3600)")
     sp.add_argument("--dry-run", action="store_true")
     sp.set_defaults(func=cmd_gc)
+    sp = add("prune", "delete committed artifacts outside the keep-set (guarded)")
+    sp.add_argument("url")
+    sp.add_argument("--keep-last", type=int, required=True)
+    sp.add_argument("--keep-every", type=int)
+    sp.add_argument("--min-age", type=float, default=300)
+    sp.add_argument("--dry-run", action="store_true")
+    sp.set_defaults(func=cmd_prune)
+    sp = add("adopt", "write records for whole checkpoints that have none")
+    sp.add_argument("url")
+    sp.add_argument("name", nargs="?")
+    sp.add_argument("--trust", action="store_true", help="adopt unknown formats too")
+    sp.set_defaults(func=cmd_adopt)
     sp = add("sync", "copy to mirrors what they lack, repair what fails verification")
     sp.add_argument("primary")
     sp.add_argument("mirrors", nargs="+")

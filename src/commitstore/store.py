@@ -1,4 +1,4 @@
-"""The user-facing facade: :class:`CommitStore` and :func:`open_store`."""
+"""The user-facing facade: :class:`CommitStore` (opened with :func:`commitstore.open_store`)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,20 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from . import _read
+from ._adopt import AdoptReport, adopt
 from ._digest import digest_bytes, manifest_digest
 from ._gc import GcReport, collect
 from ._mirrors import MirrorState, Replicator
 from ._names import infer_step, record_parts, validate_name
+from ._prune import PruneReport, prune
 from ._reads import Reads
 from ._stage import Stage
 from ._sync import SyncReport, restore, sync_mirrors
-from .backends import Backend, CommitInfo, FileSink, resolve
+from .backends import Backend, CommitInfo, FileSink
 from .errors import (
     AlreadyExistsError,
     CommitError,
+    CommitStoreError,
     InsufficientSpaceError,
     InvalidNameError,
     NotFoundError,
@@ -33,8 +36,9 @@ from .records import (
     Record,
     encode_record,
 )
+from .retention import Retention
 
-__all__ = ["CommitStore", "open_store"]
+__all__ = ["CommitStore"]
 
 log = logging.getLogger("commitstore")
 
@@ -42,36 +46,6 @@ RECORD_HEADROOM = 64 * 1024
 """Space reserved for the record when checking free space before a write of known size."""
 
 Progress = Callable[[int], None]
-
-
-def open_store(
-    url: str | os.PathLike[str],
-    *,
-    mirrors: Sequence[str | os.PathLike[str] | CommitStore] = (),
-    mirror_mode: str = "background",
-    mirror_policy: str = "best_effort",
-    mirror_queue: int = 8,
-    **storage_options: Any,
-) -> CommitStore:
-    """Open the store at ``url`` (a local path or any supported URL), with optional mirrors.
-
-    The commit strategy is chosen from one table by the URL (see ``describe()``).
-    ``storage_options`` go to the primary; give a mirror that needs options as a
-    :class:`CommitStore`. After each primary commit every mirror receives the artifact through its
-    own commit strategy: in the background (``mirror_mode="background"``, at most
-    ``mirror_queue`` artifacts queued per mirror, then commits wait) or before ``commit()``
-    returns (``"sync"``). ``mirror_policy="required"`` turns a mirror failure into a MirrorError.
-
-    Raises:
-        InvalidNameError: unknown scheme, option, mode or policy, before any I/O.
-    """
-    store = CommitStore(resolve(url, storage_options), url=redact_url(os.fspath(url)))
-    if mirrors:
-        opened = [m if isinstance(m, CommitStore) else open_store(m) for m in mirrors]
-        store.replicator = Replicator(
-            store, opened, mode=mirror_mode, policy=mirror_policy, queue_size=mirror_queue
-        )
-    return store
 
 
 def redact_url(url: str) -> str:
@@ -101,6 +75,8 @@ class CommitStore(Reads):
         """The store's URL, without any password."""
         self.replicator: Replicator | None = None
         """The mirrors, when the store has any."""
+        self.retention: Retention | None = None
+        """Applied after every successful commit, when set."""
 
     def __repr__(self) -> str:
         return f"CommitStore({self.url!r}, strategy={self.backend.strategy!r})"
@@ -156,8 +132,14 @@ class CommitStore(Reads):
         return restore(self, self.mirrors, name, source)
 
     def _replicate(self, record: Record) -> None:
+        """After a successful (durable) commit: replicate, then apply automatic retention."""
         if self.replicator is not None:
             self.replicator.submit(record.name)
+        if self.retention is not None:
+            try:
+                prune(self, self.retention, dry_run=False)
+            except CommitStoreError as exc:  # the commit stands; retention retries next time
+                log.warning("retention after %s failed: %s", record.name, exc)
 
     def describe(self) -> dict[str, Any]:
         """Which commit strategy this store uses and why, with its declared capabilities."""
@@ -347,6 +329,41 @@ class CommitStore(Reads):
             had_data = self.backend.remove(parts)
         if not (had_record or had_data):
             raise NotFoundError(f"{name} does not exist", name=name)
+
+    def prune(
+        self,
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        keep: Sequence[str] = (),
+        min_age: float = 300,
+        dry_run: bool = False,
+    ) -> PruneReport:
+        """Delete committed artifacts outside the keep-set, on the primary and every mirror.
+
+        The keep-set (``keep_last`` newest, every step multiple of ``keep_every``, names in
+        ``keep``) comes from the primary's committed steps and applies to every target. Never
+        deleted: anything modified less than ``min_age`` seconds ago, anything whose modification
+        time is unknown or zero, the newest whole artifact of each target, anything whose
+        replication to that target is pending, anything without a record. Deletion removes the
+        record first. Idempotent; safe to run from two processes at once.
+        """
+        try:
+            policy = Retention(keep_last, keep_every, tuple(keep), min_age)
+        except ValueError as exc:
+            raise InvalidNameError(str(exc)) from exc
+        for name in keep:
+            validate_name(name)
+        return prune(self, policy, dry_run=dry_run)
+
+    def adopt(self, name: str | None = None, *, trust: bool = False) -> AdoptReport:
+        """Write records for files that have none (checkpoints written before commitstore), after
+        a structural check: a torch ``.pt``/zip needs an intact end-of-central-directory with
+        every member inside the file, a ``.safetensors`` a parseable header whose data offsets fit.
+        Truncated files are reported, never adopted; unknown formats only with ``trust=True``."""
+        if name is not None:
+            validate_name(name)
+        return adopt(self, name, trust=trust)
 
     def gc(self, *, min_age: float = 3600, dry_run: bool = False) -> GcReport:
         """Remove what dead writers left: staging files and folders, and (object stores)

@@ -1,0 +1,199 @@
+"""Adoption of artifacts written before commitstore (no records): structural checks, then records.
+
+A torch ``.pt`` (a zip) is whole when its end-of-central-directory record is intact and every
+member's local header and data fit in the file; a ``.safetensors`` file when its JSON header parses
+and every tensor's data offsets fit in the file. Truncated files are reported, never adopted.
+Unknown formats are adopted only with ``trust=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, BinaryIO
+
+from ._digest import digest_bytes, hash_stream
+from ._names import infer_step, record_parts, validate_name
+from ._verify import scan_records, unrecorded
+from .records import Record, encode_record
+
+if TYPE_CHECKING:
+    from .store import CommitStore
+
+ZIP_SUFFIXES = (".pt", ".pth", ".ckpt", ".zip", ".bin")
+EOCD = b"PK\x05\x06"
+EOCD_MIN = 22
+MAX_COMMENT = 65535
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptReport:
+    """Result of :meth:`CommitStore.adopt`."""
+
+    adopted: tuple[str, ...]
+    """Records written for these."""
+    rejected: dict[str, str] = field(default_factory=dict)
+    """Not adopted, with the reason (truncated, damaged, unknown format without ``trust``)."""
+
+
+def _size(f: BinaryIO) -> int:
+    return f.seek(0, 2)
+
+
+def check_zip(f: BinaryIO) -> str | None:
+    """None if the zip (torch checkpoint) is structurally whole, else what is wrong."""
+    size = _size(f)
+    if size < EOCD_MIN:
+        return "too short for a zip"
+    tail_len = min(size, EOCD_MIN + MAX_COMMENT)
+    f.seek(size - tail_len)
+    tail = f.read(tail_len)
+    at = tail.rfind(EOCD)
+    if at < 0 or len(tail) - at < EOCD_MIN:
+        return "no end-of-central-directory record (truncated?)"
+    fields = struct.unpack("<4s4H2LH", tail[at : at + EOCD_MIN])
+    entries, cd_size, cd_offset = fields[4], fields[5], fields[6]
+    if entries == 0xFFFF or cd_offset == 0xFFFFFFFF:
+        return _check_zip64(f, size, size - tail_len + at)
+    return _check_members(f, size, entries, cd_offset, cd_size)
+
+
+def _check_zip64(f: BinaryIO, size: int, eocd_at: int) -> str | None:
+    f.seek(eocd_at - 20)
+    loc = f.read(20)
+    if len(loc) < 20 or loc[:4] != b"PK\x06\x07":
+        return "zip64 locator missing"
+    (rec_off,) = struct.unpack("<Q", loc[8:16])
+    if rec_off + 56 > size:
+        return "zip64 end record outside the file"
+    f.seek(rec_off)
+    rec = f.read(56)
+    if rec[:4] != b"PK\x06\x06":
+        return "zip64 end record damaged"
+    entries, cd_size, cd_offset = struct.unpack("<QQQ", rec[32:56])
+    return _check_members(f, size, entries, cd_offset, cd_size)
+
+
+def _check_members(
+    f: BinaryIO, size: int, entries: int, cd_offset: int, cd_size: int
+) -> str | None:
+    if cd_offset + cd_size > size:
+        return "central directory lies beyond the end of the file"
+    f.seek(cd_offset)
+    cd = f.read(cd_size)
+    pos = 0
+    for _ in range(entries):
+        if cd[pos : pos + 4] != b"PK\x01\x02" or pos + 46 > len(cd):
+            return "central directory damaged"
+        comp, _unc = struct.unpack("<LL", cd[pos + 20 : pos + 28])
+        name_len, extra_len, comment_len = struct.unpack("<HHH", cd[pos + 28 : pos + 34])
+        (local_off,) = struct.unpack("<L", cd[pos + 42 : pos + 46])
+        extra = cd[pos + 46 + name_len : pos + 46 + name_len + extra_len]
+        comp, local_off = _zip64_extra(extra, comp, _unc, local_off)
+        if local_off + 30 > size:
+            return "a member's local header lies beyond the end of the file"
+        f.seek(local_off)
+        header = f.read(30)
+        if header[:4] != b"PK\x03\x04":
+            return "a member's local header is damaged"
+        lname, lextra = struct.unpack("<HH", header[26:30])
+        if local_off + 30 + lname + lextra + comp > size:
+            return "a member's data runs past the end of the file"
+        pos += 46 + name_len + extra_len + comment_len
+    return None
+
+
+def _zip64_extra(extra: bytes, comp: int, unc: int, off: int) -> tuple[int, int]:
+    i = 0
+    while i + 4 <= len(extra):
+        tag, length = struct.unpack("<HH", extra[i : i + 4])
+        if tag == 1:
+            fields = extra[i + 4 : i + 4 + length]
+            vals = [struct.unpack("<Q", fields[j : j + 8])[0] for j in range(0, len(fields), 8)]
+            it = iter(vals)
+            if unc == 0xFFFFFFFF:
+                next(it, None)
+            if comp == 0xFFFFFFFF:
+                comp = next(it, comp)
+            if off == 0xFFFFFFFF:
+                off = next(it, off)
+        i += 4 + length
+    return comp, off
+
+
+def check_safetensors(f: BinaryIO) -> str | None:
+    """None if the safetensors header parses and every tensor's data fits in the file."""
+    size = _size(f)
+    f.seek(0)
+    head = f.read(8)
+    if len(head) < 8:
+        return "too short for safetensors"
+    (n,) = struct.unpack("<Q", head)
+    if 8 + n > size:
+        return "header runs past the end of the file"
+    try:
+        header = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return "header is not valid JSON"
+    if not isinstance(header, dict):
+        return "header is not a JSON object"
+    data_len = size - 8 - n
+    for key, spec in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = spec.get("data_offsets") if isinstance(spec, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            return f"tensor {key!r} has no data_offsets"
+        if offsets[1] > data_len or offsets[0] > offsets[1]:
+            return f"tensor {key!r} data runs past the end of the file (truncated)"
+    return None
+
+
+def structure_problem(name: str, f: BinaryIO, *, trust: bool) -> str | None:
+    """Why ``name`` must not be adopted, or None."""
+    lower = name.lower()
+    if lower.endswith(".safetensors"):
+        return check_safetensors(f)
+    if lower.endswith(ZIP_SUFFIXES):
+        f.seek(0)
+        if f.read(4) == b"PK\x03\x04":
+            return check_zip(f)
+        if lower.endswith(".zip"):
+            return "not a zip"
+    return None if trust else "unknown format (adopt with trust=True)"
+
+
+def adopt(store: CommitStore, name: str | None, *, trust: bool) -> AdoptReport:
+    """Write records for unrecorded files that pass their structural check."""
+    records, bad = scan_records(store.backend)
+    names = [name] if name is not None else unrecorded(store.backend, records, bad)
+    adopted: list[str] = []
+    rejected: dict[str, str] = {}
+    for n in names:
+        parts = validate_name(n)
+        with store.backend.open_read(parts) as f:
+            problem = structure_problem(n, f, trust=trust)
+            if problem is None:
+                f.seek(0)
+                size, digest = hash_stream(f)
+        if problem is not None:
+            rejected[n] = problem
+            continue
+        rec = Record(
+            name=n, step=infer_step(n), size=size, digest=digest, metadata={"adopted": True}
+        )
+        body = encode_record(rec)
+        with store.backend.publish_lock():
+            if store.backend.stat(record_parts(parts)) is not None:
+                rejected[n] = "already has a record"
+                continue
+            sink = store.backend.open_sink(record_parts(parts), overwrite=False)
+            try:
+                sink.write(memoryview(body))
+            except BaseException:
+                sink.abort()
+                raise
+            sink.publish(size=len(body), digest=digest_bytes(body))
+        adopted.append(n)
+    return AdoptReport(tuple(adopted), rejected)

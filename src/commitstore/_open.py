@@ -1,0 +1,47 @@
+"""``open_store``: the one entry point that picks a commit strategy and wires mirrors."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ._mirrors import Replicator
+from .backends import resolve
+from .retention import Retention
+from .store import CommitStore, redact_url
+
+__all__ = ["open_store"]
+
+
+def open_store(
+    url: str | os.PathLike[str],
+    *,
+    mirrors: Sequence[str | os.PathLike[str] | CommitStore] = (),
+    mirror_mode: str = "background",
+    mirror_policy: str = "best_effort",
+    mirror_queue: int = 8,
+    retention: Retention | None = None,
+    **storage_options: Any,
+) -> CommitStore:
+    """Open the store at ``url`` (a local path or any supported URL), with optional mirrors.
+
+    The commit strategy is chosen from one table by the URL (see ``describe()``).
+    ``storage_options`` go to the primary; give a mirror that needs options as a
+    :class:`CommitStore`. After each primary commit every mirror receives the artifact through its
+    own commit strategy: in the background (``mirror_mode="background"``, at most
+    ``mirror_queue`` artifacts queued per mirror, then commits wait) or before ``commit()``
+    returns (``"sync"``). ``mirror_policy="required"`` turns a mirror failure into a MirrorError.
+    ``retention`` prunes every target after each successful commit (never before it is durable).
+
+    Raises:
+        InvalidNameError: unknown scheme, option, mode or policy, before any I/O.
+    """
+    store = CommitStore(resolve(url, storage_options), url=redact_url(os.fspath(url)))
+    if mirrors:
+        opened = [m if isinstance(m, CommitStore) else open_store(m) for m in mirrors]
+        store.replicator = Replicator(
+            store, opened, mode=mirror_mode, policy=mirror_policy, queue_size=mirror_queue
+        )
+    store.retention = retention
+    return store

@@ -1,0 +1,102 @@
+"""Retention: which committed artifacts to delete, as a pure function of records (no I/O).
+
+The keep-set is computed once, from the primary's committed artifacts, and applied to every target
+(primary and mirrors), so all end with the same set. Guards then protect, on each target: anything
+modified less than ``min_age`` seconds ago (a copy may be in flight), anything whose modification
+time is unknown or zero ("unknown" is not "old"), the newest artifact that verifies there, and
+anything whose replication to that target is pending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Candidate", "Retention", "TargetPlan", "keep_set", "plan_target"]
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """A retention policy; ``open_store(..., retention=Retention(...))`` applies it after every
+    successful commit, on every target."""
+
+    keep_last: int | None = None
+    """Keep the newest N artifacts (by step)."""
+    keep_every: int | None = None
+    """Keep every artifact whose step is a multiple of K (milestones)."""
+    keep: tuple[str, ...] = ()
+    """Names always kept."""
+    min_age: float = 300
+    """Never delete anything modified less than this many seconds ago."""
+
+    def __post_init__(self) -> None:
+        if self.keep_last is not None and self.keep_last < 0:
+            raise ValueError("keep_last must be >= 0")
+        if self.keep_every is not None and self.keep_every < 1:
+            raise ValueError("keep_every must be >= 1")
+        if self.min_age < 0:
+            raise ValueError("min_age must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What the plan knows of one committed artifact on one target."""
+
+    name: str
+    step: int | None
+    order: tuple[bool, int, float, str]
+    """Sort key, oldest to newest (see ``list()``)."""
+    mtime: float | None
+    """Newest modification time among its data files and record; None if any is unknown or 0."""
+    whole: bool
+    """Whether it verified (at the plan's level) on this target."""
+    pending: bool = False
+    """Replication to this target is queued or in progress."""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetPlan:
+    """The plan for one target."""
+
+    delete: tuple[str, ...]
+    keep: tuple[str, ...]
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Outside the keep-set but protected, with the reason."""
+
+
+def keep_set(primary: Sequence[Candidate], policy: Retention) -> frozenset[str]:
+    """Names to keep, from the primary's committed artifacts (oldest to newest)."""
+    ordered = sorted(primary, key=lambda c: c.order)
+    keep = set(policy.keep)
+    if policy.keep_last:
+        keep.update(c.name for c in ordered[-policy.keep_last :])
+    if policy.keep_every:
+        keep.update(
+            c.name for c in ordered if c.step is not None and c.step % policy.keep_every == 0
+        )
+    if policy.keep_last is None and policy.keep_every is None and not policy.keep:
+        keep.update(c.name for c in ordered)  # no policy: keep everything
+    return frozenset(keep)
+
+
+def plan_target(
+    candidates: Iterable[Candidate], keep: frozenset[str], *, min_age: float, now: float
+) -> TargetPlan:
+    """Apply the keep-set and the guards to one target's committed artifacts."""
+    items = sorted(candidates, key=lambda c: c.order)
+    newest_whole = next((c.name for c in reversed(items) if c.whole), None)
+    delete, kept, skipped = [], [], {}
+    for c in items:
+        if c.name in keep:
+            kept.append(c.name)
+        elif c.name == newest_whole:
+            skipped[c.name] = "newest whole artifact on this target"
+        elif c.pending:
+            skipped[c.name] = "replication pending"
+        elif c.mtime is None or c.mtime <= 0:
+            skipped[c.name] = "unknown mtime"
+        elif now - c.mtime < min_age:
+            skipped[c.name] = "younger than min_age"
+        else:
+            delete.append(c.name)
+    return TargetPlan(tuple(delete), tuple(kept), skipped)
