@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import bridge, gcs, local, mirrors, s3, smb
+from . import bridge, gcs, local, mirrors, s3, scale, smb
 
 SUITES = {
     "local": local.main,
@@ -29,6 +29,7 @@ SUITES = {
     "s3": s3.main,
     "gcs": gcs.main,
     "mirrors": mirrors.main,
+    "scale": scale.main,
 }
 
 

@@ -5,6 +5,8 @@ Nothing here raises for a bad artifact: every problem becomes a :class:`VerifyRe
 
 from __future__ import annotations
 
+import concurrent.futures
+
 from ._digest import hash_stream
 from ._names import (
     META_DIR,
@@ -127,27 +129,33 @@ def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> Ve
 
 def scan_records(backend: Backend) -> tuple[list[Record], list[VerifyResult]]:
     """Every valid record in the store, and a ``bad_record`` result for every unreadable one."""
-    good: list[Record] = []
-    bad: list[VerifyResult] = []
-    for rel, _info in backend.walk((META_DIR, RECORDS_DIR)):
-        leaf = rel[-1]
-        if is_staging_part(leaf) or not is_record_leaf(leaf):
-            continue
+    leaves = [
+        rel
+        for rel, _info in backend.walk((META_DIR, RECORDS_DIR))
+        if not is_staging_part(rel[-1]) and is_record_leaf(rel[-1])
+    ]
+
+    def load(rel: Parts) -> Record | VerifyResult:
         where = "/".join((META_DIR, RECORDS_DIR, *rel))
         shown = name_from_record_parts(rel) or where
         try:
-            with backend.open_read((META_DIR, RECORDS_DIR, *rel)) as f:
-                record = decode_record(f.read())
+            record = decode_record(backend.read_small((META_DIR, RECORDS_DIR, *rel)))
             parts = validate_name(record.name)
             if record_parts(parts) != (META_DIR, RECORDS_DIR, *rel):
                 raise RecordFormatError(f"record names {record.name!r} but is stored at {where}")
         except (RecordFormatError, InvalidNameError) as exc:
-            bad.append(VerifyResult(shown, "bad_record", str(exc)))
-            continue
+            return VerifyResult(shown, "bad_record", str(exc))
         except CommitStoreError as exc:
-            bad.append(VerifyResult(shown, "bad_record", f"unreadable: {exc}"))
-            continue
-        good.append(record)
+            return VerifyResult(shown, "bad_record", f"unreadable: {exc}")
+        return record
+
+    if backend.read_concurrency > 1 and len(leaves) > 1:
+        with concurrent.futures.ThreadPoolExecutor(backend.read_concurrency) as pool:
+            loaded = list(pool.map(load, leaves))
+    else:
+        loaded = [load(rel) for rel in leaves]
+    good = [r for r in loaded if isinstance(r, Record)]
+    bad = [r for r in loaded if isinstance(r, VerifyResult)]
     return good, bad
 
 

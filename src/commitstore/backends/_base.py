@@ -147,6 +147,15 @@ class Backend(abc.ABC):
     def free_space(self, parts: Parts) -> int | None:
         """Bytes available for new data near ``parts``, or None if unknown."""
 
+    read_concurrency: int = 1
+    """How many small reads (records) may run at once; object stores raise it."""
+
+    def read_small(self, parts: Parts) -> bytes:
+        """All bytes of a small file (a record), in as few requests as the storage allows."""
+        with self.open_read(parts) as f:
+            data: bytes = f.read()
+        return data
+
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:
         """Held around "publish data, then publish record" so two writers' pairs never interleave.

@@ -14,6 +14,7 @@ class ObjectBackend(Backend):
     """A prefix in a bucket. Subclasses give ``scheme`` and ``_probe_conditional``."""
 
     scheme: str
+    read_concurrency = 16
 
     def __init__(self, bucket: str, prefix: str, *, conditional_writes: bool | None, reason: str):
         self.bucket = bucket

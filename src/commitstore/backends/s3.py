@@ -103,6 +103,22 @@ class S3Backend(ObjectBackend):
             raise translate(exc, "opening", self.shown(parts)) from exc
         return f
 
+    read_concurrency = 16
+
+    def read_small(self, parts: Parts) -> bytes:
+        """One GET (no HEAD first)."""
+        result = self.call("reading", parts, "get_object", Key=self.key(parts))
+        body = result["Body"]
+        try:
+            data: bytes = self.run_coro(body.read())
+        finally:
+            body.close()
+        return data
+
+    def run_coro(self, coro: Any) -> Any:
+        """Run a coroutine on s3fs's event loop from this thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.fs.loop).result()
+
     def head(self, parts: Parts) -> dict[str, Any] | None:
         """A fresh HEAD of the object (never a listing cache); None if absent."""
         try:
