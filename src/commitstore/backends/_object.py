@@ -7,7 +7,8 @@ import abc
 from typing import Any
 
 from .._names import Parts
-from ._base import Backend, Capabilities
+from ._base import Backend, Capabilities, DirSink, FileSink
+from ._objdir import ObjectDirSink
 
 
 class ObjectBackend(Backend):
@@ -61,6 +62,25 @@ class ObjectBackend(Backend):
 
     def free_space(self, parts: Parts) -> int | None:
         return None
+
+    @abc.abstractmethod
+    def file_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+        """This store's sink for one object."""
+
+    def mark_empty_folder(self, parts: Parts) -> None:
+        """Make an empty folder artifact visible where the store can (default: it cannot)."""
+
+    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+        return self.file_sink(parts, overwrite=overwrite)
+
+    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
+        return ObjectDirSink(
+            self,
+            parts,
+            overwrite=overwrite,
+            file_sink=lambda p: self.file_sink(p, overwrite=True),
+            mark_empty=lambda: self.mark_empty_folder(parts),
+        )
 
     def common_description(self) -> dict[str, Any]:
         """The part of ``describe()`` every object store shares."""

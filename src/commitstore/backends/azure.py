@@ -24,8 +24,7 @@ from .._digest import READ_CHUNK
 from .._names import Parts
 from ..errors import AlreadyExistsError, CommitError, NotFoundError
 from ._azureio import translate
-from ._base import CommitInfo, DirSink, FileInfo, FileSink
-from ._objdir import ObjectDirSink
+from ._base import CommitInfo, FileInfo, FileSink
 from ._object import ObjectBackend
 
 MiB = 1024 * 1024
@@ -82,16 +81,8 @@ class AzureBackend(ObjectBackend):
                 client.delete_blob()
 
     # -- Backend API -------------------------------------------------------------------
-    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+    def file_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
         return AzureFileSink(self, parts, overwrite=overwrite)
-
-    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
-        return ObjectDirSink(
-            self,
-            parts,
-            overwrite=overwrite,
-            file_sink=lambda p: AzureFileSink(self, p, overwrite=True),
-        )
 
     def open_read(self, parts: Parts) -> BinaryIO:
         client = self.blob(parts)

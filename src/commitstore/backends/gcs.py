@@ -21,9 +21,8 @@ from fsspec.asyn import sync
 
 from .._names import Parts
 from ..errors import AlreadyExistsError, CommitError, NotFoundError
-from ._base import CommitInfo, DirSink, FileInfo, FileSink
+from ._base import CommitInfo, FileInfo, FileSink
 from ._gcsio import translate
-from ._objdir import ObjectDirSink
 from ._object import ObjectBackend
 
 MiB = 1024 * 1024
@@ -131,16 +130,8 @@ class GcsBackend(ObjectBackend):
         self.call("removing", parts, "DELETE", "b/{}/o/{}", self.bucket, key)
 
     # -- Backend API -------------------------------------------------------------------------
-    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+    def file_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
         return GcsFileSink(self, parts, overwrite=overwrite)
-
-    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
-        return ObjectDirSink(
-            self,
-            parts,
-            overwrite=overwrite,
-            file_sink=lambda p: GcsFileSink(self, p, overwrite=True),
-        )
 
     def open_read(self, parts: Parts) -> BinaryIO:
         path = f"{self.bucket}/{self.key(parts)}"

@@ -22,12 +22,10 @@ from .._names import Parts
 from ..errors import AlreadyExistsError, CommitError, NotFoundError
 from ._base import (
     CommitInfo,
-    DirSink,
     FileInfo,
     FileSink,
     PendingUpload,
 )
-from ._objdir import ObjectDirSink
 from ._object import ObjectBackend
 from ._s3io import probe_conditional_create, translate
 
@@ -79,20 +77,12 @@ class S3Backend(ObjectBackend):
         return asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
 
     # -- Backend API -------------------------------------------------------------------
-    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+    def file_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
         return S3FileSink(self, parts, overwrite=overwrite)
 
-    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
-        def mark_empty() -> None:  # an empty folder exists on an object store only as a marker
-            self.call("uploading", parts, "put_object", Key=self.key(parts) + "/", Body=b"")
-
-        return ObjectDirSink(
-            self,
-            parts,
-            overwrite=overwrite,
-            file_sink=lambda p: S3FileSink(self, p, overwrite=True),
-            mark_empty=mark_empty,
-        )
+    def mark_empty_folder(self, parts: Parts) -> None:
+        """A zero-byte ``name/`` marker: an empty folder exists on S3 only as that."""
+        self.call("uploading", parts, "put_object", Key=self.key(parts) + "/", Body=b"")
 
     def open_read(self, parts: Parts) -> BinaryIO:
         path = f"{self.bucket}/{self.key(parts)}"
