@@ -60,7 +60,7 @@ def test_sigkill_during_commit_never_leaves_partial(tmp_path: Path) -> None:
         name = f"step_{trial:04d}.bin"
         expected = digest(trial, SIZE)
         proc = _spawn(root, name, trial)
-        time.sleep(rng.uniform(0, duration * 1.1))
+        time.sleep(rng.uniform(0, duration * 1.3))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
 
@@ -75,10 +75,12 @@ def test_sigkill_during_commit_never_leaves_partial(tmp_path: Path) -> None:
             assert json.loads(rec_raw)["digest"] == expected
             committed[name] = expected
             outcomes["published"] += 1
+            duration *= 0.93  # the machine is faster than thought: aim earlier
         elif data is not None:
             outcomes["data_without_record"] += 1
         else:
             outcomes["nothing"] += 1
+            duration *= 1.07  # slower than calibrated (a loaded CI machine): aim later
         del data
 
         latest = open_store(root).latest(level="size")

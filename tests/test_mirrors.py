@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 
 from commitstore import CommitStore, MirrorError, open_store
-from commitstore.testing import Backdoor, LocalBackdoor, S3Backdoor, record_path, xxh
+from commitstore.testing import (
+    Backdoor,
+    LocalBackdoor,
+    S3Backdoor,
+    StoreConformance,
+    Target,
+    record_path,
+    xxh,
+)
 
 from .helpers.fusemount import FaultMount
 from .helpers.gcsserver import FakeGcs, GcsBackdoor
@@ -339,3 +347,53 @@ def test_incident_prune_46_keep_12_on_primary_and_bridge_mirror(
     assert report.targets[1].skipped["step_0020.pt"] == "unknown mtime"
     assert mirror_left == sorted([*last12, "step_0020.pt", "step_0047.pt"])
     assert m.open().verify().ok
+
+
+def test_one_primary_with_every_kind_as_mirror(servers: dict[str, Any], tmp_path: Path) -> None:
+    p = side("local", servers, tmp_path)
+    mirrors = [side(kind, servers, tmp_path) for kind in ("bridge", "smb", "s3", "gcs")]
+    data = os.urandom(3 * MiB)
+    with p.open(mirrors=[m.open() for m in mirrors]) as store:
+        store.put_bytes("step_0001.pt", data)
+        with store.stage("step_0002.pt") as st:
+            st.write(data[::-1])
+        store.flush()
+        states = store.mirror_status()
+        assert [s.failed for s in states] == [{}] * 4
+    for m in mirrors:
+        assert m.door.read("step_0001.pt") == data
+        assert m.door.read("step_0002.pt") == data[::-1]
+        assert m.door.read(record_path("step_0002.pt")) == p.door.read(record_path("step_0002.pt"))
+        assert m.open().verify().ok
+
+
+ROTATION = [("local", "bridge"), ("bridge", "smb"), ("smb", "s3"), ("s3", "gcs"), ("gcs", "local")]
+
+
+@pytest.fixture(params=ROTATION, ids=[f"{a}-{b}" for a, b in ROTATION])
+def mirrored_target(
+    request: pytest.FixtureRequest, servers: dict[str, Any], tmp_path: Path
+) -> Iterator[Target]:
+    primary_kind, mirror_kind = request.param
+    p = side(primary_kind, servers, tmp_path)
+    m = side(mirror_kind, servers, tmp_path)
+
+    def opened() -> CommitStore:
+        return p.open(mirrors=[m.open()], mirror_mode="sync")
+
+    store = opened()
+    yield Target(store, p.door, opened)
+    # Every commit the conformance suite made reached the mirror whole, with the same record.
+    mirror = m.open()
+    assert mirror.verify(level="size").ok
+    for rec in store.list():
+        if store.verify(rec.name).ok:
+            assert m.door.read(record_path(rec.name)) == p.door.read(record_path(rec.name))
+
+
+class TestConformanceWithMirrors(StoreConformance):
+    """The whole conformance suite on mirrored stores: each kind as primary and as mirror."""
+
+    @pytest.fixture
+    def target(self, mirrored_target: Target) -> Target:
+        return mirrored_target

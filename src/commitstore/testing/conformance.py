@@ -33,9 +33,12 @@ RECORDS = ".commitstore/records"
 
 
 def record_path(name: str) -> str:
-    """Where the documented layout (``docs/format.md``) puts the record of ``name``."""
+    """Where the documented layout (``docs/format.md``) puts the record of ``name``, computed
+    independently of commitstore (long final parts are stored under their xxh3_128)."""
     head, _, last = name.rpartition("/")
     leaf = f".commitstore.rec.{last}.json"
+    if len(leaf.encode()) > 255:
+        leaf = f".commitstore.rech.{xxhash.xxh3_128_hexdigest(last.encode())}.json"
     return f"{RECORDS}/{head}/{leaf}" if head else f"{RECORDS}/{leaf}"
 
 
