@@ -62,3 +62,57 @@ def test_exception_mid_stage_leaves_nothing(azurite: Azurite) -> None:
         st.write(os.urandom(3 * MiB))
         raise RuntimeError("crash mid-save")
     assert t.door.files() == []
+
+
+def test_sigkill_mid_upload_publishes_nothing(azurite: Azurite) -> None:
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    t = make_target(azurite)
+    t.store.put_bytes("step_0001.pt", b"whole")
+    env = {**os.environ, "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string}
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.writer",
+            t.store.url,
+            "step_0000.pt",
+            "0",
+            str(12 * MiB),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]  # the same child, not killed, commits
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.writer",
+            t.store.url,
+            "step_0002.pt",
+            "1",
+            str(96 * MiB),
+        ],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert t.door.read("step_0002.pt") is None  # staged blocks are never visible
+    assert [f for f in t.door.files() if "step_0002" in f] == []
+    latest = t.reopen().latest()
+    assert latest is not None
+    assert latest.name == "step_0001.pt"
