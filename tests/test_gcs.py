@@ -53,14 +53,6 @@ def test_resumable_upload_final_request_commits(gcs: FakeGcs) -> None:
     assert t.store.describe()["strategy"] == "gcs-resumable"
 
 
-def test_exception_mid_stage_leaves_nothing(gcs: FakeGcs) -> None:
-    t = make_target(gcs)
-    with pytest.raises(RuntimeError), t.store.stage("step_0004.pt") as st:
-        st.write(os.urandom(3 * MiB))
-        raise RuntimeError("crash mid-save")
-    assert t.door.files() == []
-
-
 def test_conditional_writes_are_probed(gcs: FakeGcs) -> None:
     t = make_target(gcs)
     t.store.put_bytes("step_1", b"x")
