@@ -100,7 +100,18 @@ def test_sigkill_mid_upload_publishes_nothing(azurite: Azurite) -> None:
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
-    time.sleep(0.5)
+    blob = AzureBackdoor(azurite, t.store.url.rsplit("/", 1)[1]).container.get_blob_client(
+        t.store.url.rsplit("/", 1)[1] + "/step_0002.pt"
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # mid-upload: blocks staged, none committed yet
+        try:
+            _committed, uncommitted = blob.get_block_list("uncommitted")
+        except Exception:  # the blob does not exist until its first block is staged
+            uncommitted = []
+        if uncommitted:
+            break
+        time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert t.door.read("step_0002.pt") is None  # staged blocks are never visible
