@@ -105,7 +105,9 @@ def test_sigkill_mid_upload_publishes_nothing(gcs: FakeGcs) -> None:
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
-    time.sleep(0.3)
+    for line in proc.stdout:  # mid-upload: past the first 16 MiB chunk, short of the end
+        if int(line.split()[1]) >= 24 * MiB:
+            break
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert t.door.read("step_0002.pt") is None

@@ -1,7 +1,7 @@
 """Child process: commit one large artifact through ``stage()``; used by the crash tests.
 
 Usage: python -m tests.helpers.writer ROOT NAME SEED SIZE
-Prints ``ready`` once the stage is open, ``done`` after the commit.
+Prints ``ready`` once the stage is open, ``wrote N`` after each chunk, ``done`` after the commit.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ def main() -> None:
         print("ready", flush=True)
         for c in chunks(seed, size):
             st.write(c)
+            print(f"wrote {st.tell()}", flush=True)
     print("done", flush=True)
 
 
