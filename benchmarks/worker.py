@@ -126,34 +126,28 @@ def s3fs_put_file(url: str, size: int) -> None:
     fs.put_file(os.environ["BENCH_SOURCE"], url[len("s3://") :])
 
 
-def rclone_copyto(url: str, size: int) -> None:
-    """Baseline: ``rclone copyto`` of the same file to the same server."""
+def _rclone(*args: str) -> None:
+    """Run rclone (from the venv or PATH) with no config file; S3 flags from the environment."""
     import shutil
     import subprocess
     import sys
 
     exe = shutil.which("rclone") or os.path.join(os.path.dirname(sys.executable), "rclone")
-    o = _s3_options()
-    subprocess.run(
-        [
-            exe,
-            "copyto",
-            "--config",
-            "/dev/null",
-            "--s3-provider",
-            "Other",
-            "--s3-endpoint",
-            str(o["endpoint_url"]),
-            "--s3-access-key-id",
-            str(o["key"]),
-            "--s3-secret-access-key",
-            str(o["secret"]),
-            os.environ["BENCH_SOURCE"],
-            ":s3:" + url[len("s3://") :],
-        ],
-        check=True,
-        capture_output=True,
-    )
+    s3: list[str] = []
+    if os.environ.get("BENCH_S3_ENDPOINT"):
+        o = _s3_options()
+        s3 = [
+            "--s3-provider", "Other",
+            "--s3-endpoint", str(o["endpoint_url"]),
+            "--s3-access-key-id", str(o["key"]),
+            "--s3-secret-access-key", str(o["secret"]),
+        ]  # fmt: skip
+    subprocess.run([exe, *args, "--config", "/dev/null", *s3], check=True, capture_output=True)
+
+
+def rclone_copyto(url: str, size: int) -> None:
+    """Baseline: ``rclone copyto`` of the same file to the same server."""
+    _rclone("copyto", os.environ["BENCH_SOURCE"], ":s3:" + url[len("s3://") :])
 
 
 def gcs_put_file(url: str, size: int) -> None:
@@ -225,50 +219,11 @@ def sync_to_mirrors(path: Path, size: int) -> None:
 
 def rclone_copy_checksum(path: Path, size: int) -> None:
     """Baseline: ``rclone copy --checksum`` of the same store folder to the same mirrors."""
-    import shutil
-    import subprocess
-    import sys
-
-    exe = shutil.which("rclone") or os.path.join(os.path.dirname(sys.executable), "rclone")
     src = os.environ["BENCH_SOURCE_STORE"]
     if os.environ.get("BENCH_MIRROR_DIR"):
-        subprocess.run(
-            [
-                exe,
-                "copy",
-                "--checksum",
-                "--config",
-                "/dev/null",
-                src,
-                os.environ["BENCH_MIRROR_DIR"],
-            ],
-            check=True,
-            capture_output=True,
-        )
+        _rclone("copy", "--checksum", src, os.environ["BENCH_MIRROR_DIR"])
     if os.environ.get("BENCH_S3_ENDPOINT"):
-        o = _s3_options()
-        dest = ":s3:" + os.environ["BENCH_S3_MIRROR"][len("s3://") :]
-        subprocess.run(
-            [
-                exe,
-                "copy",
-                "--checksum",
-                "--config",
-                "/dev/null",
-                "--s3-provider",
-                "Other",
-                "--s3-endpoint",
-                str(o["endpoint_url"]),
-                "--s3-access-key-id",
-                str(o["key"]),
-                "--s3-secret-access-key",
-                str(o["secret"]),
-                src,
-                dest,
-            ],
-            check=True,
-            capture_output=True,
-        )
+        _rclone("copy", "--checksum", src, ":s3:" + os.environ["BENCH_S3_MIRROR"][len("s3://") :])
 
 
 def plain_read(path: Path, size: int) -> None:

@@ -5,7 +5,7 @@ Folder artifacts get one digest over a canonical manifest of their files (see ``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import BinaryIO
 
 import xxhash
@@ -53,6 +53,26 @@ def hash_stream(stream: BinaryIO, *, chunk: int = READ_CHUNK) -> tuple[int, str]
             if not data:
                 break
             h.update(data)
+    return h.count, h.digest()
+
+
+def copy_hashed(
+    src: BinaryIO,
+    write: Callable[[bytes], object],
+    *,
+    progress: Callable[[int], None] | None = None,
+    start: int = 0,
+) -> tuple[int, str]:
+    """Copy ``src`` to ``write`` in constant memory, hashing on the way (one pass).
+
+    Returns (bytes copied, digest); ``progress`` gets ``start`` + the running count.
+    """
+    h = Hasher()
+    while chunk := src.read(READ_CHUNK):
+        h.update(chunk)
+        write(chunk)
+        if progress is not None:
+            progress(start + h.count)
     return h.count, h.digest()
 
 

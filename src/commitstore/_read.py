@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
-from ._digest import READ_CHUNK, Hasher, digest_bytes, hash_stream
+from ._digest import READ_CHUNK, copy_hashed, digest_bytes, hash_stream
 from ._names import validate_name
 from ._verify import read_record
 from .backends.local import LocalBackend
@@ -150,19 +150,13 @@ def get_verified(
         sink = target.open_sink((dest.name,), overwrite=True)
         try:
             with _open_data(store, rec) as src:
-                h = Hasher()
-
-                class _Tee:
-                    def write(self, b: bytes, /) -> int:
-                        h.update(b)
-                        sink.write(memoryview(b))
-                        return len(b)
-
-                copy_stream(src, _Tee(), progress)
-            problem = _compare(rec, level, h.count, h.digest())
+                size, digest = copy_hashed(
+                    src, lambda b: sink.write(memoryview(b)), progress=progress
+                )
+            problem = _compare(rec, level, size, digest)
             if problem is not None:
                 raise problem
-            sink.publish(size=h.count, digest=h.digest())
+            sink.publish(size=size, digest=digest)
         except BaseException:
             sink.abort()
             raise
@@ -178,10 +172,8 @@ def get_verified(
                 store.backend.open_read((*parts, *entry.path.split("/"))) as src,
                 out.open("wb") as dst,
             ):
-                size, digest = _tee_copy(src, dst)
+                size, digest = copy_hashed(src, dst.write, progress=progress, start=done)
             done += size
-            if progress is not None:
-                progress(done)
             expected = Record(entry.path, None, entry.size, entry.digest)
             problem = _compare(expected, level, size, digest)
             if problem is not None:
@@ -190,11 +182,3 @@ def get_verified(
     except BaseException:
         dsink.abort()
         raise
-
-
-def _tee_copy(src: BinaryIO, dst: BinaryIO) -> tuple[int, str]:
-    h = Hasher()
-    while chunk := src.read(READ_CHUNK):
-        h.update(chunk)
-        dst.write(chunk)
-    return h.count, h.digest()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._digest import READ_CHUNK, Hasher
+from ._digest import copy_hashed
 from ._names import record_parts, validate_name
 from .errors import IntegrityError, NotFoundError
 from .records import Record, RecordFormatError, decode_record
@@ -68,13 +68,10 @@ def copy_artifact(src: CommitStore, dst: CommitStore, name: str) -> Record:
     if rec.kind == "file":
         sink = dst.backend.open_sink(parts, overwrite=True)
         try:
-            h = Hasher()
             with src.backend.open_read(parts) as f:
-                while chunk := f.read(READ_CHUNK):
-                    h.update(chunk)
-                    sink.write(memoryview(chunk))
-            if h.count != rec.size or h.digest() != rec.digest:
-                raise _mismatch(rec, "", h.count, h.digest(), src)
+                size, digest = copy_hashed(f, lambda b: sink.write(memoryview(b)))
+            if size != rec.size or digest != rec.digest:
+                raise _mismatch(rec, "", size, digest, src)
         except BaseException:
             sink.abort()
             raise
@@ -89,16 +86,13 @@ def copy_artifact(src: CommitStore, dst: CommitStore, name: str) -> Record:
             for entry in rec.files:
                 out = dsink.local_path.joinpath(*entry.path.split("/"))
                 out.parent.mkdir(parents=True, exist_ok=True)
-                h = Hasher()
                 with (
                     src.backend.open_read((*parts, *entry.path.split("/"))) as f,
                     open(out, "wb") as o,
                 ):
-                    while chunk := f.read(READ_CHUNK):
-                        h.update(chunk)
-                        o.write(chunk)
-                if h.count != entry.size or h.digest() != entry.digest:
-                    raise _mismatch(rec, f"/{entry.path}", h.count, h.digest(), src)
+                    size, digest = copy_hashed(f, o.write)
+                if size != entry.size or digest != entry.digest:
+                    raise _mismatch(rec, f"/{entry.path}", size, digest, src)
         except BaseException:
             dsink.abort()
             raise
