@@ -12,6 +12,7 @@ from commitstore import open_store
 from commitstore.testing import StoreConformance, Target, xxh
 
 from .helpers.gcsserver import FakeGcs, GcsBackdoor
+from .helpers.recordcache import check_record_cache
 
 MiB = 1024 * 1024
 
@@ -115,3 +116,7 @@ def test_sigkill_mid_upload_publishes_nothing(gcs: FakeGcs) -> None:
     latest = t.reopen().latest()
     assert latest is not None
     assert latest.name == "step_0001.pt"
+
+
+def test_record_cache_replaces_one_get_per_record(gcs: FakeGcs) -> None:
+    check_record_cache(make_target(gcs))

@@ -20,6 +20,7 @@ from commitstore import AlreadyExistsError, BackendUnavailableError, open_store
 from commitstore.testing import S3Backdoor, StoreConformance, Target, record_path, xxh
 
 from .helpers.faultproxy import FaultProxy
+from .helpers.recordcache import check_record_cache
 from .helpers.s3servers import BUCKET, MotoServer, RcloneS3, S3Server
 
 MiB = 1024 * 1024
@@ -228,3 +229,7 @@ def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
     latest = t.reopen().latest()
     assert latest is not None
     assert latest.name == "step_0001.pt"
+
+
+def test_record_cache_replaces_one_get_per_record(s3: tuple[S3Server, Target]) -> None:
+    check_record_cache(s3[1])

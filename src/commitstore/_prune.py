@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._names import record_parts
+from ._names import META_DIR, RECORDS_DIR, record_parts
 from ._verify import scan_records, sort_key
 from .errors import NotFoundError
 from .records import Record
@@ -56,9 +56,14 @@ class PruneReport:
 
 def candidates(store: Reads, pending: set[str]) -> list[Candidate]:
     """Every committed artifact of ``store`` with its mtime and size-level wholeness, from one
-    listing of the store plus its records (no request per artifact beyond reading records)."""
-    records, _bad = scan_records(store.backend)
-    listing = {"/".join(rel): info for rel, info in store.backend.walk(())}
+    listing of the whole store (records included; on object stores, records come from the record
+    cache where their tags match, so no request per artifact)."""
+    walked = store.backend.walk(())
+    listing = {"/".join(rel): info for rel, info in walked}
+    records_dir = (META_DIR, RECORDS_DIR)
+    records, _bad = scan_records(
+        store.backend, [(rel[2:], info) for rel, info in walked if rel[:2] == records_dir]
+    )
     out = []
     for rec in records:
         paths = _data_paths(rec)

@@ -40,8 +40,12 @@ def raw_record(store: Reads, name: str) -> tuple[bytes, Record] | None:
     return raw, rec
 
 
+class SourceMismatch(IntegrityError):
+    """The source's bytes do not match the source's own record: nothing was copied."""
+
+
 def _mismatch(rec: Record, what: str, size: int, digest: str, src: Reads) -> IntegrityError:
-    return IntegrityError(
+    return SourceMismatch(
         f"{rec.name}{what} on {src.url} does not match its record ({size} bytes, {digest}); "
         "not copied",
         name=rec.name,

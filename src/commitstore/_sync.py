@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._replicate import copy_artifact, raw_record
+from ._replicate import SourceMismatch, copy_artifact, raw_record
 from ._verify import check, sort_key
 from .errors import CommitStoreError, IntegrityError, NotFoundError
 from .records import Record
@@ -53,59 +54,112 @@ class SyncReport:
         return not self.primary_bad and all(not m.failed for m in self.mirrors)
 
 
-def sync_mirrors(primary: CommitStore, mirrors: list[CommitStore], *, repair: bool) -> SyncReport:
+class _PrimaryChecks:
+    """Full checks of primary artifacts, each done at most once across mirrors."""
+
+    def __init__(self, primary: CommitStore) -> None:
+        self.primary = primary
+        self.bad: dict[str, str] = {}
+        self._done: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def whole(self, rec: Record) -> bool:
+        with self._lock:
+            if rec.name in self._done:
+                return self._done[rec.name]
+        result = check(self.primary.backend, rec, "full")
+        return self.note(rec.name, result.status == "ok", f"{result.status}: {result.detail}")
+
+    def note(self, name: str, ok: bool, why: str = "") -> bool:
+        with self._lock:
+            self._done[name] = ok
+            if not ok:
+                self.bad[name] = why
+        return ok
+
+
+TRANSFERS = 2
+"""Artifacts copied at once per mirror by ``sync`` (mirrors themselves run side by side)."""
+
+
+def sync_mirrors(
+    primary: CommitStore, mirrors: list[CommitStore], *, repair: bool, transfers: int = TRANSFERS
+) -> SyncReport:
+    """Copy what each mirror lacks (or, with ``repair``, holds broken), ``transfers`` artifacts at
+    a time per mirror. The primary is read once per copy: the copy itself checks the bytes against
+    the primary's record (``copy_artifact``) and publishes nothing on a mismatch. Artifacts a
+    mirror already holds are checked on both sides, so primary corruption is reported even when
+    nothing needs copying."""
     records = primary.list()
-    primary_bad = {}
-    whole = []
-    for rec in records:
-        result = check(primary.backend, rec, "full")
-        if result.status == "ok":
-            whole.append(rec)
-        else:
-            primary_bad[rec.name] = f"{result.status}: {result.detail}"
     names = {r.name for r in records}
+    checks = _PrimaryChecks(primary)
 
     def one(mirror: CommitStore) -> MirrorSync:
-        copied: list[str] = []
-        repaired: list[str] = []
-        ok: list[str] = []
+        with concurrent.futures.ThreadPoolExecutor(max(1, transfers)) as pool:
+            outcomes = list(
+                pool.map(lambda r: _sync_one(primary, mirror, r, checks, repair), records)
+            )
+        done: dict[str, list[str]] = {"copied": [], "repaired": [], "ok": []}
         failed: dict[str, str] = {}
-        for rec in whole:
-            try:
-                theirs = raw_record(mirror, rec.name)
-            except IntegrityError:
-                theirs = None
-                state = "bad"
-            else:
-                state = "missing" if theirs is None else "present"
-            if state == "present":
-                mine = raw_record(primary, rec.name)
-                same = mine is not None and theirs is not None and theirs[0] == mine[0]
-                if same and check(mirror.backend, rec, "full").status == "ok":
-                    ok.append(rec.name)
-                    continue
-                state = "bad"
-            if state == "bad" and not repair:
-                failed[rec.name] = "mirror copy fails verification (repair=False)"
-                continue
-            try:
-                copy_artifact(primary, mirror, rec.name)
-            except CommitStoreError as exc:
-                failed[rec.name] = str(exc)
-                continue
-            (copied if state == "missing" else repaired).append(rec.name)
+        for rec, (outcome, detail) in zip(records, outcomes, strict=True):
+            if outcome == "failed":
+                failed[rec.name] = detail
+            elif outcome in done:
+                done[outcome].append(rec.name)
         report = mirror.verify(level="size")
         foreign = sorted({r.name for r in report.results if r.name not in names})
         for name in foreign:
             log.info("sync: %s on %s is not on the primary; left alone", name, mirror.url)
         return MirrorSync(
-            mirror.url, tuple(copied), tuple(repaired), tuple(ok), tuple(foreign), failed
+            mirror.url,
+            tuple(done["copied"]),
+            tuple(done["repaired"]),
+            tuple(done["ok"]),
+            tuple(foreign),
+            failed,
         )
 
     # Mirrors are independent: repair them side by side.
     with concurrent.futures.ThreadPoolExecutor(max(1, len(mirrors))) as pool:
         out = list(pool.map(one, mirrors))
-    return SyncReport(tuple(out), primary_bad)
+    return SyncReport(tuple(out), dict(sorted(checks.bad.items())))
+
+
+def _sync_one(
+    primary: CommitStore, mirror: CommitStore, rec: Record, checks: _PrimaryChecks, repair: bool
+) -> tuple[str, str]:
+    """Bring one artifact to ``mirror``: ("ok" | "copied" | "repaired" | "failed" | "skipped",
+    detail). "skipped": the primary's own copy is bad (reported in ``checks.bad``)."""
+    try:
+        theirs = raw_record(mirror, rec.name)
+    except IntegrityError:
+        theirs = None
+        state = "bad"
+    else:
+        state = "missing" if theirs is None else "present"
+    if state == "present":
+        mine = raw_record(primary, rec.name)
+        same = mine is not None and theirs is not None and theirs[0] == mine[0]
+        if same and check(mirror.backend, rec, "full").status == "ok":
+            return ("ok", "") if checks.whole(rec) else ("skipped", "")
+        state = "bad"
+    if rec.name in checks.bad:
+        return "skipped", ""
+    if state == "bad" and not repair:
+        if checks.whole(rec):
+            return "failed", "mirror copy fails verification (repair=False)"
+        return "skipped", ""
+    try:
+        copy_artifact(primary, mirror, rec.name)
+    except SourceMismatch as exc:
+        checks.note(rec.name, False, f"{exc.status}: {exc}")
+        return "skipped", ""
+    except CommitStoreError as exc:
+        if checks.whole(rec):  # else the primary's copy is gone or bad: reported there
+            return "failed", str(exc)
+        return "skipped", ""
+    checks.note(rec.name, True)
+    return ("copied" if state == "missing" else "repaired"), ""
 
 
 def latest_any(stores: Sequence[Reads], level: str) -> Record | None:

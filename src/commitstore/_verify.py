@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 
+from . import _recordcache
 from ._digest import hash_stream
 from ._names import (
     META_DIR,
@@ -18,7 +19,7 @@ from ._names import (
     record_parts,
     validate_name,
 )
-from .backends import Backend
+from .backends import Backend, FileInfo
 from .errors import CommitStoreError, InvalidNameError, NotFoundError
 from .records import Record, RecordFormatError, VerifyResult, decode_record
 
@@ -127,24 +128,51 @@ def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> Ve
     return VerifyResult(record.name, "ok")
 
 
-def scan_records(backend: Backend) -> tuple[list[Record], list[VerifyResult]]:
-    """Every valid record in the store, and a ``bad_record`` result for every unreadable one."""
+def scan_records(
+    backend: Backend, listing: list[tuple[Parts, FileInfo]] | None = None
+) -> tuple[list[Record], list[VerifyResult]]:
+    """Every valid record in the store, and a ``bad_record`` result for every unreadable one.
+
+    One listing of the records folder; on storage whose listing carries version tags, records whose
+    tag matches the record cache (``_recordcache``) are not fetched again. A record deleted between
+    the listing and its read (a concurrent prune) is left out, not reported as bad. ``listing``:
+    a fresh walk of the records folder the caller already made (relative to that folder).
+    """
+    if listing is None:
+        listing = backend.walk((META_DIR, RECORDS_DIR))
     leaves = [
-        rel
-        for rel, _info in backend.walk((META_DIR, RECORDS_DIR))
+        (rel, info)
+        for rel, info in listing
         if not is_staging_part(rel[-1]) and is_record_leaf(rel[-1])
     ]
+    tagged = bool(leaves) and all(info.tag for _rel, info in leaves)
+    cached = _recordcache.load(backend) if tagged else {}
+    fresh: _recordcache.Entries = {}
 
-    def load(rel: Parts) -> Record | VerifyResult:
+    def fetch(rel: Parts, info: FileInfo) -> bytes:
+        key = "/".join(rel)
+        hit = cached.get(key)
+        if hit is not None and hit[0] == _recordcache.norm(info.tag):
+            return hit[1]
+        raw, got = backend.read_small_tagged((META_DIR, RECORDS_DIR, *rel))
+        tag = _recordcache.norm(got)
+        if tagged and tag and _recordcache.cacheable(raw):
+            fresh[key] = (tag, raw)
+        return raw
+
+    def load(leaf: tuple[Parts, FileInfo]) -> Record | VerifyResult | None:
+        rel, info = leaf
         where = "/".join((META_DIR, RECORDS_DIR, *rel))
         shown = name_from_record_parts(rel) or where
         try:
-            record = decode_record(backend.read_small((META_DIR, RECORDS_DIR, *rel)))
+            record = decode_record(fetch(rel, info))
             parts = validate_name(record.name)
             if record_parts(parts) != (META_DIR, RECORDS_DIR, *rel):
                 raise RecordFormatError(f"record names {record.name!r} but is stored at {where}")
         except (RecordFormatError, InvalidNameError) as exc:
             return VerifyResult(shown, "bad_record", str(exc))
+        except NotFoundError:
+            return None
         except CommitStoreError as exc:
             return VerifyResult(shown, "bad_record", f"unreadable: {exc}")
         return record
@@ -153,10 +181,32 @@ def scan_records(backend: Backend) -> tuple[list[Record], list[VerifyResult]]:
         with concurrent.futures.ThreadPoolExecutor(backend.read_concurrency) as pool:
             loaded = list(pool.map(load, leaves))
     else:
-        loaded = [load(rel) for rel in leaves]
+        loaded = [load(leaf) for leaf in leaves]
+    if tagged:
+        _refresh_cache(backend, leaves, cached, fresh)
     good = [r for r in loaded if isinstance(r, Record)]
     bad = [r for r in loaded if isinstance(r, VerifyResult)]
     return good, bad
+
+
+def _refresh_cache(
+    backend: Backend,
+    leaves: list[tuple[Parts, FileInfo]],
+    cached: _recordcache.Entries,
+    fresh: _recordcache.Entries,
+) -> None:
+    """Rewrite the record cache when enough of it was missing or stale."""
+    entries: _recordcache.Entries = {}
+    for rel, info in leaves:
+        key = "/".join(rel)
+        hit = cached.get(key)
+        if hit is not None and hit[0] == _recordcache.norm(info.tag):
+            entries[key] = hit
+        elif key in fresh:
+            entries[key] = fresh[key]
+    dropped = len(cached) - (len(entries) - len(fresh))
+    if len(fresh) + max(dropped, 0) >= _recordcache.REWRITE_AFTER:
+        _recordcache.save(backend, entries)
 
 
 def unrecorded(backend: Backend, records: list[Record], bad: list[VerifyResult]) -> list[str]:

@@ -28,6 +28,9 @@ class FileInfo:
     """Seconds since the epoch; None (or 0, as some network filesystems return) means unknown."""
     is_dir: bool = False
     """True for a folder."""
+    tag: str | None = None
+    """The stored version's tag from a listing (S3/Azure ETag, GCS generation): it changes whenever
+    the content is replaced. None where the storage has none (file systems)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +158,11 @@ class Backend(abc.ABC):
         with self.open_read(parts) as f:
             data: bytes = f.read()
         return data
+
+    def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
+        """Like :meth:`read_small`, plus the tag (see :attr:`FileInfo.tag`) of the version read,
+        taken from the same response; None where the storage has no tags."""
+        return self.read_small(parts), None
 
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:

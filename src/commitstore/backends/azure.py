@@ -90,6 +90,21 @@ class AzureBackend(ObjectBackend):
         raw = _RangeReader(self, parts, client, int(props.size))
         return io.BufferedReader(raw, READ_CHUNK)
 
+    def read_small(self, parts: Parts) -> bytes:
+        """One download."""
+        return self.read_small_tagged(parts)[0]
+
+    def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
+        """One download; the tag is the ETag of the version it returned."""
+        client = self.blob(parts)
+
+        def fetch() -> tuple[bytes, str | None]:
+            stream = client.download_blob()
+            data: bytes = stream.readall()
+            return data, stream.properties.etag
+
+        return self.call("reading", parts, fetch)
+
     def stat(self, parts: Parts) -> FileInfo | None:
         if parts:
             try:
@@ -126,7 +141,7 @@ class AzureBackend(ObjectBackend):
             out.append(
                 (
                     tuple(item.name[len(prefix) :].split("/")),
-                    FileInfo(int(item.size), ts if ts > 0 else None),
+                    FileInfo(int(item.size), ts if ts > 0 else None, tag=item.etag),
                 )
             )
         return out

@@ -142,6 +142,18 @@ class GcsBackend(ObjectBackend):
             raise translate(exc, "opening", self.shown(parts)) from exc
         return f
 
+    def read_small(self, parts: Parts) -> bytes:
+        """One media GET."""
+        return self.read_small_tagged(parts)[0]
+
+    def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
+        """One media GET; the tag is the generation that GET returned."""
+        headers, data = self.call(
+            "reading", parts, "GET", "b/{}/o/{}", self.bucket, self.key(parts), alt="media"
+        )
+        tag = headers.get("x-goog-generation") if headers is not None else None
+        return bytes(data), tag
+
     def stat(self, parts: Parts) -> FileInfo | None:
         meta = self.metadata(parts) if parts else None
         if meta is not None:
@@ -176,7 +188,9 @@ class GcsBackend(ObjectBackend):
             out.append(
                 (
                     tuple(name[len(prefix) :].split("/")),
-                    FileInfo(int(item["size"]), _ts(item.get("updated"))),
+                    FileInfo(
+                        int(item["size"]), _ts(item.get("updated")), tag=item.get("generation")
+                    ),
                 )
             )
         return out

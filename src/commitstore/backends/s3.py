@@ -97,13 +97,17 @@ class S3Backend(ObjectBackend):
 
     def read_small(self, parts: Parts) -> bytes:
         """One GET (no HEAD first)."""
+        return self.read_small_tagged(parts)[0]
+
+    def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
+        """One GET; the tag is the ETag of the version that GET returned."""
         result = self.call("reading", parts, "get_object", Key=self.key(parts))
         body = result["Body"]
         try:
             data: bytes = self.run_coro(body.read())
         finally:
             body.close()
-        return data
+        return data, result.get("ETag")
 
     def run_coro(self, coro: Any) -> Any:
         """Run a coroutine on s3fs's event loop from this thread."""
@@ -152,7 +156,8 @@ class S3Backend(ObjectBackend):
                 continue  # a folder marker (empty folder artifact), not a file
             rel = tuple(obj["Key"][len(prefix) :].split("/"))
             ts = obj["LastModified"].timestamp() if obj.get("LastModified") else 0.0
-            out.append((rel, FileInfo(int(obj["Size"]), ts if ts > 0 else None)))
+            info = FileInfo(int(obj["Size"]), ts if ts > 0 else None, tag=obj.get("ETag"))
+            out.append((rel, info))
         return out
 
     def remove(self, parts: Parts) -> bool:

@@ -251,6 +251,11 @@ def main() -> None:
         subtype="commitstore-faultfs",
         attr_timeout=timeout,
         entry_timeout=timeout,
+        # The kernel sends RELEASE after close() returns, asynchronously: without hard_remove,
+        # libfuse turns an unlink that overtakes it into a rename to ".fuse_hiddenNNNN" (seen as
+        # a stray file by listings until the release lands). The backing file system unlinks
+        # open files itself, so pass unlinks straight through.
+        hard_remove=True,
     )
 
 
