@@ -260,7 +260,9 @@ def test_sigkill_mid_replication_to_s3_and_smb(servers: dict[str, Any], tmp_path
     script = (
         "import os, sys\n"
         "from commitstore import open_store\n"
-        "s3o, smbo = dict(endpoint_url=sys.argv[3], key=sys.argv[4], secret=sys.argv[5]), "
+        "s3o = dict(endpoint_url=sys.argv[3], key=sys.argv[4], secret=sys.argv[5], "
+        "single_put_max=5 * 1024 * 1024)\n"
+        "smbo = "
         "dict(password=sys.argv[6])\n"
         "store = open_store(sys.argv[1], mirrors=[open_store(sys.argv[2], **s3o), "
         "open_store(sys.argv[7], **smbo)])\n"

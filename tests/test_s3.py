@@ -5,6 +5,7 @@ The backdoor is boto3 (the reference client), never s3fs or commitstore.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -47,7 +48,8 @@ def rclone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RcloneS3]:
 
 def make_target(server: S3Server, **options: object) -> Target:
     prefix = f"t{time.monotonic_ns()}"
-    opts = {**server.options(), "part_size": 5 * MiB, **options}
+    # Small parts and single-PUT limit, so that test-sized artifacts exercise multipart uploads.
+    opts = {**server.options(), "part_size": 5 * MiB, "single_put_max": 5 * MiB, **options}
     url = server.url(prefix)
     return Target(
         open_store(url, **opts),
@@ -154,7 +156,11 @@ def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> No
         cwd=ROOT_DIR,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, **server.env()},
+        env={
+            **os.environ,
+            **server.env(),
+            "WRITER_STORE_OPTIONS": json.dumps({"single_put_max": 5 * MiB}),
+        },
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
@@ -193,7 +199,12 @@ def proxied(moto: MotoServer) -> Iterator[tuple[Target, FaultProxy]]:
     proxy = FaultProxy(moto.port)
     try:
         prefix = f"p{time.monotonic_ns()}"
-        opts = {**moto.options(), "endpoint_url": proxy.endpoint, "part_size": 5 * MiB}
+        opts = {
+            **moto.options(),
+            "endpoint_url": proxy.endpoint,
+            "part_size": 5 * MiB,
+            "single_put_max": 5 * MiB,
+        }
         store = open_store(moto.url(prefix), **opts)
         store.put_bytes("step_0001.pt", b"whole")  # also runs the conditional-write probe
         yield Target(store, S3Backdoor(moto.client(), BUCKET, prefix), lambda: store), proxy
@@ -233,3 +244,20 @@ def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
 
 def test_record_cache_replaces_one_get_per_record(s3: tuple[S3Server, Target]) -> None:
     check_record_cache(s3[1])
+
+
+def test_single_put_up_to_the_limit_then_multipart(s3: tuple[S3Server, Target]) -> None:
+    server, _ = s3
+    t = make_target(server, single_put_max=12 * MiB)
+    t.store.put_bytes("small.bin", b"s" * (12 * MiB))
+    t.store.put_bytes("large.bin", b"l" * (12 * MiB + 1))
+    assert isinstance(t.door, S3Backdoor)
+    client, prefix = server.client(), t.door.prefix
+    small = client.head_object(Bucket=BUCKET, Key=f"{prefix}/small.bin")
+    large = client.head_object(Bucket=BUCKET, Key=f"{prefix}/large.bin")
+    if server.name == "moto":  # rclone serve s3 stores files and gives every object an MD5 ETag
+        assert "-" not in small["ETag"], "at most single_put_max: one PutObject"
+        assert large["ETag"].strip('"').endswith("-3"), "past it: multipart, 5 MiB parts"
+    assert small["ContentLength"] == 12 * MiB
+    assert pending(t) == []
+    assert t.door.read("large.bin") == b"l" * (12 * MiB + 1)

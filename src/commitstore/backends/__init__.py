@@ -130,6 +130,7 @@ def _s3(url: str, options: dict[str, Any]) -> Backend:
             "token": None,
             "part_size": 8 * 1024 * 1024,
             "max_inflight": 4,
+            "single_put_max": 64 * 1024 * 1024,
             "conditional_writes": None,
         },
     )
@@ -166,6 +167,7 @@ def _s3(url: str, options: dict[str, Any]) -> Backend:
         endpoint=endpoint,
         part_size=int(opts["part_size"]),
         max_inflight=int(opts["max_inflight"]),
+        single_put_max=int(opts["single_put_max"]),
         conditional_writes=opts["conditional_writes"],
         reason="s3:// URL (multipart upload completion is the commit)",
     )

@@ -2,12 +2,13 @@
 
 There is no rename on an object store. An artifact uploads as a multipart upload whose
 ``CompleteMultipartUpload`` is the one step that makes it visible (a single ``PutObject`` when it is
-smaller than one part). Parts upload concurrently with bounded memory (``max_inflight`` x
-``part_size``); part size doubles every 1,000 parts to stay under S3's 10,000. Every failure path
-aborts the upload; nothing is completed from ``__exit__`` after an exception (the upload is driven
-directly, never through an fsspec file's close). After completion a fresh HEAD must show the
-expected size. ``IfNoneMatch="*"`` (create-only) is used for ``overwrite=False`` where the endpoint
-honours it, which is probed once per store (or set with ``conditional_writes=``), never assumed.
+at most ``single_put_max`` bytes, held in memory until then). Parts upload concurrently with bounded
+memory (``single_put_max`` + ``max_inflight`` x ``part_size``); part size doubles every 1,000 parts
+to stay under S3's 10,000. Every failure path aborts the upload; nothing is completed from
+``__exit__`` after an exception (the upload is driven directly, never through an fsspec file's
+close). After completion a fresh HEAD must show the expected size. ``IfNoneMatch="*"``
+(create-only) is used for ``overwrite=False`` where the endpoint honours it, which is probed once
+per store (or set with ``conditional_writes=``), never assumed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ._s3io import probe_conditional_create, translate
 
 MiB = 1024 * 1024
 MAX_PARTS = 10_000
+MAX_SINGLE_PUT = 5 * 1024 * MiB
 
 
 class S3Backend(ObjectBackend):
@@ -48,16 +50,20 @@ class S3Backend(ObjectBackend):
         endpoint: str | None,
         part_size: int = 8 * MiB,
         max_inflight: int = 4,
+        single_put_max: int = 64 * MiB,
         conditional_writes: bool | None = None,
         reason: str = "s3:// URL",
     ) -> None:
         if part_size < 5 * MiB:
             raise ValueError("part_size must be at least 5 MiB (S3's minimum part)")
+        if not 0 <= single_put_max <= MAX_SINGLE_PUT:
+            raise ValueError("single_put_max must be between 0 and 5 GiB (S3's PutObject limit)")
         super().__init__(bucket, prefix, conditional_writes=conditional_writes, reason=reason)
         self.fs = fs
         self.endpoint = endpoint
         self.part_size = part_size
         self.max_inflight = max(1, max_inflight)
+        self.single_put_max = single_put_max
 
     def _probe_conditional(self) -> bool:
         try:
@@ -234,6 +240,7 @@ class S3Backend(ObjectBackend):
             "endpoint": self.endpoint,
             "part_size": self.part_size,
             "max_inflight": self.max_inflight,
+            "single_put_max": self.single_put_max,
         }
 
 
@@ -258,6 +265,8 @@ class S3FileSink(FileSink):
         assert not self._closed, "write after publish/abort"
         self._buf += data
         self.bytes_written += data.nbytes
+        if self._upload_id is None and len(self._buf) <= self._b.single_put_max:
+            return  # may still be published with one PutObject
         try:
             while len(self._buf) >= self._part_size:
                 with memoryview(self._buf) as view:
@@ -309,15 +318,11 @@ class S3FileSink(FileSink):
                 elif b.head(self._parts) is not None:
                     raise AlreadyExistsError(f"{shown} already exists")
             if self._upload_id is None:
+                body, self._buf = bytes(self._buf), bytearray()
                 done = b.call(
-                    "uploading",
-                    self._parts,
-                    "put_object",
-                    Key=self._key,
-                    Body=bytes(self._buf),
-                    **conditional,
+                    "uploading", self._parts, "put_object", Key=self._key, Body=body, **conditional
                 )
-                self._uploaded = len(self._buf)
+                self._uploaded = len(body)
             else:
                 if self._buf:
                     self._submit(bytes(self._buf))
