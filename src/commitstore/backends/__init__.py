@@ -180,7 +180,7 @@ def _gcs(url: str, options: dict[str, Any]) -> Backend:
             "endpoint_url": None,
             "token": None,
             "project": None,
-            "chunk_size": 16 * 1024 * 1024,
+            "chunk_size": 64 * 1024 * 1024,
             "conditional_writes": None,
         },
     )

@@ -22,10 +22,12 @@ from fsspec.asyn import sync
 from .._names import Parts
 from ..errors import AlreadyExistsError, CommitError, NotFoundError
 from ._base import CommitInfo, FileInfo, FileSink
-from ._gcsio import translate
+from ._gcsio import ViewReader, translate
 from ._object import ObjectBackend
 
 MiB = 1024 * 1024
+CRC_PIECE = 1024 * 1024
+"""CRC32C is fed in pieces of this size, each a small copy of the part of the chunk it covers."""
 ALIGN = 256 * 1024
 
 
@@ -46,7 +48,7 @@ class GcsBackend(ObjectBackend):
         bucket: str,
         prefix: str,
         *,
-        chunk_size: int = 16 * MiB,
+        chunk_size: int = 64 * MiB,
         conditional_writes: bool | None = None,
         reason: str = "gs:// URL",
     ) -> None:
@@ -257,20 +259,22 @@ class GcsFileSink(FileSink):
         b = self._b
         if self._location is None:
             self._location = b.initiate(self._parts, self._key, create_only=self._create_only())
-        with memoryview(self._buf) as view:
-            chunk = bytes(view[:length])
-        self._crc.update(chunk)  # type: ignore[no-untyped-call]
         end = self._offset + length - 1
         total = str(self._offset + length) if final else "*"
         rng = f"bytes {self._offset}-{end}/{total}" if length else f"bytes */{total}"
-        _headers, txt = b.call(
-            "uploading",
-            self._parts,
-            "POST",
-            self._location,
-            headers={"Content-Range": rng, "Content-Length": str(length)},
-            data=chunk or None,
-        )
+        # The chunk is sent straight from the buffer, piece by piece (no copy of the chunk): the
+        # view is released before the buffer is trimmed.
+        with memoryview(self._buf) as view, view[:length] as chunk:
+            for i in range(0, length, CRC_PIECE):  # google-crc32c wants read-only bytes
+                self._crc.update(bytes(chunk[i : i + CRC_PIECE]))  # type: ignore[no-untyped-call]
+            _headers, txt = b.call(
+                "uploading",
+                self._parts,
+                "POST",
+                self._location,
+                headers={"Content-Range": rng, "Content-Length": str(length)},
+                data=ViewReader(chunk) if length else None,
+            )
         del self._buf[:length]
         self._offset += length
         return txt
