@@ -8,9 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from commitstore import open_store
-from commitstore.testing import StoreConformance, Target, xxh
+from commitstore import BackendUnavailableError, open_store
+from commitstore.testing import StoreConformance, Target, record_path, xxh
 
+from .helpers.faultproxy import FaultProxy
 from .helpers.gcsserver import FakeGcs, GcsBackdoor
 from .helpers.recordcache import check_record_cache
 
@@ -120,3 +121,59 @@ def test_sigkill_mid_upload_publishes_nothing(gcs: FakeGcs) -> None:
 
 def test_record_cache_replaces_one_get_per_record(gcs: FakeGcs) -> None:
     check_record_cache(make_target(gcs))
+
+
+@pytest.fixture
+def proxied(gcs: FakeGcs) -> Iterator[tuple[Target, FaultProxy]]:
+    """A store whose every request goes through our TCP fault proxy (chunks of 4 MiB)."""
+    proxy = FaultProxy(gcs.port)
+    try:
+        prefix = f"p{time.monotonic_ns()}"
+        # fake-gcs-server ignores ifGenerationMatch on resumable uploads: declared, not probed,
+        # so that the store's first connection is opened by the faulted test itself.
+        opts = {
+            **gcs.options(),
+            "endpoint_url": proxy.endpoint,
+            "chunk_size": 4 * MiB,
+            "conditional_writes": False,
+        }
+        open_store(gcs.url(prefix), **opts).put_bytes("step_0001.pt", b"whole")
+        yield (
+            Target(
+                open_store(gcs.url(prefix), **opts),
+                GcsBackdoor(gcs, prefix),
+                lambda: open_store(gcs.url(prefix), **opts),
+            ),
+            proxy,
+        )
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize("fault", ["cut_after", "reset_after"])
+def test_transient_network_faults_are_retried(
+    proxied: tuple[Target, FaultProxy], fault: str
+) -> None:
+    """A chunk cut off mid-request is sent again, from the buffer (the same bytes)."""
+    t, proxy = proxied
+    data = os.urandom(13 * MiB)
+    proxy.set(**{fault: 2 * MiB}, faulty=2)  # the next two connections break mid-request
+    rec = t.store.put_bytes("step_0002.pt", data)
+    assert proxy.faulted == 2
+    assert t.door.read("step_0002.pt") == data
+    assert rec.digest == xxh(data)
+
+
+def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
+    proxied: tuple[Target, FaultProxy],
+) -> None:
+    t, proxy = proxied
+    proxy.set(cut_after=1 * MiB, faulty=None)  # every connection dies after 1 MiB
+    with pytest.raises(BackendUnavailableError):
+        t.store.put_bytes("step_0002.pt", os.urandom(9 * MiB))
+    proxy.clear()
+    assert t.door.read("step_0002.pt") is None
+    assert t.door.read(record_path("step_0002.pt")) is None
+    latest = t.reopen().latest()
+    assert latest is not None
+    assert latest.name == "step_0001.pt"
