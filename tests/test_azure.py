@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from commitstore import open_store
-from commitstore.testing import StoreConformance, Target, xxh
+from commitstore import BackendUnavailableError, open_store
+from commitstore.testing import StoreConformance, Target, record_path, xxh
 
 from .helpers.azurite import AzureBackdoor, Azurite
+from .helpers.faultproxy import FaultProxy
 from .helpers.recordcache import check_record_cache
 
 MiB = 1024 * 1024
@@ -124,3 +126,59 @@ def test_sigkill_mid_upload_publishes_nothing(azurite: Azurite) -> None:
 
 def test_record_cache_replaces_one_get_per_record(azurite: Azurite) -> None:
     check_record_cache(make_target(azurite))
+
+
+@pytest.fixture
+def proxied(azurite: Azurite) -> Iterator[tuple[Target, FaultProxy]]:
+    """A store whose every request goes through our TCP fault proxy (blocks of 1 MiB)."""
+    proxy = FaultProxy(azurite.port)
+    try:
+        prefix = f"p{time.monotonic_ns()}"
+        via = azurite.connection_string.replace(
+            f"127.0.0.1:{azurite.port}", f"127.0.0.1:{proxy.port}"
+        )
+        opts: dict[str, Any] = {
+            "connection_string": via,
+            "block_size": 1 * MiB,
+            # The SDK's retries, quicker than its defaults (15 s, 18 s, 24 s ... between tries).
+            "client_options": {"retry_total": 3, "initial_backoff": 0.2, "increment_base": 2},
+        }
+        open_store(azurite.url(prefix), **opts).put_bytes("step_0001.pt", b"whole")
+        yield (
+            Target(
+                open_store(azurite.url(prefix), **opts),
+                AzureBackdoor(azurite, prefix),
+                lambda: open_store(azurite.url(prefix), **opts),
+            ),
+            proxy,
+        )
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize("fault", ["cut_after", "reset_after"])
+def test_transient_network_faults_are_retried(
+    proxied: tuple[Target, FaultProxy], fault: str
+) -> None:
+    t, proxy = proxied
+    data = os.urandom(9 * MiB)
+    proxy.set(**{fault: 512 * 1024}, faulty=2)  # the next two connections break mid-request
+    rec = t.store.put_bytes("step_0002.pt", data)
+    assert proxy.faulted == 2
+    assert t.door.read("step_0002.pt") == data
+    assert rec.digest == xxh(data)
+
+
+def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
+    proxied: tuple[Target, FaultProxy],
+) -> None:
+    t, proxy = proxied
+    proxy.set(cut_after=256 * 1024, faulty=None)  # every connection dies after 256 KiB
+    with pytest.raises(BackendUnavailableError):
+        t.store.put_bytes("step_0002.pt", os.urandom(5 * MiB))
+    proxy.clear()
+    assert t.door.read("step_0002.pt") is None
+    assert t.door.read(record_path("step_0002.pt")) is None
+    latest = t.reopen().latest()
+    assert latest is not None
+    assert latest.name == "step_0001.pt"

@@ -224,8 +224,10 @@ def _azure(url: str, options: dict[str, Any]) -> Backend:
             "block_size": 8 * 1024 * 1024,
             "max_inflight": 4,
             "conditional_writes": None,
+            "client_options": {},
         },
     )
+    client_options = dict(opts["client_options"])  # e.g. retry_total, initial_backoff
     parsed = urlsplit(url)
     if not parsed.netloc:
         raise InvalidNameError("Azure URLs look like az://container[/prefix]")
@@ -239,9 +241,11 @@ def _azure(url: str, options: dict[str, Any]) -> Backend:
         ) from exc
     conn = opts["connection_string"] or os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
     if conn:
-        service = BlobServiceClient.from_connection_string(conn)
+        service = BlobServiceClient.from_connection_string(conn, **client_options)
     elif opts["account_url"]:
-        service = BlobServiceClient(opts["account_url"], credential=opts["credential"])
+        service = BlobServiceClient(
+            opts["account_url"], credential=opts["credential"], **client_options
+        )
     else:
         raise InvalidNameError(
             "az:// needs connection_string= (or AZURE_STORAGE_CONNECTION_STRING) or account_url="

@@ -318,7 +318,7 @@ class S3FileSink(FileSink):
                 elif b.head(self._parts) is not None:
                     raise AlreadyExistsError(f"{shown} already exists")
             if self._upload_id is None:
-                body, self._buf = self._buf, bytearray()  # sent as is: no second copy
+                body, self._buf = bytes(self._buf), bytearray()
                 done = b.call(
                     "uploading", self._parts, "put_object", Key=self._key, Body=body, **conditional
                 )
