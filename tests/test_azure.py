@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from commitstore import BackendUnavailableError, open_store
-from commitstore.testing import StoreConformance, Target, record_path, xxh
+from commitstore import open_store
+from commitstore.testing import StoreConformance, Target, xxh
 
 from .helpers.azurite import AzureBackdoor, Azurite
-from .helpers.faultproxy import FaultProxy
+from .helpers.faultproxy import FaultProxy, check_persistent_fault, check_transient_fault
 from .helpers.recordcache import check_record_cache
 
 MiB = 1024 * 1024
@@ -160,25 +160,10 @@ def proxied(azurite: Azurite) -> Iterator[tuple[Target, FaultProxy]]:
 def test_transient_network_faults_are_retried(
     proxied: tuple[Target, FaultProxy], fault: str
 ) -> None:
-    t, proxy = proxied
-    data = os.urandom(9 * MiB)
-    proxy.set(**{fault: 512 * 1024}, faulty=2)  # the next two connections break mid-request
-    rec = t.store.put_bytes("step_0002.pt", data)
-    assert proxy.faulted == 2
-    assert t.door.read("step_0002.pt") == data
-    assert rec.digest == xxh(data)
+    check_transient_fault(*proxied, fault, size=9 * MiB, at=512 * 1024)
 
 
 def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
     proxied: tuple[Target, FaultProxy],
 ) -> None:
-    t, proxy = proxied
-    proxy.set(cut_after=256 * 1024, faulty=None)  # every connection dies after 256 KiB
-    with pytest.raises(BackendUnavailableError):
-        t.store.put_bytes("step_0002.pt", os.urandom(5 * MiB))
-    proxy.clear()
-    assert t.door.read("step_0002.pt") is None
-    assert t.door.read(record_path("step_0002.pt")) is None
-    latest = t.reopen().latest()
-    assert latest is not None
-    assert latest.name == "step_0001.pt"
+    check_persistent_fault(*proxied, size=5 * MiB, at=256 * 1024)

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from commitstore import BackendUnavailableError, open_store
-from commitstore.testing import StoreConformance, Target, record_path, xxh
+from commitstore import open_store
+from commitstore.testing import StoreConformance, Target, xxh
 
-from .helpers.faultproxy import FaultProxy
+from .helpers.faultproxy import FaultProxy, check_persistent_fault, check_transient_fault
 from .helpers.gcsserver import FakeGcs, GcsBackdoor
 from .helpers.recordcache import check_record_cache
 
@@ -155,25 +155,10 @@ def test_transient_network_faults_are_retried(
     proxied: tuple[Target, FaultProxy], fault: str
 ) -> None:
     """A chunk cut off mid-request is sent again, from the buffer (the same bytes)."""
-    t, proxy = proxied
-    data = os.urandom(13 * MiB)
-    proxy.set(**{fault: 2 * MiB}, faulty=2)  # the next two connections break mid-request
-    rec = t.store.put_bytes("step_0002.pt", data)
-    assert proxy.faulted == 2
-    assert t.door.read("step_0002.pt") == data
-    assert rec.digest == xxh(data)
+    check_transient_fault(*proxied, fault, size=13 * MiB, at=2 * MiB)
 
 
 def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
     proxied: tuple[Target, FaultProxy],
 ) -> None:
-    t, proxy = proxied
-    proxy.set(cut_after=1 * MiB, faulty=None)  # every connection dies after 1 MiB
-    with pytest.raises(BackendUnavailableError):
-        t.store.put_bytes("step_0002.pt", os.urandom(9 * MiB))
-    proxy.clear()
-    assert t.door.read("step_0002.pt") is None
-    assert t.door.read(record_path("step_0002.pt")) is None
-    latest = t.reopen().latest()
-    assert latest is not None
-    assert latest.name == "step_0001.pt"
+    check_persistent_fault(*proxied, size=9 * MiB, at=1 * MiB)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from commitstore import AlreadyExistsError, BackendUnavailableError, open_store
+from commitstore import AlreadyExistsError, open_store
 from commitstore.testing import S3Backdoor, StoreConformance, Target, record_path, xxh
 
-from .helpers.faultproxy import FaultProxy
+from .helpers.faultproxy import FaultProxy, check_persistent_fault, check_transient_fault
 from .helpers.recordcache import check_record_cache
 from .helpers.s3servers import BUCKET, MotoServer, RcloneS3, S3Server
 
@@ -217,12 +217,7 @@ def test_transient_network_faults_are_retried(
     proxied: tuple[Target, FaultProxy], fault: str
 ) -> None:
     t, proxy = proxied
-    data = os.urandom(17 * MiB)
-    proxy.set(**{fault: 2 * MiB}, faulty=2)  # the next two connections break mid-request
-    rec = t.store.put_bytes("step_0002.pt", data)
-    assert proxy.faulted == 2
-    assert t.door.read("step_0002.pt") == data
-    assert rec.digest == xxh(data)
+    check_transient_fault(t, proxy, fault, size=17 * MiB, at=2 * MiB)
     assert pending(t) == []
 
 
@@ -230,16 +225,8 @@ def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
     proxied: tuple[Target, FaultProxy],
 ) -> None:
     t, proxy = proxied
-    proxy.set(cut_after=1 * MiB, faulty=None)  # every connection dies after 1 MiB
-    with pytest.raises(BackendUnavailableError):
-        t.store.put_bytes("step_0002.pt", os.urandom(12 * MiB))
-    proxy.clear()
-    assert t.door.read("step_0002.pt") is None
-    assert t.door.read(record_path("step_0002.pt")) is None
+    check_persistent_fault(t, proxy, size=12 * MiB, at=1 * MiB)
     assert pending(t) == []  # the abort is small enough to get through
-    latest = t.reopen().latest()
-    assert latest is not None
-    assert latest.name == "step_0001.pt"
 
 
 def test_record_cache_replaces_one_get_per_record(s3: tuple[S3Server, Target]) -> None:

@@ -8,11 +8,17 @@ Faults apply to the next ``faulty`` connections (then traffic passes untouched),
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
 import struct
 import threading
 import time
+
+import pytest
+
+from commitstore import BackendUnavailableError
+from commitstore.testing import Target, record_path, xxh
 
 from .samba import free_port
 
@@ -116,3 +122,28 @@ class FaultProxy:
         self._stop.set()
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+def check_transient_fault(t: Target, proxy: FaultProxy, fault: str, *, size: int, at: int) -> None:
+    """The next two connections break (``fault`` after ``at`` bytes) mid-upload of ``size`` bytes:
+    the commit still succeeds, with exactly the bytes written."""
+    data = os.urandom(size)
+    proxy.set(**{fault: at}, faulty=2)
+    rec = t.store.put_bytes("step_0002.pt", data)
+    assert proxy.faulted == 2
+    assert t.door.read("step_0002.pt") == data
+    assert rec.digest == xxh(data)
+
+
+def check_persistent_fault(t: Target, proxy: FaultProxy, *, size: int, at: int) -> None:
+    """Every connection dies after ``at`` bytes: BackendUnavailableError, nothing published, and
+    the artifact committed before (``step_0001.pt``) is still the latest."""
+    proxy.set(cut_after=at, faulty=None)
+    with pytest.raises(BackendUnavailableError):
+        t.store.put_bytes("step_0002.pt", os.urandom(size))
+    proxy.clear()
+    assert t.door.read("step_0002.pt") is None
+    assert t.door.read(record_path("step_0002.pt")) is None
+    latest = t.reopen().latest()
+    assert latest is not None
+    assert latest.name == "step_0001.pt"
