@@ -128,8 +128,13 @@ def s3fs_put_file(url: str, size: int) -> None:
 
 def _rclone(*args: str) -> None:
     """Run rclone (from the venv or PATH) with no config file; S3 flags from the environment."""
-    import shutil
     import subprocess
+
+    subprocess.run(_rclone_argv(*args), check=True, capture_output=True)
+
+
+def _rclone_argv(*args: str) -> list[str]:
+    import shutil
     import sys
 
     exe = shutil.which("rclone") or os.path.join(os.path.dirname(sys.executable), "rclone")
@@ -142,7 +147,7 @@ def _rclone(*args: str) -> None:
             "--s3-access-key-id", str(o["key"]),
             "--s3-secret-access-key", str(o["secret"]),
         ]  # fmt: skip
-    subprocess.run([exe, *args, "--config", "/dev/null", *s3], check=True, capture_output=True)
+    return [exe, *args, "--config", "/dev/null", *s3]
 
 
 def rclone_copyto(url: str, size: int) -> None:
@@ -224,13 +229,34 @@ def sync_to_mirrors(path: Path, size: int) -> None:
     assert report.ok, report
 
 
-def rclone_copy_checksum(path: Path, size: int) -> None:
-    """Baseline: ``rclone copy --checksum`` of the same store folder to the same mirrors."""
+def _rclone_copies() -> list[list[str]]:
+    """``rclone copy --checksum`` of the store folder to each mirror."""
     src = os.environ["BENCH_SOURCE_STORE"]
+    targets = []
     if os.environ.get("BENCH_MIRROR_DIR"):
-        _rclone("copy", "--checksum", src, os.environ["BENCH_MIRROR_DIR"])
+        targets.append(os.environ["BENCH_MIRROR_DIR"])
     if os.environ.get("BENCH_S3_ENDPOINT"):
-        _rclone("copy", "--checksum", src, ":s3:" + os.environ["BENCH_S3_MIRROR"][len("s3://") :])
+        targets.append(":s3:" + os.environ["BENCH_S3_MIRROR"][len("s3://") :])
+    return [_rclone_argv("copy", "--checksum", src, t) for t in targets]
+
+
+def rclone_copy_checksum(path: Path, size: int) -> None:
+    """Baseline: ``rclone copy --checksum`` of the same store folder to each mirror in turn."""
+    import subprocess
+
+    for argv in _rclone_copies():
+        subprocess.run(argv, check=True, capture_output=True)
+
+
+def rclone_copy_checksum_parallel(path: Path, size: int) -> None:
+    """Baseline: the same ``rclone copy --checksum`` runs, all at once (as sync copies to its
+    mirrors side by side)."""
+    import subprocess
+
+    procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL) for argv in _rclone_copies()]
+    failed = [p.args for p in procs if p.wait() != 0]
+    if failed:
+        raise RuntimeError(f"rclone failed: {failed}")
 
 
 def plain_read(path: Path, size: int) -> None:
@@ -258,6 +284,7 @@ PATH_OPS = {
         commit_set_with_mirrors,
         sync_to_mirrors,
         rclone_copy_checksum,
+        rclone_copy_checksum_parallel,
     )
 }
 URL_OPS = {

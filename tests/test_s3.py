@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from commitstore import AlreadyExistsError, open_store
+from commitstore import AlreadyExistsError, CommitError, InvalidNameError, open_store
 from commitstore.testing import S3Backdoor, StoreConformance, Target, record_path, xxh
 
 from .helpers.faultproxy import FaultProxy, check_persistent_fault, check_transient_fault
@@ -227,6 +227,45 @@ def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
     t, proxy = proxied
     check_persistent_fault(t, proxy, size=12 * MiB, at=1 * MiB)
     assert pending(t) == []  # the abort is small enough to get through
+
+
+@pytest.mark.parametrize("sign_payload", [False, True])
+def test_bytes_corrupted_in_transit_are_refused(rclone: RcloneS3, sign_payload: bool) -> None:
+    """One bit flipped on the wire, past TCP's checksum: the body's Content-MD5 (default) or its
+    signed SHA-256 lets the server refuse it. ``rclone serve s3`` checks both (moto neither)."""
+    proxy = FaultProxy(rclone.port)
+    try:
+        prefix = f"c{time.monotonic_ns()}"
+        opts = {
+            **rclone.options(),
+            "endpoint_url": proxy.endpoint,
+            "part_size": 5 * MiB,
+            "single_put_max": 5 * MiB,
+            "sign_payload": sign_payload,
+        }
+        store = open_store(rclone.url(prefix), **opts)
+        door = S3Backdoor(rclone.client(), BUCKET, prefix)
+        for name, size in (("single.bin", 3 * MiB), ("multipart.bin", 12 * MiB)):
+            proxy.set(flip_every=1 * MiB, faulty=None)
+            with pytest.raises(CommitError):
+                store.put_bytes(name, os.urandom(size))
+            proxy.clear()
+            assert door.read(name) is None
+            assert door.read(record_path(name)) is None
+        # Corrupted once: the retry sends the same bytes, intact.
+        data = os.urandom(3 * MiB)
+        proxy.set(flip_every=1 * MiB, flips=1, faulty=None)
+        rec = store.put_bytes("retried.bin", data)
+        assert proxy.flips == 0
+        assert door.read("retried.bin") == data
+        assert rec.digest == xxh(data)
+    finally:
+        proxy.stop()
+
+
+def test_sign_payload_must_be_a_bool(moto: MotoServer) -> None:
+    with pytest.raises(InvalidNameError, match="sign_payload"):
+        open_store(moto.url("x"), **moto.options(), sign_payload="yes")
 
 
 def test_record_cache_replaces_one_get_per_record(s3: tuple[S3Server, Target]) -> None:

@@ -7,6 +7,7 @@ copied. The target gets a byte-for-byte copy of the source's record.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from ._digest import copy_hashed
@@ -15,6 +16,8 @@ from .errors import IntegrityError, NotFoundError
 from .records import Record, RecordFormatError, decode_record
 
 if TYPE_CHECKING:
+    import threading
+
     from ._reads import Reads
     from .store import CommitStore
 
@@ -55,8 +58,17 @@ def _mismatch(rec: Record, what: str, size: int, digest: str, src: Reads) -> Int
     )
 
 
-def copy_artifact(src: CommitStore, dst: CommitStore, name: str) -> Record:
+def copy_artifact(
+    src: CommitStore,
+    dst: CommitStore,
+    name: str,
+    *,
+    publish_slots: threading.Semaphore | None = None,
+) -> Record:
     """Copy committed ``name`` from ``src`` to ``dst`` (replacing what ``dst`` has under it).
+
+    ``publish_slots``: held while publishing (not while reading and staging), so a caller running
+    more copies than slots stages the next artifact while others publish.
 
     Raises:
         NotFoundError: not committed on ``src``.
@@ -79,6 +91,7 @@ def copy_artifact(src: CommitStore, dst: CommitStore, name: str) -> Record:
         except BaseException:
             sink.abort()
             raise
+        abort = sink.abort
 
         def publish_data() -> Record:
             dst._published(sink.publish(size=rec.size, digest=rec.digest), name)
@@ -100,6 +113,7 @@ def copy_artifact(src: CommitStore, dst: CommitStore, name: str) -> Record:
         except BaseException:
             dsink.abort()
             raise
+        abort = dsink.abort
 
         def publish_data() -> Record:
             info = dsink.publish()
@@ -108,4 +122,17 @@ def copy_artifact(src: CommitStore, dst: CommitStore, name: str) -> Record:
                 raise IntegrityError(f"{name}: folder changed while copied", name=name)
             return rec
 
-    return dst._commit(parts, True, publish_data, body=raw)
+    started = False
+
+    def publish() -> Record:
+        nonlocal started
+        started = True  # from here the sink cleans up after itself
+        return publish_data()
+
+    try:
+        with publish_slots if publish_slots is not None else contextlib.nullcontext():
+            return dst._commit(parts, True, publish, body=raw)
+    except BaseException:
+        if not started:  # the publish lock (or the wait for a slot) failed: nothing published
+            abort()
+        raise

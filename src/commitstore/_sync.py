@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ._names import META_DIR, RECORDS_DIR, Parts, is_staging_part, record_parts, validate_name
 from ._replicate import SourceMismatch, copy_artifact, raw_record
 from ._verify import check, sort_key
 from .errors import CommitStoreError, IntegrityError, NotFoundError
@@ -79,26 +80,27 @@ class _PrimaryChecks:
 
 
 TRANSFERS = 2
-"""Artifacts copied at once per mirror by ``sync`` (mirrors themselves run side by side)."""
+"""Artifacts published at once per mirror by ``sync`` (mirrors themselves run side by side).
+One more is read and staged meanwhile, so the mirror never waits for the primary to be read."""
 
 
 def sync_mirrors(
     primary: CommitStore, mirrors: list[CommitStore], *, repair: bool, transfers: int = TRANSFERS
 ) -> SyncReport:
     """Copy what each mirror lacks (or, with ``repair``, holds broken), ``transfers`` artifacts at
-    a time per mirror. The primary is read once per copy: the copy itself checks the bytes against
-    the primary's record (``copy_artifact``) and publishes nothing on a mismatch. Artifacts a
-    mirror already holds are checked on both sides, so primary corruption is reported even when
-    nothing needs copying."""
+    a time per mirror, the next one staged meanwhile. The mirror's records are listed once (an
+    artifact it lacks costs no lookup). The primary is read once per copy: the copy itself checks
+    the bytes against the primary's record (``copy_artifact``) and publishes nothing on a
+    mismatch. Artifacts a mirror already holds are checked on both sides, so primary corruption
+    is reported even when nothing needs copying."""
     records = primary.list()
     names = {r.name for r in records}
     checks = _PrimaryChecks(primary)
 
     def one(mirror: CommitStore) -> MirrorSync:
-        with concurrent.futures.ThreadPoolExecutor(max(1, transfers)) as pool:
-            outcomes = list(
-                pool.map(lambda r: _sync_one(primary, mirror, r, checks, repair), records)
-            )
+        ctx = _MirrorCtx(mirror, _record_paths(mirror), threading.Semaphore(max(1, transfers)))
+        with concurrent.futures.ThreadPoolExecutor(max(1, transfers) + 1) as pool:
+            outcomes = list(pool.map(lambda r: _sync_one(primary, ctx, r, checks, repair), records))
         done: dict[str, list[str]] = {"copied": [], "repaired": [], "ok": []}
         failed: dict[str, str] = {}
         for rec, (outcome, detail) in zip(records, outcomes, strict=True):
@@ -125,18 +127,36 @@ def sync_mirrors(
     return SyncReport(tuple(out), dict(sorted(checks.bad.items())))
 
 
+@dataclass(frozen=True, slots=True)
+class _MirrorCtx:
+    store: CommitStore
+    records: set[Parts]
+    """Where the mirror had record files when sync started."""
+    publish_slots: threading.Semaphore
+
+
+def _record_paths(store: CommitStore) -> set[Parts]:
+    """The record files ``store`` holds, from one listing."""
+    listing = store.backend.walk((META_DIR, RECORDS_DIR))
+    return {(META_DIR, RECORDS_DIR, *rel) for rel, _ in listing if not is_staging_part(rel[-1])}
+
+
 def _sync_one(
-    primary: CommitStore, mirror: CommitStore, rec: Record, checks: _PrimaryChecks, repair: bool
+    primary: CommitStore, ctx: _MirrorCtx, rec: Record, checks: _PrimaryChecks, repair: bool
 ) -> tuple[str, str]:
-    """Bring one artifact to ``mirror``: ("ok" | "copied" | "repaired" | "failed" | "skipped",
+    """Bring one artifact to the mirror: ("ok" | "copied" | "repaired" | "failed" | "skipped",
     detail). "skipped": the primary's own copy is bad (reported in ``checks.bad``)."""
-    try:
-        theirs = raw_record(mirror, rec.name)
-    except IntegrityError:
-        theirs = None
-        state = "bad"
+    mirror = ctx.store
+    theirs = None
+    if record_parts(validate_name(rec.name)) not in ctx.records:
+        state = "missing"
     else:
-        state = "missing" if theirs is None else "present"
+        try:
+            theirs = raw_record(mirror, rec.name)
+        except IntegrityError:
+            state = "bad"
+        else:
+            state = "missing" if theirs is None else "present"
     if state == "present":
         mine = raw_record(primary, rec.name)
         same = mine is not None and theirs is not None and theirs[0] == mine[0]
@@ -150,7 +170,7 @@ def _sync_one(
             return "failed", "mirror copy fails verification (repair=False)"
         return "skipped", ""
     try:
-        copy_artifact(primary, mirror, rec.name)
+        copy_artifact(primary, mirror, rec.name, publish_slots=ctx.publish_slots)
     except SourceMismatch as exc:
         checks.note(rec.name, False, f"{exc.status}: {exc}")
         return "skipped", ""

@@ -2,7 +2,9 @@
 
 Faults apply to the next ``faulty`` connections (then traffic passes untouched), or to all with
 ``faulty=None``: ``cut_after`` closes a connection after that many client-to-server bytes,
-``reset_after`` resets it (RST), ``delay`` sleeps before forwarding each chunk.
+``reset_after`` resets it (RST), ``flip_every`` inverts one bit of every so many client-to-server
+bytes (corruption in transit that TCP did not catch; at most ``flips`` in all, None: no limit),
+``delay`` sleeps before forwarding each chunk.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class FaultProxy:
         self.port = free_port()
         self.cut_after: int | None = None
         self.reset_after: int | None = None
+        self.flip_every: int | None = None
+        self.flips: int | None = None
         self.delay = 0.0
         self.faulty: int | None = 0
         self.faulted = 0
@@ -53,23 +57,42 @@ class FaultProxy:
         *,
         cut_after: int | None = None,
         reset_after: int | None = None,
+        flip_every: int | None = None,
+        flips: int | None = None,
         delay: float = 0.0,
         faulty: int | None = 1,
     ) -> None:
         """Arm faults for the next ``faulty`` connections (None: every connection)."""
         with self._lock:
             self.cut_after, self.reset_after, self.delay = cut_after, reset_after, delay
+            self.flip_every, self.flips = flip_every, flips
             self.faulty, self.faulted = faulty, 0
 
     def clear(self) -> None:
         self.set(faulty=0)
 
-    def _claim(self) -> tuple[int | None, int | None, float]:
+    def _claim(self) -> tuple[int | None, int | None, int | None, float]:
         with self._lock:
             if self.faulty is not None and self.faulted >= self.faulty:
-                return None, None, 0.0
+                return None, None, None, 0.0
             self.faulted += 1
-            return self.cut_after, self.reset_after, self.delay
+            return self.cut_after, self.reset_after, self.flip_every, self.delay
+
+    def _take_flip(self) -> bool:
+        with self._lock:
+            if self.flips is not None:
+                if self.flips <= 0:
+                    return False
+                self.flips -= 1
+            return True
+
+    def _corrupt(self, data: bytes, sent: int, every: int) -> bytes:
+        """Flip a bit at each multiple of ``every`` in stream offsets [sent, sent + len)."""
+        out = bytearray(data)
+        for at in range(-(-sent // every) * every or every, sent + len(data), every):
+            if self._take_flip():
+                out[at - sent] ^= 0x10
+        return bytes(out)
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -80,7 +103,7 @@ class FaultProxy:
             threading.Thread(target=self._pump, args=(client,), daemon=True).start()
 
     def _pump(self, client: socket.socket) -> None:
-        cut, reset, delay = self._claim()
+        cut, reset, every, delay = self._claim()
         try:
             server = socket.create_connection(self.upstream)
         except OSError:
@@ -107,6 +130,8 @@ class FaultProxy:
                                     socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
                                 )
                             return
+                        if every is not None:
+                            data = self._corrupt(data, sent, every)
                         sent += len(data)
                         server.sendall(data)
                     else:

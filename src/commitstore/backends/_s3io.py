@@ -63,6 +63,11 @@ def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
         return InsufficientSpaceError(f"no space while {what} {shown}", path=shown)
     if isinstance(exc, PermissionError):
         return CommitError(f"{what} {shown}: access denied")
+    if "BadDigest" in str(exc) or "XAmzContentSHA256Mismatch" in str(exc):
+        return CommitError(
+            f"{what} {shown}: the server received bytes that do not match their checksum "
+            "(corrupted in transit, retries included); it stored nothing"
+        )
     return CommitError(f"{what} {shown} failed ({type(exc).__name__}: {_short(exc)})")
 
 

@@ -14,13 +14,16 @@ per store (or set with ``conditional_writes=``), never assumed.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
+import hashlib
+import io
 from collections import deque
 from typing import Any, BinaryIO
 
 from .._names import Parts
-from ..errors import AlreadyExistsError, CommitError, NotFoundError
+from ..errors import AlreadyExistsError, CommitError, CommitStoreError, NotFoundError
 from ._base import (
     CommitInfo,
     FileInfo,
@@ -51,6 +54,7 @@ class S3Backend(ObjectBackend):
         part_size: int = 8 * MiB,
         max_inflight: int = 4,
         single_put_max: int = 64 * MiB,
+        sign_payload: bool = False,
         conditional_writes: bool | None = None,
         reason: str = "s3:// URL",
     ) -> None:
@@ -64,6 +68,11 @@ class S3Backend(ObjectBackend):
         self.part_size = part_size
         self.max_inflight = max(1, max_inflight)
         self.single_put_max = single_put_max
+        self.sign_payload = sign_payload
+        """Every body carries a Content-MD5 (computed while staging, off the event loop) that the
+        server checks before storing anything. False: the body is otherwise UNSIGNED-PAYLOAD.
+        True: the SDK also signs its SHA-256 on the event loop, which authenticates it on plain
+        HTTP (the fs must be configured to match: ``payload_signing_enabled``)."""
 
     def _probe_conditional(self) -> bool:
         try:
@@ -241,6 +250,7 @@ class S3Backend(ObjectBackend):
             "part_size": self.part_size,
             "max_inflight": self.max_inflight,
             "single_put_max": self.single_put_max,
+            "sign_payload": self.sign_payload,
         }
 
 
@@ -252,32 +262,46 @@ class S3FileSink(FileSink):
         self._parts = parts
         self._key = backend.key(parts)
         self._overwrite = overwrite
-        self._buf = bytearray()
+        self._buf = io.BytesIO()
         self._part_size = backend.part_size
         self._upload_id: str | None = None
         self._done_parts: list[dict[str, Any]] = []
         self._inflight: deque[tuple[int, int, concurrent.futures.Future[Any]]] = deque()
+        # Bytes are held in BytesIO objects that own their buffer and are handed to botocore as
+        # the body: aiohttp sends them without another copy (a BytesIO made from ``bytes``
+        # shares them and copies them all when aiohttp takes its buffer).
+        self._md5: Any = _md5()  # of the single-PutObject body; None once multipart
         self._uploaded = 0
         self._closed = False
         self.bytes_written = 0
 
     def write(self, data: memoryview) -> None:
         assert not self._closed, "write after publish/abort"
-        self._buf += data
+        self._buf.write(data)
         self.bytes_written += data.nbytes
-        if self._upload_id is None and len(self._buf) <= self._b.single_put_max:
+        buffered = self._buf.tell()
+        if self._upload_id is None and buffered <= self._b.single_put_max:
+            if self._md5 is not None:
+                self._md5.update(data)
             return  # may still be published with one PutObject
+        self._md5 = None  # a multipart upload: each part gets its own
+        if buffered < self._part_size:
+            return
         try:
-            while len(self._buf) >= self._part_size:
-                with memoryview(self._buf) as view:
-                    chunk = bytes(view[: self._part_size])  # one copy, handed to the upload
-                del self._buf[: self._part_size]
-                self._submit(chunk)
+            with self._buf.getbuffer() as view:
+                start = 0
+                while buffered - start >= self._part_size:
+                    end = start + self._part_size  # (_submit may double the part size)
+                    self._submit(_owned(view[start:end]), end - start)
+                    start = end
+                rest = _owned(view[start:])
+            rest.seek(0, io.SEEK_END)
+            self._buf = rest
         except BaseException:
             self.abort()
             raise
 
-    def _submit(self, chunk: bytes) -> None:
+    def _submit(self, chunk: io.BytesIO, length: int) -> None:
         if self._upload_id is None:
             created = self._b.call(
                 "starting the upload of", self._parts, "create_multipart_upload", Key=self._key
@@ -287,9 +311,14 @@ class S3FileSink(FileSink):
         if number > MAX_PARTS:
             raise CommitError(f"{self._b.shown(self._parts)}: more than {MAX_PARTS} parts")
         fut = self._b.submit(
-            "upload_part", Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=chunk
+            "upload_part",
+            Key=self._key,
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=chunk,
+            **self._content_md5(chunk),
         )
-        self._inflight.append((number, len(chunk), fut))
+        self._inflight.append((number, length, fut))
         if number % 1000 == 0:
             self._part_size *= 2  # stays under 10,000 parts for any object up to ~16 TiB
         while len(self._inflight) >= self._b.max_inflight:
@@ -300,7 +329,8 @@ class S3FileSink(FileSink):
         try:
             result = fut.result()
         except Exception as exc:
-            raise translate(exc, "uploading a part of", self._b.shown(self._parts)) from exc
+            shown = self._b.shown(self._parts)
+            raise _gone(translate(exc, "uploading a part of", shown), shown) from exc
         self._done_parts.append({"PartNumber": number, "ETag": result["ETag"]})
         self._uploaded += size
 
@@ -318,20 +348,35 @@ class S3FileSink(FileSink):
                 elif b.head(self._parts) is not None:
                     raise AlreadyExistsError(f"{shown} already exists")
             if self._upload_id is None:
-                body, self._buf = bytes(self._buf), bytearray()
-                done = b.call(
-                    "uploading", self._parts, "put_object", Key=self._key, Body=body, **conditional
+                body, self._buf = self._buf, io.BytesIO()
+                body.seek(0)
+                md5 = (
+                    self._content_md5(body)  # (more than single_put_max, less than a part)
+                    if self._md5 is None
+                    else {"ContentMD5": _b64(self._md5.digest())}
                 )
-                self._uploaded = len(body)
+                done = b.call(
+                    "uploading",
+                    self._parts,
+                    "put_object",
+                    Key=self._key,
+                    Body=body,
+                    **conditional,
+                    **md5,
+                )
+                self._uploaded = self.bytes_written
             else:
-                if self._buf:
-                    self._submit(bytes(self._buf))
-                self._buf = bytearray()
+                rest, self._buf = self._buf, io.BytesIO()
+                if rest.tell():
+                    length = rest.tell()
+                    rest.seek(0)
+                    self._submit(rest, length)
                 while self._inflight:
                     self._reap()
                 if self._uploaded != size:
                     raise CommitError(f"{shown}: {self._uploaded} bytes in parts, {size} expected")
-                done = b.call(
+                done = _call_upload(
+                    b,
                     "completing the upload of",
                     self._parts,
                     "complete_multipart_upload",
@@ -370,9 +415,13 @@ class S3FileSink(FileSink):
             self.abort()
             raise
 
+    def _content_md5(self, chunk: io.BytesIO) -> dict[str, str]:
+        with chunk.getbuffer() as view:
+            return {"ContentMD5": _b64(_md5(view).digest())}
+
     def abort(self) -> None:
         self._closed = True
-        self._buf = bytearray()
+        self._buf = io.BytesIO()
         while self._inflight:
             _, _, fut = self._inflight.popleft()
             with contextlib.suppress(Exception):
@@ -388,3 +437,38 @@ class S3FileSink(FileSink):
                     Key=self._key,
                     UploadId=upload_id,
                 )
+
+
+def _owned(data: memoryview) -> io.BytesIO:
+    """A BytesIO holding its own copy of ``data``, positioned at the start."""
+    out = io.BytesIO()
+    out.write(data)
+    out.seek(0)
+    return out
+
+
+def _md5(data: memoryview | None = None) -> Any:
+    """MD5 as a transfer checksum (Content-MD5), not for security."""
+    h = hashlib.md5(usedforsecurity=False)
+    if data is not None:
+        h.update(data)
+    return h
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode("ascii")
+
+
+def _gone(err: CommitStoreError, shown: str) -> CommitStoreError:
+    """NoSuchUpload during an upload is a failed commit (the upload was aborted meanwhile, by gc
+    or a lifecycle rule, or the request reached the server garbled), not a missing artifact."""
+    if isinstance(err, NotFoundError):
+        return CommitError(f"{shown}: the multipart upload no longer exists (aborted meanwhile?)")
+    return err
+
+
+def _call_upload(b: S3Backend, what: str, parts: Parts, method: str, **kwargs: Any) -> Any:
+    try:
+        return b.call(what, parts, method, **kwargs)
+    except NotFoundError as exc:
+        raise _gone(exc, b.shown(parts)) from exc
