@@ -86,10 +86,19 @@ class S3Backend(ObjectBackend):
         except Exception as exc:
             raise translate(exc, what, self.shown(parts)) from exc
 
-    def submit(self, method: str, **kwargs: Any) -> concurrent.futures.Future[Any]:
-        """Start an S3 call on s3fs's event loop; returns a future (for concurrent parts)."""
-        coro = self.fs._call_s3(method, Bucket=self.bucket, **kwargs)
-        return asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
+    def submit_body(
+        self, method: str, body: io.BytesIO, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        """Start an S3 call with ``body`` and its Content-MD5 on s3fs's event loop; returns a
+        future (for concurrent parts). The MD5 is computed on a worker thread, so the caller goes
+        on reading while parts are hashed side by side."""
+
+        async def run() -> Any:
+            loop = asyncio.get_running_loop()
+            md5 = await loop.run_in_executor(None, content_md5, body)
+            return await self.fs._call_s3(method, Bucket=self.bucket, Body=body, **md5, **kwargs)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.fs.loop)
 
     # -- Backend API -------------------------------------------------------------------
     def file_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
@@ -277,29 +286,36 @@ class S3FileSink(FileSink):
 
     def write(self, data: memoryview) -> None:
         assert not self._closed, "write after publish/abort"
-        self._buf.write(data)
         self.bytes_written += data.nbytes
-        buffered = self._buf.tell()
-        if self._upload_id is None and buffered <= self._b.single_put_max:
-            if self._md5 is not None:
-                self._md5.update(data)
-            return  # may still be published with one PutObject
-        self._md5 = None  # a multipart upload: each part gets its own
-        if buffered < self._part_size:
-            return
         try:
-            with self._buf.getbuffer() as view:
-                start = 0
-                while buffered - start >= self._part_size:
-                    end = start + self._part_size  # (_submit may double the part size)
-                    self._submit(_owned(view[start:end]), end - start)
-                    start = end
-                rest = _owned(view[start:])
-            rest.seek(0, io.SEEK_END)
-            self._buf = rest
+            if self._md5 is None:
+                self._fill(data)
+                return
+            self._buf.write(data)
+            self._md5.update(data)
+            if self._buf.tell() <= self._b.single_put_max:
+                return  # may still be published with one PutObject
+            # Too big for one PutObject: a multipart upload, whose first parts are these bytes.
+            self._md5 = None
+            held, self._buf = self._buf, io.BytesIO()
+            with held.getbuffer() as view:
+                self._fill(view)
         except BaseException:
             self.abort()
             raise
+
+    def _fill(self, data: memoryview) -> None:
+        """Append to the current part (copied once, into the part's own buffer); start the upload
+        of every part that fills up."""
+        while data.nbytes:
+            room = self._part_size - self._buf.tell()
+            self._buf.write(data[:room])
+            data = data[room:]
+            if self._buf.tell() >= self._part_size:
+                part, self._buf = self._buf, io.BytesIO()
+                length = part.tell()
+                part.seek(0)
+                self._submit(part, length)
 
     def _submit(self, chunk: io.BytesIO, length: int) -> None:
         if self._upload_id is None:
@@ -310,13 +326,8 @@ class S3FileSink(FileSink):
         number = len(self._done_parts) + len(self._inflight) + 1
         if number > MAX_PARTS:
             raise CommitError(f"{self._b.shown(self._parts)}: more than {MAX_PARTS} parts")
-        fut = self._b.submit(
-            "upload_part",
-            Key=self._key,
-            UploadId=self._upload_id,
-            PartNumber=number,
-            Body=chunk,
-            **self._content_md5(chunk),
+        fut = self._b.submit_body(
+            "upload_part", chunk, Key=self._key, UploadId=self._upload_id, PartNumber=number
         )
         self._inflight.append((number, length, fut))
         if number % 1000 == 0:
@@ -351,7 +362,7 @@ class S3FileSink(FileSink):
                 body, self._buf = self._buf, io.BytesIO()
                 body.seek(0)
                 md5 = (
-                    self._content_md5(body)  # (more than single_put_max, less than a part)
+                    content_md5(body)  # (more than single_put_max, less than a part)
                     if self._md5 is None
                     else {"ContentMD5": _b64(self._md5.digest())}
                 )
@@ -415,10 +426,6 @@ class S3FileSink(FileSink):
             self.abort()
             raise
 
-    def _content_md5(self, chunk: io.BytesIO) -> dict[str, str]:
-        with chunk.getbuffer() as view:
-            return {"ContentMD5": _b64(_md5(view).digest())}
-
     def abort(self) -> None:
         self._closed = True
         self._buf = io.BytesIO()
@@ -439,12 +446,10 @@ class S3FileSink(FileSink):
                 )
 
 
-def _owned(data: memoryview) -> io.BytesIO:
-    """A BytesIO holding its own copy of ``data``, positioned at the start."""
-    out = io.BytesIO()
-    out.write(data)
-    out.seek(0)
-    return out
+def content_md5(body: io.BytesIO) -> dict[str, str]:
+    """The ``ContentMD5`` parameter for ``body`` (the server refuses a body that does not match)."""
+    with body.getbuffer() as view:
+        return {"ContentMD5": _b64(_md5(view).digest())}
 
 
 def _md5(data: memoryview | None = None) -> Any:
