@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from commitstore import AlreadyExistsError, IntegrityError, InvalidNameError, open_store
+from commitstore import AlreadyExistsError, IntegrityError, InvalidNameError, _read, open_store
 from commitstore.testing import LocalBackdoor, xxh
 
 
@@ -101,7 +101,15 @@ def test_two_processes_same_name(tmp_path: Path, overwrite: bool) -> None:
     )
 
 
-def test_readers_see_old_or_new_during_overwrites(tmp_path: Path) -> None:
+@pytest.mark.parametrize("attempts", [None, 1], ids=["default", "locked-attempt-only"])
+def test_readers_see_old_or_new_during_overwrites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attempts: int | None
+) -> None:
+    """A reader racing a writer that overwrites as fast as it can never gets an error: failed
+    checks are retried, and the last attempt reads under the publish lock (alone, with
+    ``attempts=1``, it must be enough)."""
+    if attempts is not None:
+        monkeypatch.setattr(_read, "ATTEMPTS", attempts)
     root = tmp_path / "root"
     store = open_store(root)
     versions = [bytes([i]) * 200_000 for i in range(2)]

@@ -5,7 +5,7 @@ Folder artifacts get one digest over a canonical manifest of their files (see ``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
 import xxhash
@@ -58,7 +58,7 @@ def hash_stream(stream: BinaryIO, *, chunk: int = READ_CHUNK) -> tuple[int, str]
 
 def copy_hashed(
     src: BinaryIO,
-    write: Callable[[bytes], object],
+    write: Callable[[memoryview], object],
     *,
     progress: Callable[[int], None] | None = None,
     start: int = 0,
@@ -68,12 +68,26 @@ def copy_hashed(
     Returns (bytes copied, digest); ``progress`` gets ``start`` + the running count.
     """
     h = Hasher()
-    while chunk := src.read(READ_CHUNK):
+    for chunk in read_chunks(src):
         h.update(chunk)
         write(chunk)
         if progress is not None:
             progress(start + h.count)
     return h.count, h.digest()
+
+
+def read_chunks(src: BinaryIO, chunk: int = READ_CHUNK) -> Iterator[memoryview]:
+    """``src`` to its end in views of one reused buffer (no allocation per chunk): each view is
+    valid until the next one is taken, so consumers must copy or consume it at once (as every
+    sink's ``write`` does)."""
+    readinto = getattr(src, "readinto", None)
+    if readinto is None:
+        while data := src.read(chunk):
+            yield memoryview(data)
+        return
+    view = memoryview(bytearray(chunk))  # (not released here: a caller may hold the last view)
+    while n := readinto(view):
+        yield view[:n]
 
 
 def manifest_digest(files: Iterable[tuple[str, int, str]]) -> str:

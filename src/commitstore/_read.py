@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
-from ._digest import READ_CHUNK, copy_hashed, digest_bytes, hash_stream
+from ._digest import copy_hashed, digest_bytes, hash_stream, read_chunks
 from ._names import validate_name
 from ._verify import read_record
 from .backends.local import LocalBackend
@@ -21,19 +22,27 @@ VerifiedFile = BinaryIO
 """What :meth:`CommitStore.open` returns: a readable, seekable binary file."""
 
 ATTEMPTS = 3
-"""A check that fails while the record is being replaced (``overwrite=True``) is retried."""
+"""A check that fails while the record is being replaced (``overwrite=True``) is retried; the
+last attempt reads under the publish lock, so a reader that keeps losing the race to a busy writer
+still gets old or new bytes (where the storage has a lock: local disks, bridges, ``memory://``)."""
+
+
+def _attempt(store: CommitStore, attempt: int) -> contextlib.AbstractContextManager[None]:
+    if attempt + 1 < ATTEMPTS:
+        return contextlib.nullcontext()
+    return store.backend.publish_lock()
 
 
 class _Writer(Protocol):
-    def write(self, b: bytes, /) -> int | None: ...
+    def write(self, b: memoryview, /) -> int | None: ...
 
 
 def copy_stream(src: BinaryIO, dst: _Writer, progress: Callable[[int], None] | None) -> int:
     """Copy ``src`` to ``dst`` in constant memory; report the running byte count."""
     total = 0
-    while chunk := src.read(READ_CHUNK):
+    for chunk in read_chunks(src):
         dst.write(chunk)
-        total += len(chunk)
+        total += chunk.nbytes
         if progress is not None:
             progress(total)
     return total
@@ -94,17 +103,18 @@ def _open_data(store: CommitStore, rec: Record) -> BinaryIO:
 def open_verified(store: CommitStore, name: str, level: str) -> VerifiedFile:
     """Open, check at ``level`` (reading the file once for ``"full"``), rewind and return."""
     for attempt in range(ATTEMPTS):
-        rec = _file_record(store, name)
-        f = _open_data(store, rec)
-        try:
-            if level == "full":
-                size, digest = hash_stream(f)
-            else:
-                size, digest = f.seek(0, os.SEEK_END), None
-            problem = _compare(rec, level, size, digest)
-        except BaseException:
-            f.close()
-            raise
+        with _attempt(store, attempt):
+            rec = _file_record(store, name)
+            f = _open_data(store, rec)
+            try:
+                if level == "full":
+                    size, digest = hash_stream(f)
+                else:
+                    size, digest = f.seek(0, os.SEEK_END), None
+                problem = _compare(rec, level, size, digest)
+            except BaseException:
+                f.close()
+                raise
         if problem is None:
             f.seek(0)
             return f
@@ -117,9 +127,10 @@ def open_verified(store: CommitStore, name: str, level: str) -> VerifiedFile:
 def read_verified(store: CommitStore, name: str, level: str) -> bytes:
     """Read all bytes once, check them, return them."""
     for attempt in range(ATTEMPTS):
-        rec = _file_record(store, name)
-        with _open_data(store, rec) as f:
-            data = f.read()
+        with _attempt(store, attempt):
+            rec = _file_record(store, name)
+            with _open_data(store, rec) as f:
+                data = f.read()
         problem = _compare(rec, level, len(data), digest_bytes(data) if level == "full" else None)
         if problem is None:
             return data
@@ -150,9 +161,7 @@ def get_verified(
         sink = target.open_sink((dest.name,), overwrite=True)
         try:
             with _open_data(store, rec) as src:
-                size, digest = copy_hashed(
-                    src, lambda b: sink.write(memoryview(b)), progress=progress
-                )
+                size, digest = copy_hashed(src, sink.write, progress=progress)
             problem = _compare(rec, level, size, digest)
             if problem is not None:
                 raise problem

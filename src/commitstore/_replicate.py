@@ -85,7 +85,7 @@ def copy_artifact(
         sink = dst.backend.open_sink(parts, overwrite=True)
         try:
             with src.backend.open_read(parts) as f:
-                size, digest = copy_hashed(f, lambda b: sink.write(memoryview(b)))
+                size, digest = copy_hashed(f, sink.write)
             if size != rec.size or digest != rec.digest:
                 raise _mismatch(rec, "", size, digest, src)
         except BaseException:
