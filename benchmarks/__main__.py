@@ -13,7 +13,8 @@ Targets (time ratios ours/baseline, lower is better):
 - gcs: the same against fake-gcs-server vs ``gcsfs.put_file``.
 - mirrors: time ``stage()``+commit blocks the caller with two background mirrors (local + moto)
   vs none, <= 1.10x; ``sync()`` of 20 x 64 MiB to a local folder and moto vs ``rclone copy
-  --checksum`` of the same set to the same targets, time ratio <= 1.0.
+  --checksum`` of the same set to the same targets (one after the other, and both at once), time
+  ratio <= 1.0.
 """
 
 from __future__ import annotations
