@@ -69,14 +69,18 @@ def test_sync_publishes_at_most_transfers_at_once_and_stages_meanwhile(tmp_path:
     publishing = [0]
     most = [0]
     staged_while_publishing = [0]
+    full = threading.Event()
     commit, open_sink = mirror._commit, mirror.backend.open_sink
 
     def slow_commit(*args: Any, **kwargs: Any) -> Any:
         with lock:
             publishing[0] += 1
             most[0] = max(most[0], publishing[0])
+            if publishing[0] >= TRANSFERS:
+                full.set()
         try:
-            time.sleep(0.2)  # a slow mirror: publishing dominates
+            full.wait(10)  # the first publishers hold their slots until all slots are taken
+            time.sleep(0.05)  # a slow mirror: publishing dominates
             return commit(*args, **kwargs)
         finally:
             with lock:
