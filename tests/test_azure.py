@@ -13,7 +13,12 @@ from commitstore import open_store
 from commitstore.testing import StoreConformance, Target, xxh
 
 from .helpers.azurite import AzureBackdoor, Azurite
-from .helpers.faultproxy import FaultProxy, check_persistent_fault, check_transient_fault
+from .helpers.faultproxy import (
+    FaultProxy,
+    check_persistent_fault,
+    check_transient_fault,
+    through_proxy,
+)
 from .helpers.recordcache import check_record_cache
 
 MiB = 1024 * 1024
@@ -131,9 +136,9 @@ def test_record_cache_replaces_one_get_per_record(azurite: Azurite) -> None:
 @pytest.fixture
 def proxied(azurite: Azurite) -> Iterator[tuple[Target, FaultProxy]]:
     """A store whose every request goes through our TCP fault proxy (blocks of 1 MiB)."""
-    proxy = FaultProxy(azurite.port)
-    try:
-        prefix = f"p{time.monotonic_ns()}"
+    prefix = f"p{time.monotonic_ns()}"
+
+    def target(proxy: FaultProxy) -> Target:
         via = azurite.connection_string.replace(
             f"127.0.0.1:{azurite.port}", f"127.0.0.1:{proxy.port}"
         )
@@ -143,17 +148,13 @@ def proxied(azurite: Azurite) -> Iterator[tuple[Target, FaultProxy]]:
             # The SDK's retries, quicker than its defaults (15 s, 18 s, 24 s ... between tries).
             "client_options": {"retry_total": 3, "initial_backoff": 0.2, "increment_base": 2},
         }
-        open_store(azurite.url(prefix), **opts).put_bytes("step_0001.pt", b"whole")
-        yield (
-            Target(
-                open_store(azurite.url(prefix), **opts),
-                AzureBackdoor(azurite, prefix),
-                lambda: open_store(azurite.url(prefix), **opts),
-            ),
-            proxy,
+        url = azurite.url(prefix)
+        return Target(
+            open_store(url, **opts), AzureBackdoor(azurite, prefix), lambda: open_store(url, **opts)
         )
-    finally:
-        proxy.stop()
+
+    with through_proxy(azurite.port, target) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize("fault", ["cut_after", "reset_after"])

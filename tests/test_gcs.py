@@ -11,7 +11,12 @@ import pytest
 from commitstore import open_store
 from commitstore.testing import StoreConformance, Target, xxh
 
-from .helpers.faultproxy import FaultProxy, check_persistent_fault, check_transient_fault
+from .helpers.faultproxy import (
+    FaultProxy,
+    check_persistent_fault,
+    check_transient_fault,
+    through_proxy,
+)
 from .helpers.gcsserver import FakeGcs, GcsBackdoor
 from .helpers.recordcache import check_record_cache
 
@@ -126,9 +131,9 @@ def test_record_cache_replaces_one_get_per_record(gcs: FakeGcs) -> None:
 @pytest.fixture
 def proxied(gcs: FakeGcs) -> Iterator[tuple[Target, FaultProxy]]:
     """A store whose every request goes through our TCP fault proxy (chunks of 4 MiB)."""
-    proxy = FaultProxy(gcs.port)
-    try:
-        prefix = f"p{time.monotonic_ns()}"
+    prefix = f"p{time.monotonic_ns()}"
+
+    def target(proxy: FaultProxy) -> Target:
         # fake-gcs-server ignores ifGenerationMatch on resumable uploads: declared, not probed,
         # so that the store's first connection is opened by the faulted test itself.
         opts = {
@@ -137,17 +142,13 @@ def proxied(gcs: FakeGcs) -> Iterator[tuple[Target, FaultProxy]]:
             "chunk_size": 4 * MiB,
             "conditional_writes": False,
         }
-        open_store(gcs.url(prefix), **opts).put_bytes("step_0001.pt", b"whole")
-        yield (
-            Target(
-                open_store(gcs.url(prefix), **opts),
-                GcsBackdoor(gcs, prefix),
-                lambda: open_store(gcs.url(prefix), **opts),
-            ),
-            proxy,
+        url = gcs.url(prefix)
+        return Target(
+            open_store(url, **opts), GcsBackdoor(gcs, prefix), lambda: open_store(url, **opts)
         )
-    finally:
-        proxy.stop()
+
+    with through_proxy(gcs.port, target) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize("fault", ["cut_after", "reset_after"])

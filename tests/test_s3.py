@@ -14,13 +14,19 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from commitstore import AlreadyExistsError, CommitError, InvalidNameError, open_store
 from commitstore.testing import S3Backdoor, StoreConformance, Target, record_path, xxh
 
-from .helpers.faultproxy import FaultProxy, check_persistent_fault, check_transient_fault
+from .helpers.faultproxy import (
+    FaultProxy,
+    check_persistent_fault,
+    check_transient_fault,
+    through_proxy,
+)
 from .helpers.recordcache import check_record_cache
 from .helpers.s3servers import BUCKET, MotoServer, RcloneS3, S3Server
 
@@ -196,20 +202,23 @@ def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> No
 
 @pytest.fixture
 def proxied(moto: MotoServer) -> Iterator[tuple[Target, FaultProxy]]:
-    proxy = FaultProxy(moto.port)
-    try:
-        prefix = f"p{time.monotonic_ns()}"
-        opts = {
-            **moto.options(),
-            "endpoint_url": proxy.endpoint,
-            "part_size": 5 * MiB,
-            "single_put_max": 5 * MiB,
-        }
-        store = open_store(moto.url(prefix), **opts)
-        store.put_bytes("step_0001.pt", b"whole")  # also runs the conditional-write probe
-        yield Target(store, S3Backdoor(moto.client(), BUCKET, prefix), lambda: store), proxy
-    finally:
-        proxy.stop()
+    # One store throughout: the first put (through_proxy's) also runs the conditional-write probe.
+    with through_proxy(moto.port, lambda proxy: _via(proxy, moto)) as pair:
+        yield pair
+
+
+def _via(proxy: FaultProxy, server: S3Server, **options: object) -> Target:
+    """A target on ``server`` whose store talks through ``proxy``; ``reopen`` returns it again."""
+    prefix = f"p{time.monotonic_ns()}"
+    opts: dict[str, Any] = {
+        **server.options(),
+        "endpoint_url": proxy.endpoint,
+        "part_size": 5 * MiB,
+        "single_put_max": 5 * MiB,
+        **options,
+    }
+    store = open_store(server.url(prefix), **opts)
+    return Target(store, S3Backdoor(server.client(), BUCKET, prefix), lambda: store)
 
 
 @pytest.mark.parametrize("fault", ["cut_after", "reset_after"])
@@ -231,20 +240,14 @@ def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
 
 @pytest.mark.parametrize("sign_payload", [False, True])
 def test_bytes_corrupted_in_transit_are_refused(rclone: RcloneS3, sign_payload: bool) -> None:
-    """One bit flipped on the wire, past TCP's checksum: the body's Content-MD5 (default) or its
-    signed SHA-256 lets the server refuse it. ``rclone serve s3`` checks both (moto neither)."""
-    proxy = FaultProxy(rclone.port)
-    try:
-        prefix = f"c{time.monotonic_ns()}"
-        opts = {
-            **rclone.options(),
-            "endpoint_url": proxy.endpoint,
-            "part_size": 5 * MiB,
-            "single_put_max": 5 * MiB,
-            "sign_payload": sign_payload,
-        }
-        store = open_store(rclone.url(prefix), **opts)
-        door = S3Backdoor(rclone.client(), BUCKET, prefix)
+    """One bit flipped on the wire, past TCP's checksum: the Content-MD5 every body carries (with
+    or without a signed SHA-256) lets the server refuse it. ``rclone serve s3`` checks the MD5 and
+    not the signed hash (which alone let a garbled body through); moto checks neither."""
+    with through_proxy(rclone.port, lambda p: _via(p, rclone, sign_payload=sign_payload)) as (
+        t,
+        proxy,
+    ):
+        store, door = t.store, t.door
         for name, size in (("single.bin", 3 * MiB), ("multipart.bin", 12 * MiB)):
             proxy.set(flip_every=1 * MiB, faulty=None)
             with pytest.raises(CommitError):
@@ -259,8 +262,6 @@ def test_bytes_corrupted_in_transit_are_refused(rclone: RcloneS3, sign_payload: 
         assert proxy.flips == 0
         assert door.read("retried.bin") == data
         assert rec.digest == xxh(data)
-    finally:
-        proxy.stop()
 
 
 def test_sign_payload_must_be_a_bool(moto: MotoServer) -> None:

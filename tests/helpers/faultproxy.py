@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -147,6 +148,22 @@ class FaultProxy:
         self._stop.set()
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+@contextlib.contextmanager
+def through_proxy(
+    upstream_port: int, target: Callable[[FaultProxy], Target]
+) -> Iterator[tuple[Target, FaultProxy]]:
+    """A fault proxy in front of ``upstream_port`` and ``target(proxy)``, a target whose store
+    talks through it. ``step_0001.pt`` is committed first, through ``target.reopen()`` (the
+    artifact the checks expect to survive); the proxy is stopped afterwards."""
+    proxy = FaultProxy(upstream_port)
+    try:
+        t = target(proxy)
+        t.reopen().put_bytes("step_0001.pt", b"whole")
+        yield t, proxy
+    finally:
+        proxy.stop()
 
 
 def check_transient_fault(t: Target, proxy: FaultProxy, fault: str, *, size: int, at: int) -> None:
