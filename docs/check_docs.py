@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import commitstore
-from commitstore._names import record_parts, validate_name
+from commitstore.layout import record_parts, validate_name
 from commitstore.records import decode_record
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ import pytest
 
 import commitstore
 from commitstore import FileRecord, Record, open_store
-from commitstore._names import infer_step, record_parts, validate_name
+from commitstore.layout import infer_step, record_parts, validate_name
 from commitstore.records import RecordFormatError, decode_record, encode_record
 
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commitstore import InvalidNameError, Retention, open_store
-from commitstore.retention import Candidate, keep_set, plan_target
+from commitstore.maintenance.retention import Candidate, keep_set, plan_target
 
 NOW = 1_800_000_000.0
 

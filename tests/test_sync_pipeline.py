@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from commitstore import CommitStore, open_store
-from commitstore._sync import TRANSFERS
+from commitstore.mirrors.sync import TRANSFERS
 from commitstore.testing import LocalBackdoor, record_path, xxh
 
 NAMES = [f"step_{i:04d}.pt" for i in range(8)]

@@ -7,14 +7,9 @@ and fail loud.
 
 from __future__ import annotations
 
-from ._adopt import AdoptReport
-from ._gc import GcItem, GcReport
-from ._mirrors import MirrorState
-from ._open import open_store
-from ._prune import PruneReport, TargetPrune
-from ._stage import Stage
-from ._sync import MirrorSync, SyncReport
-from .errors import (
+from commitstore._open import open_store
+from commitstore._stage import Stage
+from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
     CommitError,
@@ -25,9 +20,14 @@ from .errors import (
     MirrorError,
     NotFoundError,
 )
-from .records import FileRecord, Record, VerifyReport, VerifyResult
-from .retention import Retention
-from .store import CommitStore
+from commitstore.maintenance.adopt import AdoptReport
+from commitstore.maintenance.gc import GcItem, GcReport
+from commitstore.maintenance.prune import PruneReport, TargetPrune
+from commitstore.maintenance.retention import Retention
+from commitstore.mirrors.replicator import MirrorState
+from commitstore.mirrors.sync import MirrorSync, SyncReport
+from commitstore.records import FileRecord, Record, VerifyReport, VerifyResult
+from commitstore.store import CommitStore
 
 __version__ = "0.1.0"
 

@@ -6,10 +6,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ._mirrors import Replicator
-from .backends import resolve
-from .retention import Retention
-from .store import CommitStore, redact_url
+from commitstore.backends import resolve
+from commitstore.maintenance.retention import Retention
+from commitstore.mirrors.replicator import Replicator
+from commitstore.store import CommitStore, redact_url
 
 __all__ = ["open_store"]
 

@@ -8,15 +8,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
-from ._digest import copy_hashed, digest_bytes, hash_stream, read_chunks
-from ._names import validate_name
-from ._verify import read_record
-from .backends.local import LocalBackend
-from .errors import InsufficientSpaceError, IntegrityError, InvalidNameError, NotFoundError
-from .records import Record, RecordFormatError
+from commitstore._check import read_record
+from commitstore.backends.rename.posix import LocalBackend
+from commitstore.digest import copy_hashed, digest_bytes, hash_stream, read_chunks
+from commitstore.errors import (
+    InsufficientSpaceError,
+    IntegrityError,
+    InvalidNameError,
+    NotFoundError,
+)
+from commitstore.layout import validate_name
+from commitstore.records import Record, RecordFormatError
 
 if TYPE_CHECKING:
-    from ._reads import Reads as CommitStore
+    from commitstore._reads import Reads as CommitStore
 
 VerifiedFile = BinaryIO
 """What :meth:`CommitStore.open` returns: a readable, seekable binary file."""

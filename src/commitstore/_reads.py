@@ -11,18 +11,18 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import _read
-from ._names import validate_name
-from ._sync import latest_any
-from ._verify import check, check_level, read_record, scan_records, sort_key, unrecorded
-from .errors import IntegrityError, InvalidNameError, NotFoundError
-from .records import Record, RecordFormatError, VerifyReport, VerifyResult
+from commitstore import _read
+from commitstore._check import check, check_level, read_record, scan_records, sort_key, unrecorded
+from commitstore.errors import IntegrityError, InvalidNameError, NotFoundError
+from commitstore.layout import validate_name
+from commitstore.mirrors.sync import latest_any
+from commitstore.records import Record, RecordFormatError, VerifyReport, VerifyResult
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .backends import Backend
-    from .store import CommitStore
+    from commitstore.backends import Backend
+    from commitstore.store import CommitStore
 
 log = logging.getLogger("commitstore")
 

@@ -22,12 +22,12 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from ._digest import digest_bytes
-from ._names import META_DIR, Parts
-from .errors import CommitStoreError, NotFoundError
+from commitstore.digest import digest_bytes
+from commitstore.errors import CommitStoreError, NotFoundError
+from commitstore.layout import META_DIR, Parts
 
 if TYPE_CHECKING:
-    from .backends import Backend
+    from commitstore.backends import Backend
 
 log = logging.getLogger("commitstore")
 

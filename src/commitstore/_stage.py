@@ -7,14 +7,14 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ._digest import Hasher
-from .errors import CommitError
+from commitstore.digest import Hasher
+from commitstore.errors import CommitError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from .backends import CommitInfo, FileSink
-    from .records import Record
+    from commitstore.backends import CommitInfo, FileSink
+    from commitstore.records import Record
 
 WRITE_CHUNK = 4 * 1024 * 1024
 """Small writes are gathered up to this size before they reach the storage."""

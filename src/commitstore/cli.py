@@ -14,11 +14,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import CommitStore, __version__, open_store
-from ._progress import ProgressBar
-from ._sync import sync_mirrors
-from .errors import CommitStoreError, InvalidNameError
-from .records import Record, VerifyReport
+from commitstore import CommitStore, __version__, open_store
+from commitstore._progress import ProgressBar
+from commitstore.errors import CommitStoreError, InvalidNameError
+from commitstore.mirrors.sync import sync_mirrors
+from commitstore.records import Record, VerifyReport
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -226,7 +226,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from commitstore.demo import run_demo
 
     return run_demo(args.dir, as_json=args.json)
 

@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import IntegrityError, open_store
-from ._names import META_DIR, STAGING_PREFIX
+from commitstore import IntegrityError, open_store
+from commitstore.layout import META_DIR, STAGING_PREFIX
 
 CKPT_BYTES = 8 * 1024 * 1024
 CRASH_BYTES = 256 * 1024 * 1024

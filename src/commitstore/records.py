@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from ._digest import is_valid_digest
+from commitstore.digest import is_valid_digest
 
 __all__ = ["FileRecord", "Record", "VerifyReport", "VerifyResult"]
 

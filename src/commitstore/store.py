@@ -12,18 +12,12 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from . import _read
-from ._adopt import AdoptReport, adopt
-from ._digest import digest_bytes, manifest_digest
-from ._gc import GcReport, collect
-from ._mirrors import MirrorState, Replicator
-from ._names import infer_step, record_parts, validate_name
-from ._prune import PruneReport, prune
-from ._reads import Reads
-from ._stage import Stage
-from ._sync import SyncReport, restore, sync_mirrors
-from .backends import Backend, CommitInfo, FileSink
-from .errors import (
+from commitstore import _read
+from commitstore._reads import Reads
+from commitstore._stage import Stage
+from commitstore.backends import Backend, CommitInfo, FileSink
+from commitstore.digest import digest_bytes, manifest_digest
+from commitstore.errors import (
     AlreadyExistsError,
     CommitError,
     CommitStoreError,
@@ -31,12 +25,18 @@ from .errors import (
     InvalidNameError,
     NotFoundError,
 )
-from .records import (
+from commitstore.layout import infer_step, record_parts, validate_name
+from commitstore.maintenance.adopt import AdoptReport, adopt
+from commitstore.maintenance.gc import GcReport, collect
+from commitstore.maintenance.prune import PruneReport, prune
+from commitstore.maintenance.retention import Retention
+from commitstore.mirrors.replicator import MirrorState, Replicator
+from commitstore.mirrors.sync import SyncReport, restore, sync_mirrors
+from commitstore.records import (
     FileRecord,
     Record,
     encode_record,
 )
-from .retention import Retention
 
 __all__ = ["CommitStore"]
 

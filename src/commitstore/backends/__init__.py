@@ -25,8 +25,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..errors import CommitStoreError, InvalidNameError
-from ._base import (
+from commitstore.backends.base import (
     Backend,
     Capabilities,
     CommitInfo,
@@ -35,10 +34,11 @@ from ._base import (
     FileSink,
     PendingUpload,
 )
-from ._mounts import mount_of
-from .bridge import BridgeBackend
-from .local import LocalBackend
-from .memory import MemoryBackend
+from commitstore.backends.memory import MemoryBackend
+from commitstore.backends.rename.bridge import BridgeBackend
+from commitstore.backends.rename.mounts import mount_of
+from commitstore.backends.rename.posix import LocalBackend
+from commitstore.errors import CommitStoreError, InvalidNameError
 
 __all__ = [
     "STRATEGIES",
@@ -94,8 +94,8 @@ def _smb(url: str, options: dict[str, Any]) -> Backend:
     if not host or not path:
         raise InvalidNameError("SMB URLs look like smb://[user@]host[:port]/share[/path]")
     try:
-        from ._smbio import SmbConnection
-        from .smb import SmbBackend
+        from commitstore.backends.rename._smbconn import SmbConnection
+        from commitstore.backends.rename.smb import SmbBackend
     except ImportError as exc:
         raise CommitStoreError(
             "smb:// needs the smb extra: pip install 'commitstore[smb]'"
@@ -143,7 +143,7 @@ def _s3(url: str, options: dict[str, Any]) -> Backend:
     try:
         import s3fs
 
-        from .s3 import S3Backend
+        from commitstore.backends.object.s3 import S3Backend
     except ImportError as exc:
         raise CommitStoreError("s3:// needs the s3 extra: pip install 'commitstore[s3]'") from exc
     endpoint = (
@@ -198,7 +198,7 @@ def _gcs(url: str, options: dict[str, Any]) -> Backend:
     try:
         import gcsfs
 
-        from .gcs import GcsBackend
+        from commitstore.backends.object.gcs import GcsBackend
     except ImportError as exc:
         raise CommitStoreError("gs:// needs the gcs extra: pip install 'commitstore[gcs]'") from exc
     endpoint = opts["endpoint_url"] or os.environ.get("STORAGE_EMULATOR_HOST")
@@ -240,7 +240,7 @@ def _azure(url: str, options: dict[str, Any]) -> Backend:
     try:
         from azure.storage.blob import BlobServiceClient
 
-        from .azure import AzureBackend
+        from commitstore.backends.object.azure import AzureBackend
     except ImportError as exc:
         raise CommitStoreError(
             "az:// needs the azure extra: pip install 'commitstore[azure]'"

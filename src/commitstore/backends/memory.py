@@ -20,10 +20,10 @@ from typing import Any, BinaryIO
 
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
-from .._names import Parts
-from ..errors import AlreadyExistsError, NotFoundError
-from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
-from ._localio import hash_and_sync_tree
+from commitstore.backends.base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
+from commitstore.backends.rename._localfs import hash_and_sync_tree
+from commitstore.errors import AlreadyExistsError, NotFoundError
+from commitstore.layout import Parts
 
 _LOCK = threading.RLock()
 

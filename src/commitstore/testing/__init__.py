@@ -10,8 +10,8 @@ Needs the ``test`` extra (pytest, hypothesis).
 
 from __future__ import annotations
 
-from .backdoor import Backdoor, FsspecBackdoor, LocalBackdoor, S3Backdoor
-from .conformance import StoreConformance, Target, record_path, xxh
+from commitstore.testing.backdoor import Backdoor, FsspecBackdoor, LocalBackdoor, S3Backdoor
+from commitstore.testing.conformance import StoreConformance, Target, record_path, xxh
 
 __all__ = [
     "Backdoor",

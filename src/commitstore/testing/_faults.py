@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from commitstore import IntegrityError
 
 if TYPE_CHECKING:
-    from .conformance import Target
+    from commitstore.testing.conformance import Target
 
 
 class FaultConformance:
@@ -62,7 +62,7 @@ class FaultConformance:
         assert latest is None or latest.name != name
 
     def test_state_machine_against_model(self, target: Target) -> None:
-        from .stateful import run_store_machine
+        from commitstore.testing.stateful import run_store_machine
 
         run_store_machine(target)
 

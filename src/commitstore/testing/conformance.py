@@ -25,9 +25,8 @@ from commitstore import (
     InvalidNameError,
     NotFoundError,
 )
-
-from ._faults import FaultConformance
-from .backdoor import Backdoor
+from commitstore.testing._faults import FaultConformance
+from commitstore.testing.backdoor import Backdoor
 
 RECORDS = ".commitstore/records"
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from commitstore import open_store
-
-from .backdoor import FsspecBackdoor, LocalBackdoor
-from .conformance import Target
+from commitstore.testing.backdoor import FsspecBackdoor, LocalBackdoor
+from commitstore.testing.conformance import Target
 
 
 @pytest.fixture

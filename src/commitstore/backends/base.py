@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .._names import Parts
+from commitstore.layout import Parts
 
 
 @dataclass(frozen=True, slots=True)

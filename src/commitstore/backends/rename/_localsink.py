@@ -7,11 +7,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._names import Parts, staging_part
-from ..errors import AlreadyExistsError, CommitError
-from . import _posix
-from ._base import CommitInfo, DirSink, FileSink
-from ._localio import (
+from commitstore.backends.base import CommitInfo, DirSink, FileSink
+from commitstore.backends.rename import _syscalls as _posix
+from commitstore.backends.rename._localfs import (
     CommitPolicy,
     fsync_dir,
     hash_and_sync_tree,
@@ -20,9 +18,11 @@ from ._localio import (
     readback_digest,
     rmtree_at,
 )
+from commitstore.errors import AlreadyExistsError, CommitError
+from commitstore.layout import Parts, staging_part
 
 if TYPE_CHECKING:
-    from .local import LocalBackend
+    from commitstore.backends.rename.posix import LocalBackend
 
 WRITEBACK_EVERY = 16 * 1024 * 1024
 """Start writeback of each finished 16 MiB range while later bytes are still written."""

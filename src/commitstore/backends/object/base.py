@@ -6,9 +6,9 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from .._names import Parts
-from ._base import Backend, Capabilities, DirSink, FileSink
-from ._objdir import ObjectDirSink
+from commitstore.backends.base import Backend, Capabilities, DirSink, FileSink
+from commitstore.backends.object.dirsink import ObjectDirSink
+from commitstore.layout import Parts
 
 
 class ObjectBackend(Backend):

@@ -10,16 +10,16 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from ._digest import copy_hashed
-from ._names import record_parts, validate_name
-from .errors import IntegrityError, NotFoundError
-from .records import Record, RecordFormatError, decode_record
+from commitstore.digest import copy_hashed
+from commitstore.errors import IntegrityError, NotFoundError
+from commitstore.layout import record_parts, validate_name
+from commitstore.records import Record, RecordFormatError, decode_record
 
 if TYPE_CHECKING:
     import threading
 
-    from ._reads import Reads
-    from .store import CommitStore
+    from commitstore._reads import Reads
+    from commitstore.store import CommitStore
 
 
 def raw_record(store: Reads, name: str) -> tuple[bytes, Record] | None:

@@ -20,12 +20,12 @@ from typing import Any, BinaryIO
 
 import smbclient
 
-from .._digest import READ_CHUNK, Hasher
-from .._names import META_DIR, Parts
-from ..errors import AlreadyExistsError, CommitError, NotFoundError
-from ._base import Backend, Capabilities, DirSink, FileInfo, FileSink
-from ._smbio import SmbConnection, call
-from ._smbsink import SmbDirSink, SmbFileSink, SmbReader
+from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, FileSink
+from commitstore.backends.rename._smbconn import SmbConnection, call
+from commitstore.backends.rename._smbsink import SmbDirSink, SmbFileSink, SmbReader
+from commitstore.digest import READ_CHUNK, Hasher
+from commitstore.errors import AlreadyExistsError, CommitError, NotFoundError
+from commitstore.layout import META_DIR, Parts
 
 LOCK_WAIT = 120.0
 """Seconds to wait for another client's publish lock before giving up."""

@@ -12,13 +12,13 @@ import io
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .._names import Parts
-from ..errors import AlreadyExistsError, CommitError, CommitStoreError, NotFoundError
-from ._base import CommitInfo, FileSink
-from ._s3io import translate
+from commitstore.backends.base import CommitInfo, FileSink
+from commitstore.backends.object._s3errors import translate
+from commitstore.errors import AlreadyExistsError, CommitError, CommitStoreError, NotFoundError
+from commitstore.layout import Parts
 
 if TYPE_CHECKING:
-    from .s3 import S3Backend
+    from commitstore.backends.object.s3 import S3Backend
 
 MAX_PARTS = 10_000
 

@@ -20,12 +20,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
 
-from .._digest import READ_CHUNK
-from .._names import Parts
-from ..errors import AlreadyExistsError, CommitError, NotFoundError
-from ._azureio import translate
-from ._base import CommitInfo, FileInfo, FileSink
-from ._object import ObjectBackend
+from commitstore.backends.base import CommitInfo, FileInfo, FileSink
+from commitstore.backends.object._azureerrors import translate
+from commitstore.backends.object.base import ObjectBackend
+from commitstore.digest import READ_CHUNK
+from commitstore.errors import AlreadyExistsError, CommitError, NotFoundError
+from commitstore.layout import Parts
 
 MiB = 1024 * 1024
 MAX_BLOCKS = 50_000

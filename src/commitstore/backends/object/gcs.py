@@ -19,11 +19,11 @@ from urllib.parse import quote
 import google_crc32c
 from fsspec.asyn import sync
 
-from .._names import Parts
-from ..errors import AlreadyExistsError, CommitError, NotFoundError
-from ._base import CommitInfo, FileInfo, FileSink
-from ._gcsio import ViewReader, translate
-from ._object import ObjectBackend
+from commitstore.backends.base import CommitInfo, FileInfo, FileSink
+from commitstore.backends.object._gcserrors import ViewReader, translate
+from commitstore.backends.object.base import ObjectBackend
+from commitstore.errors import AlreadyExistsError, CommitError, NotFoundError
+from commitstore.layout import Parts
 
 MiB = 1024 * 1024
 CRC_PIECE = 1024 * 1024

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ._names import Parts, is_staging_part
-from .backends import Backend, PendingUpload
+from commitstore.backends import Backend, PendingUpload
+from commitstore.layout import Parts, is_staging_part
 
 
 @dataclass(frozen=True, slots=True)

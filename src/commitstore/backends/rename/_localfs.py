@@ -13,10 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._digest import READ_CHUNK, Hasher
-from ..errors import AlreadyExistsError, CommitError, InsufficientSpaceError, InvalidNameError
-from . import _posix
-from ._base import CommitInfo
+from commitstore.backends.base import CommitInfo
+from commitstore.backends.rename import _syscalls as _posix
+from commitstore.digest import READ_CHUNK, Hasher
+from commitstore.errors import (
+    AlreadyExistsError,
+    CommitError,
+    InsufficientSpaceError,
+    InvalidNameError,
+)
 
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
 

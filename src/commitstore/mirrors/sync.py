@@ -8,17 +8,24 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._names import META_DIR, RECORDS_DIR, Parts, is_staging_part, record_parts, validate_name
-from ._replicate import SourceMismatch, copy_artifact, raw_record
-from ._verify import check, sort_key
-from .errors import CommitStoreError, IntegrityError, NotFoundError
-from .records import Record
+from commitstore._check import check, sort_key
+from commitstore.errors import CommitStoreError, IntegrityError, NotFoundError
+from commitstore.layout import (
+    META_DIR,
+    RECORDS_DIR,
+    Parts,
+    is_staging_part,
+    record_parts,
+    validate_name,
+)
+from commitstore.mirrors.copy import SourceMismatch, copy_artifact, raw_record
+from commitstore.records import Record
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._reads import Reads
-    from .store import CommitStore
+    from commitstore._reads import Reads
+    from commitstore.store import CommitStore
 
 log = logging.getLogger("commitstore")
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from ..errors import (
+from commitstore.backends.object._s3errors import is_unavailable
+from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
     CommitError,
     CommitStoreError,
     NotFoundError,
 )
-from ._s3io import is_unavailable
 
 
 def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:

@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._replicate import copy_artifact
-from .errors import CommitStoreError, InvalidNameError, MirrorError
+from commitstore.errors import CommitStoreError, InvalidNameError, MirrorError
+from commitstore.mirrors.copy import copy_artifact
 
 if TYPE_CHECKING:
-    from .store import CommitStore
+    from commitstore.store import CommitStore
 
 log = logging.getLogger("commitstore")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import (
+from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
     CommitError,

@@ -18,16 +18,16 @@ import concurrent.futures
 import io
 from typing import Any, BinaryIO
 
-from .._names import Parts
-from ..errors import NotFoundError
-from ._base import (
+from commitstore.backends.base import (
     FileInfo,
     FileSink,
     PendingUpload,
 )
-from ._object import ObjectBackend
-from ._s3io import probe_conditional_create, translate
-from ._s3sink import S3FileSink, content_md5
+from commitstore.backends.object._s3errors import probe_conditional_create, translate
+from commitstore.backends.object._s3upload import S3FileSink, content_md5
+from commitstore.backends.object.base import ObjectBackend
+from commitstore.errors import NotFoundError
+from commitstore.layout import Parts
 
 MiB = 1024 * 1024
 MAX_SINGLE_PUT = 5 * 1024 * MiB

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..errors import (
+from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
     CommitError,

@@ -9,15 +9,21 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._names import META_DIR, RECORDS_DIR, record_parts
-from ._verify import scan_records, sort_key
-from .errors import NotFoundError
-from .records import Record
-from .retention import Candidate, Retention, TargetPlan, keep_set, plan_target
+from commitstore._check import scan_records, sort_key
+from commitstore.errors import NotFoundError
+from commitstore.layout import META_DIR, RECORDS_DIR, record_parts
+from commitstore.maintenance.retention import (
+    Candidate,
+    Retention,
+    TargetPlan,
+    keep_set,
+    plan_target,
+)
+from commitstore.records import Record
 
 if TYPE_CHECKING:
-    from ._reads import Reads
-    from .store import CommitStore
+    from commitstore._reads import Reads
+    from commitstore.store import CommitStore
 
 log = logging.getLogger("commitstore")
 

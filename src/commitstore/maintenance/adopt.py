@@ -13,13 +13,13 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
-from ._digest import digest_bytes, hash_stream
-from ._names import infer_step, record_parts, validate_name
-from ._verify import scan_records, unrecorded
-from .records import Record, encode_record
+from commitstore._check import scan_records, unrecorded
+from commitstore.digest import digest_bytes, hash_stream
+from commitstore.layout import infer_step, record_parts, validate_name
+from commitstore.records import Record, encode_record
 
 if TYPE_CHECKING:
-    from .store import CommitStore
+    from commitstore.store import CommitStore
 
 ZIP_SUFFIXES = (".pt", ".pth", ".ckpt", ".zip", ".bin")
 EOCD = b"PK\x05\x06"

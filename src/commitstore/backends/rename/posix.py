@@ -14,21 +14,21 @@ import stat as statmod
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from .._digest import READ_CHUNK
-from .._names import META_DIR, Parts
-from ..errors import (
-    InvalidNameError,
-    NotFoundError,
-)
-from ._base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
-from ._localio import (
+from commitstore.backends.base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
+from commitstore.backends.rename._localfs import (
     LOCAL_POLICY,
     CommitPolicy,
     fsync_dir,
     os_error,
     rmtree_at,
 )
-from ._localsink import LocalDirSink, LocalFileSink
+from commitstore.backends.rename._localsink import LocalDirSink, LocalFileSink
+from commitstore.digest import READ_CHUNK
+from commitstore.errors import (
+    InvalidNameError,
+    NotFoundError,
+)
+from commitstore.layout import META_DIR, Parts
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

@@ -12,7 +12,7 @@ import secrets
 
 import xxhash
 
-from .errors import InvalidNameError
+from commitstore.errors import InvalidNameError
 
 RESERVED_PREFIX = ".commitstore"
 META_DIR = ".commitstore"

@@ -7,7 +7,7 @@ import errno
 import uuid
 from typing import Any
 
-from ..errors import (
+from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
     CommitError,

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import smbclient
 
-from .._names import Parts, staging_part
-from ..errors import CommitError
-from ._base import CommitInfo, DirSink, FileSink
-from ._localio import hash_and_sync_tree
-from ._smbio import SmbConnection, call, translate
+from commitstore.backends.base import CommitInfo, DirSink, FileSink
+from commitstore.backends.rename._localfs import hash_and_sync_tree
+from commitstore.backends.rename._smbconn import SmbConnection, call, translate
+from commitstore.errors import CommitError
+from commitstore.layout import Parts, staging_part
 
 if TYPE_CHECKING:
-    from .smb import SmbBackend
+    from commitstore.backends.rename.smb import SmbBackend
 
 
 class SmbReader(io.RawIOBase):

@@ -13,10 +13,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .._names import Parts
-from ..errors import AlreadyExistsError
-from ._base import Backend, CommitInfo, DirSink, FileSink
-from ._localio import hash_and_sync_tree
+from commitstore.backends.base import Backend, CommitInfo, DirSink, FileSink
+from commitstore.backends.rename._localfs import hash_and_sync_tree
+from commitstore.errors import AlreadyExistsError
+from commitstore.layout import Parts
 
 CHUNK = 8 * 1024 * 1024
 

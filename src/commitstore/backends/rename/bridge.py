@@ -15,11 +15,11 @@ import dataclasses
 import os
 from typing import Any, BinaryIO
 
-from .._names import Parts
-from ._base import Capabilities
-from ._localio import BRIDGE_POLICY, CommitPolicy
-from ._mounts import Mount
-from .local import LocalBackend
+from commitstore.backends.base import Capabilities
+from commitstore.backends.rename._localfs import BRIDGE_POLICY, CommitPolicy
+from commitstore.backends.rename.mounts import Mount
+from commitstore.backends.rename.posix import LocalBackend
+from commitstore.layout import Parts
 
 
 class BridgeBackend(LocalBackend):

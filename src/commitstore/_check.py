@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import concurrent.futures
 
-from . import _recordcache
-from ._digest import hash_stream
-from ._names import (
+from commitstore import _recordcache
+from commitstore.backends import Backend, FileInfo
+from commitstore.digest import hash_stream
+from commitstore.errors import CommitStoreError, InvalidNameError, NotFoundError
+from commitstore.layout import (
     META_DIR,
     RECORDS_DIR,
     Parts,
@@ -19,9 +21,7 @@ from ._names import (
     record_parts,
     validate_name,
 )
-from .backends import Backend, FileInfo
-from .errors import CommitStoreError, InvalidNameError, NotFoundError
-from .records import Record, RecordFormatError, VerifyResult, decode_record
+from commitstore.records import Record, RecordFormatError, VerifyResult, decode_record
 
 LEVELS = ("size", "full")
 
