@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from commitstore._check import read_record
+from commitstore.backends.base import PutMode
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.digest import copy_hashed, digest_bytes, hash_stream, read_chunks
 from commitstore.errors import (
@@ -163,7 +164,7 @@ def get_verified(
             available=free,
         )
     if rec.kind == "file":
-        sink = target.open_sink((dest.name,), overwrite=True)
+        sink = target.open_sink((dest.name,), mode=PutMode.REPLACE)
         try:
             with _open_data(store, rec) as src:
                 size, digest = copy_hashed(src, sink.write, progress=progress)
@@ -175,7 +176,7 @@ def get_verified(
             sink.abort()
             raise
         return
-    dsink = target.open_dir_sink((dest.name,), overwrite=True)
+    dsink = target.open_dir_sink((dest.name,), mode=PutMode.REPLACE)
     try:
         parts = validate_name(rec.name)
         done = 0

@@ -22,6 +22,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from commitstore.backends.base import PutMode
 from commitstore.digest import digest_bytes
 from commitstore.errors import CommitStoreError, NotFoundError
 from commitstore.layout import META_DIR, Parts
@@ -66,7 +67,7 @@ def save(backend: Backend, entries: Entries) -> None:
     }
     body = gzip.compress(json.dumps(doc, separators=(",", ":")).encode("utf-8"), mtime=0)
     try:
-        sink = backend.open_sink(CACHE_PARTS, overwrite=True)
+        sink = backend.open_sink(CACHE_PARTS, mode=PutMode.REPLACE)
         try:
             sink.write(memoryview(body))
             sink.publish(size=len(body), digest=digest_bytes(body))

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 from commitstore import _read
 from commitstore._reads import Reads
 from commitstore._stage import Stage
-from commitstore.backends import Backend, CommitInfo, FileSink
+from commitstore.backends import Backend, CommitInfo, FileSink, PutMode
 from commitstore.digest import digest_bytes, manifest_digest
 from commitstore.errors import (
     AlreadyExistsError,
@@ -56,6 +56,10 @@ def redact_url(url: str) -> str:
     host = parts.netloc.rsplit("@", 1)[1]
     user = parts.username or ""
     return urlunsplit(parts._replace(netloc=f"{user}@{host}" if user else host))
+
+
+def _mode(overwrite: bool) -> PutMode:
+    return PutMode.REPLACE if overwrite else PutMode.CREATE
 
 
 class CommitStore(Reads):
@@ -192,7 +196,7 @@ class CommitStore(Reads):
                 self._check_absent("/".join(parts), parts)
             record = publish_data()
             body = body if body is not None else encode_record(record)
-            rsink = self.backend.open_sink(record_parts(parts), overwrite=overwrite)
+            rsink = self.backend.open_sink(record_parts(parts), mode=_mode(overwrite))
             try:
                 rsink.write(memoryview(body))
             except BaseException:
@@ -229,7 +233,7 @@ class CommitStore(Reads):
         parts = validate_name(name)
         if not overwrite:
             self._check_absent(name, parts)
-        sink = self.backend.open_sink(parts, overwrite=overwrite)
+        sink = self.backend.open_sink(parts, mode=_mode(overwrite))
 
         def finish(s: FileSink, size: int, digest: str) -> tuple[Record, CommitInfo]:
             infos: list[CommitInfo] = []
@@ -259,7 +263,7 @@ class CommitStore(Reads):
         parts = validate_name(name)
         if not overwrite:
             self._check_absent(name, parts)
-        sink = self.backend.open_dir_sink(parts, overwrite=overwrite)
+        sink = self.backend.open_dir_sink(parts, mode=_mode(overwrite))
         try:
             yield sink.local_path
         except BaseException:

@@ -33,6 +33,7 @@ from commitstore.backends.base import (
     FileInfo,
     FileSink,
     PendingUpload,
+    PutMode,
 )
 from commitstore.backends.memory import MemoryBackend
 from commitstore.backends.rename.bridge import BridgeBackend
@@ -49,6 +50,7 @@ __all__ = [
     "FileInfo",
     "FileSink",
     "PendingUpload",
+    "PutMode",
     "resolve",
 ]
 

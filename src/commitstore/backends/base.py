@@ -10,12 +10,24 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from commitstore.layout import Parts
+
+
+class PutMode(enum.Enum):
+    """How a publish treats a name that already holds something."""
+
+    CREATE = "create"
+    """Publish only if the name is free, else AlreadyExistsError. Atomic (one winner among racing
+    writers) where :attr:`Capabilities.exclusive_create` says so; elsewhere the caller checks
+    absence under :meth:`Backend.publish_lock` first."""
+    REPLACE = "replace"
+    """Publish over whatever is there, in one step where :attr:`Capabilities.atomic_replace`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +52,7 @@ class Capabilities:
     atomic_replace: bool
     """Publishing onto an existing name replaces it in one step (readers see old or new)."""
     exclusive_create: bool
-    """Publishing with ``overwrite=False`` fails, atomically, if the name exists."""
+    """Publishing with ``PutMode.CREATE`` fails, atomically, if the name exists."""
     dir_fsync: bool
     """Directory entries can be made durable (fsync of the directory)."""
     atomic_dir_publish: bool
@@ -91,7 +103,7 @@ class FileSink(abc.ABC):
         ``size`` and ``digest`` are what the caller hashed on the way; a backend that can check
         what it stored (a fresh stat, a read-back, a server checksum) compares against them first.
         On failure nothing is visible under the final name and the staging location is removed.
-        Raises AlreadyExistsError when the sink was opened with ``overwrite=False`` and the name
+        Raises AlreadyExistsError when the sink was opened with ``PutMode.CREATE`` and the name
         appeared meanwhile, CommitError when a check fails.
         """
 
@@ -123,11 +135,11 @@ class Backend(abc.ABC):
     capabilities: Capabilities
 
     @abc.abstractmethod
-    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+    def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink:
         """Start staging a file that will be published at ``parts``."""
 
     @abc.abstractmethod
-    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
+    def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
         """Start staging a folder that will be published at ``parts``."""
 
     @abc.abstractmethod

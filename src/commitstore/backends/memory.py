@@ -20,7 +20,15 @@ from typing import Any, BinaryIO
 
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
-from commitstore.backends.base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
+from commitstore.backends.base import (
+    Backend,
+    Capabilities,
+    CommitInfo,
+    DirSink,
+    FileInfo,
+    FileSink,
+    PutMode,
+)
 from commitstore.backends.rename._localfs import hash_and_sync_tree
 from commitstore.errors import AlreadyExistsError, NotFoundError
 from commitstore.layout import Parts
@@ -59,10 +67,12 @@ class MemoryBackend(Backend):
         prefix = key + "/"
         return any(k.startswith(prefix) for k in self.fs.store)
 
-    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+    def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink:
+        overwrite = mode is PutMode.REPLACE
         return MemoryFileSink(self, parts, overwrite=overwrite)
 
-    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
+    def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
+        overwrite = mode is PutMode.REPLACE
         return MemoryDirSink(self, parts, overwrite=overwrite)
 
     def open_read(self, parts: Parts) -> BinaryIO:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
 from commitstore._check import scan_records, unrecorded
+from commitstore.backends.base import PutMode
 from commitstore.digest import digest_bytes, hash_stream
 from commitstore.layout import infer_step, record_parts, validate_name
 from commitstore.records import Record, encode_record
@@ -188,7 +189,7 @@ def adopt(store: CommitStore, name: str | None, *, trust: bool) -> AdoptReport:
             if store.backend.stat(record_parts(parts)) is not None:
                 rejected[n] = "already has a record"
                 continue
-            sink = store.backend.open_sink(record_parts(parts), overwrite=False)
+            sink = store.backend.open_sink(record_parts(parts), mode=PutMode.CREATE)
             try:
                 sink.write(memoryview(body))
             except BaseException:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
+from commitstore.backends.base import PutMode
 from commitstore.digest import copy_hashed
 from commitstore.errors import IntegrityError, NotFoundError
 from commitstore.layout import record_parts, validate_name
@@ -82,7 +83,7 @@ def copy_artifact(
     raw, rec = found
     dst._check_free(parts, rec.size)
     if rec.kind == "file":
-        sink = dst.backend.open_sink(parts, overwrite=True)
+        sink = dst.backend.open_sink(parts, mode=PutMode.REPLACE)
         try:
             with src.backend.open_read(parts) as f:
                 size, digest = copy_hashed(f, sink.write)
@@ -98,7 +99,7 @@ def copy_artifact(
             return rec
 
     else:
-        dsink = dst.backend.open_dir_sink(parts, overwrite=True)
+        dsink = dst.backend.open_dir_sink(parts, mode=PutMode.REPLACE)
         try:
             for entry in rec.files:
                 out = dsink.local_path.joinpath(*entry.path.split("/"))

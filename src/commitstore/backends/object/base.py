@@ -6,7 +6,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from commitstore.backends.base import Backend, Capabilities, DirSink, FileSink
+from commitstore.backends.base import Backend, Capabilities, DirSink, FileSink, PutMode
 from commitstore.backends.object.dirsink import ObjectDirSink
 from commitstore.layout import Parts
 
@@ -70,10 +70,12 @@ class ObjectBackend(Backend):
     def mark_empty_folder(self, parts: Parts) -> None:
         """Make an empty folder artifact visible where the store can (default: it cannot)."""
 
-    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+    def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink:
+        overwrite = mode is PutMode.REPLACE
         return self.file_sink(parts, overwrite=overwrite)
 
-    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
+    def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
+        overwrite = mode is PutMode.REPLACE
         return ObjectDirSink(
             self,
             parts,

@@ -14,7 +14,15 @@ import stat as statmod
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from commitstore.backends.base import Backend, Capabilities, CommitInfo, DirSink, FileInfo, FileSink
+from commitstore.backends.base import (
+    Backend,
+    Capabilities,
+    CommitInfo,
+    DirSink,
+    FileInfo,
+    FileSink,
+    PutMode,
+)
 from commitstore.backends.rename._localfs import (
     LOCAL_POLICY,
     CommitPolicy,
@@ -90,14 +98,16 @@ class LocalBackend(Backend):
         return fd
 
     # -- Backend API -------------------------------------------------------------------
-    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+    def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink:
+        overwrite = mode is PutMode.REPLACE
         try:
             dirfd = self.open_dir(parts[:-1], create=True)
         except OSError as exc:
             raise os_error(exc, "creating the folder of", self.path_of(parts)) from exc
         return LocalFileSink(self, dirfd, parts, overwrite=overwrite)
 
-    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
+    def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
+        overwrite = mode is PutMode.REPLACE
         try:
             dirfd = self.open_dir(parts[:-1], create=True)
         except OSError as exc:

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 import smbclient
 
-from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, FileSink
+from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, FileSink, PutMode
 from commitstore.backends.rename._smbconn import SmbConnection, call
 from commitstore.backends.rename._smbsink import SmbDirSink, SmbFileSink, SmbReader
 from commitstore.digest import READ_CHUNK, Hasher
@@ -78,11 +78,13 @@ class SmbBackend(Backend):
         )
 
     # -- Backend API ----------------------------------------------------------------------
-    def open_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
+    def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink:
+        overwrite = mode is PutMode.REPLACE
         self.ensure_dir(parts[:-1])
         return SmbFileSink(self, parts, overwrite=overwrite)
 
-    def open_dir_sink(self, parts: Parts, *, overwrite: bool) -> DirSink:
+    def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
+        overwrite = mode is PutMode.REPLACE
         self.ensure_dir(parts[:-1])
         return SmbDirSink(self, parts, overwrite=overwrite)
 
