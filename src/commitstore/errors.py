@@ -12,12 +12,14 @@ exception, when there is one, is chained as ``__cause__``. Messages never contai
     ├── CommitError                                         the commit protocol could not complete
     ├── InsufficientSpaceError   (also OSError, ENOSPC)     not enough room on the target
     ├── InvalidNameError         (also ValueError)          the name is not a valid artifact name
+    ├── ConfigurationError       (also ValueError)          a URL, option or argument is not valid
     ├── MirrorError              (also ExceptionGroup)      one or more mirrors failed
     └── BackendUnavailableError                             the storage could not be reached
 
-Whose fault: ``InvalidNameError`` and ``AlreadyExistsError`` are the caller's; ``IntegrityError`` is
-the data's; ``InsufficientSpaceError`` is the target's and is permanent until space is freed;
-``BackendUnavailableError`` is transient and may be retried.
+Whose fault: ``InvalidNameError``, ``ConfigurationError`` and ``AlreadyExistsError`` are the
+caller's; ``IntegrityError`` is the data's; ``InsufficientSpaceError`` is the target's and is
+permanent until space is freed; ``BackendUnavailableError`` is transient and may be retried.
+:attr:`CommitStoreError.retryable` says which: every retry in commitstore decides by it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "BackendUnavailableError",
     "CommitError",
     "CommitStoreError",
+    "ConfigurationError",
     "InsufficientSpaceError",
     "IntegrityError",
     "InvalidNameError",
@@ -125,9 +128,13 @@ class InsufficientSpaceError(CommitStoreError, OSError):
 
 
 class InvalidNameError(CommitStoreError, ValueError):
-    """The artifact name is not valid (see ``docs/format.md``), writing it would leave the store's
-    root, or a URL, option or level given with it is not valid. Raised before any I/O whenever the
-    input alone shows it."""
+    """The artifact name is not valid (see ``docs/format.md``), or writing it would leave the
+    store's root (a symlink below it). Raised before any I/O whenever the name alone shows it."""
+
+
+class ConfigurationError(CommitStoreError, ValueError):
+    """A URL, storage option or argument is not valid (an unknown scheme or option, a missing
+    extra, a bad ``min_age``, mirror mode or verify level). Raised before any I/O."""
 
 
 class MirrorError(ExceptionGroup, CommitStoreError):  # type: ignore[misc]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from commitstore.errors import ConfigurationError
 from commitstore.layout import Parts
 
 
@@ -196,3 +197,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """Strategy, reason it was chosen, location and capabilities (no credentials)."""
+
+
+def take_options(options: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``defaults`` updated with ``options``, for a backend factory.
+
+    Raises:
+        ConfigurationError: an option ``defaults`` does not name, before any I/O.
+    """
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise ConfigurationError(f"unknown storage options {unknown}; known: {sorted(defaults)}")
+    return {**defaults, **options}

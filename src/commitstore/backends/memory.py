@@ -28,6 +28,7 @@ from commitstore.backends.base import (
     FileInfo,
     FileSink,
     PutMode,
+    take_options,
 )
 from commitstore.backends.rename._localfs import hash_and_sync_tree
 from commitstore.errors import AlreadyExistsError, NotFoundError
@@ -209,3 +210,8 @@ class MemoryDirSink(DirSink):
 
     def abort(self) -> None:
         shutil.rmtree(self.local_path, ignore_errors=True)
+
+
+def factory(url: str, options: dict[str, Any]) -> Backend:
+    take_options(options, {})
+    return MemoryBackend(url[len("memory://") :])

@@ -14,17 +14,19 @@ import base64
 import concurrent.futures
 import contextlib
 import io
+import os
 import secrets
 import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
+from urllib.parse import unquote, urlsplit
 
-from commitstore.backends.base import CommitInfo, FileInfo, FileSink
+from commitstore.backends.base import CommitInfo, FileInfo, FileSink, take_options
 from commitstore.backends.object._azureerrors import translate
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.digest import READ_CHUNK
-from commitstore.errors import AlreadyExistsError, CommitError, NotFoundError
+from commitstore.errors import AlreadyExistsError, CommitError, ConfigurationError, NotFoundError
 from commitstore.layout import Parts
 
 MiB = 1024 * 1024
@@ -302,3 +304,43 @@ def _if_match() -> Any:
     from azure.core import MatchConditions
 
     return MatchConditions.IfNotModified
+
+
+def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
+    opts = take_options(
+        options,
+        {
+            "connection_string": None,
+            "account_url": None,
+            "credential": None,
+            "block_size": 8 * 1024 * 1024,
+            "max_inflight": 4,
+            "conditional_writes": None,
+            "client_options": {},
+        },
+    )
+    client_options = dict(opts["client_options"])  # e.g. retry_total, initial_backoff
+    parsed = urlsplit(url)
+    if not parsed.netloc:
+        raise ConfigurationError("Azure URLs look like az://container[/prefix]")
+    from azure.storage.blob import BlobServiceClient
+
+    conn = opts["connection_string"] or os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    if conn:
+        service = BlobServiceClient.from_connection_string(conn, **client_options)
+    elif opts["account_url"]:
+        service = BlobServiceClient(
+            opts["account_url"], credential=opts["credential"], **client_options
+        )
+    else:
+        raise ConfigurationError(
+            "az:// needs connection_string= (or AZURE_STORAGE_CONNECTION_STRING) or account_url="
+        )
+    return AzureBackend(
+        service.get_container_client(parsed.netloc),
+        unquote(parsed.path),
+        block_size=int(opts["block_size"]),
+        max_inflight=int(opts["max_inflight"]),
+        conditional_writes=opts["conditional_writes"],
+        reason="az:// URL (commit_block_list is the commit)",
+    )

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import uuid
 from typing import Any, BinaryIO
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import google_crc32c
 from fsspec.asyn import sync
 
-from commitstore.backends.base import CommitInfo, FileInfo, FileSink
+from commitstore.backends.base import CommitInfo, FileInfo, FileSink, take_options
 from commitstore.backends.object._gcserrors import ViewReader, translate
 from commitstore.backends.object.base import ObjectBackend
-from commitstore.errors import AlreadyExistsError, CommitError, NotFoundError
+from commitstore.errors import AlreadyExistsError, CommitError, ConfigurationError, NotFoundError
 from commitstore.layout import Parts
 
 MiB = 1024 * 1024
@@ -53,7 +54,7 @@ class GcsBackend(ObjectBackend):
         reason: str = "gs:// URL",
     ) -> None:
         if chunk_size < ALIGN or chunk_size % ALIGN:
-            raise ValueError("chunk_size must be a positive multiple of 256 KiB")
+            raise ConfigurationError("chunk_size must be a positive multiple of 256 KiB")
         super().__init__(bucket, prefix, conditional_writes=conditional_writes, reason=reason)
         self.fs = fs
         self.chunk_size = chunk_size
@@ -337,3 +338,40 @@ class GcsFileSink(FileSink):
             # An unreachable endpoint leaves the session; GCS expires it after a week.
             with contextlib.suppress(Exception):
                 self._b.call("cancelling the upload of", self._parts, "DELETE", location)
+
+
+def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
+    opts = take_options(
+        options,
+        {
+            "endpoint_url": None,
+            "token": None,
+            "project": None,
+            "chunk_size": 64 * 1024 * 1024,
+            "conditional_writes": None,
+        },
+    )
+    parsed = urlsplit(url)
+    if not parsed.netloc:
+        raise ConfigurationError("GCS URLs look like gs://bucket[/prefix]")
+    # gcsfs otherwise probes every bucket over gRPC/TLS first (hangs against plain-HTTP servers)
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    import gcsfs
+
+    endpoint = opts["endpoint_url"] or os.environ.get("STORAGE_EMULATOR_HOST")
+    kw: dict[str, Any] = {"skip_instance_cache": True}
+    if endpoint:
+        kw["endpoint_url"] = endpoint
+    if opts["token"] is not None:
+        kw["token"] = opts["token"]
+    if opts["project"] is not None:
+        kw["project"] = opts["project"]
+    fs = gcsfs.GCSFileSystem(**kw)
+    return GcsBackend(
+        fs,
+        parsed.netloc,
+        unquote(parsed.path),
+        chunk_size=int(opts["chunk_size"]),
+        conditional_writes=opts["conditional_writes"],
+        reason="gs:// URL (the resumable upload's final request is the commit)",
+    )

@@ -16,17 +16,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import io
+import os
 from typing import Any, BinaryIO
+from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import (
     FileInfo,
     FileSink,
     PendingUpload,
+    take_options,
 )
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
 from commitstore.backends.object._s3upload import S3FileSink, content_md5
 from commitstore.backends.object.base import ObjectBackend
-from commitstore.errors import NotFoundError
+from commitstore.errors import ConfigurationError, NotFoundError
 from commitstore.layout import Parts
 
 MiB = 1024 * 1024
@@ -54,9 +57,11 @@ class S3Backend(ObjectBackend):
         reason: str = "s3:// URL",
     ) -> None:
         if part_size < 5 * MiB:
-            raise ValueError("part_size must be at least 5 MiB (S3's minimum part)")
+            raise ConfigurationError("part_size must be at least 5 MiB (S3's minimum part)")
         if not 0 <= single_put_max <= MAX_SINGLE_PUT:
-            raise ValueError("single_put_max must be between 0 and 5 GiB (S3's PutObject limit)")
+            raise ConfigurationError(
+                "single_put_max must be between 0 and 5 GiB (S3's PutObject limit)"
+            )
         super().__init__(bucket, prefix, conditional_writes=conditional_writes, reason=reason)
         self.fs = fs
         self.endpoint = endpoint
@@ -256,3 +261,60 @@ class S3Backend(ObjectBackend):
             "single_put_max": self.single_put_max,
             "sign_payload": self.sign_payload,
         }
+
+
+def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
+    opts = take_options(
+        options,
+        {
+            "endpoint_url": None,
+            "key": None,
+            "secret": None,
+            "token": None,
+            "part_size": 8 * 1024 * 1024,
+            "max_inflight": 4,
+            "single_put_max": 64 * 1024 * 1024,
+            "sign_payload": False,
+            "conditional_writes": None,
+        },
+    )
+    if not isinstance(opts["sign_payload"], bool):
+        raise ConfigurationError(
+            f"sign_payload must be True or False, not {opts['sign_payload']!r}"
+        )
+    parsed = urlsplit(url)
+    if not parsed.netloc:
+        raise ConfigurationError("S3 URLs look like s3://bucket[/prefix]")
+    import s3fs
+
+    endpoint = (
+        opts["endpoint_url"]
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
+    fs = s3fs.S3FileSystem(
+        key=opts["key"],
+        secret=opts["secret"],
+        token=opts["token"],
+        endpoint_url=endpoint,
+        skip_instance_cache=True,
+        config_kwargs={
+            # botocore >= 1.36 checksums break several S3-compatible servers (s3fs#931)
+            "request_checksum_calculation": "when_required",
+            "response_checksum_validation": "when_required",
+            # Bodies carry a Content-MD5 instead of a SHA-256 signature unless asked (backends/s3)
+            "s3": {"payload_signing_enabled": bool(opts["sign_payload"])},
+        },
+    )
+    return S3Backend(
+        fs,
+        parsed.netloc,
+        unquote(parsed.path),
+        endpoint=endpoint,
+        part_size=int(opts["part_size"]),
+        max_inflight=int(opts["max_inflight"]),
+        single_put_max=int(opts["single_put_max"]),
+        sign_payload=bool(opts["sign_payload"]),
+        conditional_writes=opts["conditional_writes"],
+        reason="s3:// URL (multipart upload completion is the commit)",
+    )

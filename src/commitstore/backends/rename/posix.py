@@ -7,12 +7,14 @@ symlink inside the tree can redirect a write (or a read) outside the root.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
 import stat as statmod
 from collections.abc import Iterator
 from typing import Any, BinaryIO
+from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import (
     Backend,
@@ -22,8 +24,10 @@ from commitstore.backends.base import (
     FileInfo,
     FileSink,
     PutMode,
+    take_options,
 )
 from commitstore.backends.rename._localfs import (
+    BRIDGE_POLICY,
     LOCAL_POLICY,
     CommitPolicy,
     fsync_dir,
@@ -31,8 +35,10 @@ from commitstore.backends.rename._localfs import (
     rmtree_at,
 )
 from commitstore.backends.rename._localsink import LocalDirSink, LocalFileSink
+from commitstore.backends.rename.mounts import Mount, mount_of
 from commitstore.digest import READ_CHUNK
 from commitstore.errors import (
+    ConfigurationError,
     InvalidNameError,
     NotFoundError,
 )
@@ -217,6 +223,81 @@ class LocalBackend(Backend):
         }
 
 
+class BridgeBackend(LocalBackend):
+    """A folder on a mounted network or FUSE filesystem."""
+
+    strategy = "bridge-checked"
+    capabilities = Capabilities(
+        atomic_replace=True,
+        exclusive_create=True,
+        dir_fsync=False,
+        atomic_dir_publish=True,
+        free_space=True,
+    )
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        reason: str,
+        mount: Mount | None,
+        readback: bool = True,
+    ) -> None:
+        super().__init__(root, reason=reason)
+        self.mount = mount
+        self.policy: CommitPolicy = dataclasses.replace(BRIDGE_POLICY, readback=readback)
+
+    def __repr__(self) -> str:
+        return f"BridgeBackend({self.root!r})"
+
+    def open_read(self, parts: Parts) -> BinaryIO:
+        """Open for reading with the client's cached pages of the file dropped first, so checks
+        see what the far side holds."""
+        f = super().open_read(parts)
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        return f
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["mount"] = (
+            {"mount_point": self.mount.mount_point, "fstype": self.mount.fstype}
+            if self.mount
+            else None
+        )
+        info["checks"] = {
+            "fresh_stat": self.policy.fresh_stat,
+            "readback": self.policy.readback,
+            "rename_attempts": self.policy.rename_attempts,
+            "size_after_rename": self.policy.check_after_rename,
+            "dir_fsync_errors_tolerated": ["EINVAL", "ENOTSUP", "EIO"],
+        }
+        return info
+
+
 def _info(st: os.stat_result) -> FileInfo:
     mtime = st.st_mtime if st.st_mtime > 0 else None
     return FileInfo(size=st.st_size, mtime=mtime, is_dir=statmod.S_ISDIR(st.st_mode))
+
+
+def factory(url: str, options: dict[str, Any]) -> Backend:
+    opts = take_options(options, {"strategy": "auto", "readback": True})
+    if url.startswith("file://"):
+        parsed = urlsplit(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigurationError(f"file:// URL with a remote host is not supported: {url!r}")
+        path, how = unquote(parsed.path), "file:// URL"
+    else:
+        path, how = os.path.expanduser(url), "local path"
+    strategy = opts["strategy"]
+    if strategy not in ("auto", "local", "bridge"):
+        raise ConfigurationError(f"strategy must be 'auto', 'local' or 'bridge', not {strategy!r}")
+    mount = mount_of(path)
+    where = f"on {mount.fstype} mounted at {mount.mount_point}" if mount else "mount unknown"
+    if strategy == "bridge" or (strategy == "auto" and mount is not None and mount.is_bridge):
+        why = "strategy='bridge' requested" if strategy == "bridge" else "network/FUSE mount"
+        return BridgeBackend(
+            path, reason=f"{how} {where} ({why})", mount=mount, readback=bool(opts["readback"])
+        )
+    why = "strategy='local' requested" if strategy == "local" else "local filesystem"
+    return LocalBackend(path, reason=f"{how} {where} ({why})")

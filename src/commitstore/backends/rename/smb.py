@@ -12,19 +12,29 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import stat as statmod
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+from urllib.parse import unquote, urlsplit
 
 import smbclient
 
-from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, FileSink, PutMode
+from commitstore.backends.base import (
+    Backend,
+    Capabilities,
+    DirSink,
+    FileInfo,
+    FileSink,
+    PutMode,
+    take_options,
+)
 from commitstore.backends.rename._smbconn import SmbConnection, call
 from commitstore.backends.rename._smbsink import SmbDirSink, SmbFileSink, SmbReader
 from commitstore.digest import READ_CHUNK, Hasher
-from commitstore.errors import AlreadyExistsError, CommitError, NotFoundError
+from commitstore.errors import AlreadyExistsError, CommitError, ConfigurationError, NotFoundError
 from commitstore.layout import META_DIR, Parts
 
 LOCK_WAIT = 120.0
@@ -275,3 +285,33 @@ class SmbBackend(Backend):
                 f.flush()
 
         call(self.conn, "uploading", self.shown(parts), run, attempts=1)
+
+
+def factory(url: str, options: dict[str, Any]) -> Backend:
+    opts = take_options(
+        options,
+        {"username": None, "password": None, "port": None, "readback": False, "timeout": 30.0},
+    )
+    parsed = urlsplit(url)
+    host = parsed.hostname
+    path = [p for p in unquote(parsed.path).split("/") if p]
+    if not host or not path:
+        raise ConfigurationError("SMB URLs look like smb://[user@]host[:port]/share[/path]")
+    username = (
+        opts["username"]
+        or (unquote(parsed.username) if parsed.username else None)
+        or os.environ.get("COMMITSTORE_SMB_USERNAME")
+    )
+    password = (
+        opts["password"]
+        or (unquote(parsed.password) if parsed.password else None)
+        or os.environ.get("COMMITSTORE_SMB_PASSWORD")
+    )
+    port = int(opts["port"] or parsed.port or 445)
+    conn = SmbConnection(host, port, path[0], username, password, float(opts["timeout"]))
+    return SmbBackend(
+        conn,
+        "/".join(path[1:]),
+        readback=bool(opts["readback"]),
+        reason="smb:// URL (smbprotocol; flush, fresh-stat size check, rename/replace)",
+    )
