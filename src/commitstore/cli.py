@@ -16,7 +16,7 @@ from typing import Any
 
 from commitstore import CommitStore, __version__, open_store
 from commitstore._progress import ProgressBar
-from commitstore.errors import CommitStoreError, InvalidNameError
+from commitstore.errors import CommitStoreError, ConfigurationError, InvalidNameError
 from commitstore.mirrors.sync import sync_mirrors
 from commitstore.records import Record, VerifyReport
 
@@ -56,7 +56,7 @@ def _open(args: argparse.Namespace, url: str) -> CommitStore:
     for item in getattr(args, "option", None) or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InvalidNameError(f"storage options look like KEY=VALUE, not {item!r}")
+            raise ConfigurationError(f"storage options look like KEY=VALUE, not {item!r}")
         options[key] = _value(value)
     mirrors = getattr(args, "mirror", None) or []
     return open_store(url, mirrors=mirrors, mirror_mode="sync", **options)
@@ -317,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
-    except InvalidNameError as exc:
+    except (InvalidNameError, ConfigurationError) as exc:
         print(f"commitstore: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (CommitStoreError, OSError) as exc:
