@@ -30,7 +30,7 @@ from commitstore.backends.base import (
     PutMode,
     take_options,
 )
-from commitstore.backends.rename._localfs import hash_and_sync_tree
+from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.errors import AlreadyExistsError, NotFoundError
 from commitstore.layout import Parts
 

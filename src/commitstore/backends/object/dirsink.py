@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from commitstore.backends.base import Backend, CommitInfo, DirSink, FileSink
-from commitstore.backends.rename._localfs import hash_and_sync_tree
+from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.errors import AlreadyExistsError
 from commitstore.layout import Parts
 

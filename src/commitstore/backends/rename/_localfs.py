@@ -1,5 +1,5 @@
-"""Local filesystem primitives shared by the local strategies: error translation, directory fsync,
-the one-step publish (no-replace, replace or exchange), and hashing+syncing a staged folder."""
+"""Local filesystem primitives shared by the local strategies: error translation, the one-step
+publish (no-replace, replace or exchange), read-back digests."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from commitstore.backends import localtree
 from commitstore.backends.base import CommitInfo
+from commitstore.backends.localtree import hash_fd
 from commitstore.backends.rename import _syscalls as _posix
-from commitstore.digest import READ_CHUNK, Hasher
 from commitstore.errors import (
     AlreadyExistsError,
     CommitError,
@@ -33,22 +34,6 @@ def os_error(exc: OSError, what: str, path: str) -> Exception:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
         return InvalidNameError(f"{path}: a path component is a symlink or not a folder")
     return CommitError(f"{what} {path} failed: {exc.strerror or exc}")
-
-
-def fsync_dir(
-    fd: int,
-    info: CommitInfo | None = None,
-    tolerated: tuple[int, ...] = (errno.EINVAL, errno.ENOTSUP),
-) -> None:
-    """fsync a directory; a ``tolerated`` error marks durability unconfirmed in ``info``."""
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno in tolerated and info is not None:
-            info.durable = False
-            info.notes.append(f"directory fsync failed ({exc.strerror}): durability unconfirmed")
-            return
-        raise
 
 
 def rmtree_at(dirfd: int, name: str, shown: str) -> None:
@@ -176,58 +161,16 @@ def readback_digest(dirfd: int, name: str) -> tuple[int, str]:
     """Re-read ``name`` from the filesystem (cached pages dropped first) and hash it."""
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
     try:
-        return _hash_fd(fd, uncached=True)
+        return hash_fd(fd, uncached=True)
     finally:
         os.close(fd)
-
-
-def _hash_fd(fd: int, *, uncached: bool) -> tuple[int, str]:
-    """Hash an open file from its start; ``uncached`` drops its cached pages first."""
-    if uncached:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    h = Hasher()
-    buf = bytearray(READ_CHUNK)
-    view = memoryview(buf)
-    offset = 0
-    while n := os.preadv(fd, [buf], offset):
-        h.update(view[:n])
-        offset += n
-    return h.count, h.digest()
 
 
 def hash_and_sync_tree(
     top: Path, policy: CommitPolicy = LOCAL_POLICY, info: CommitInfo | None = None
 ) -> list[tuple[str, int, str]]:
-    """fsync every file, then hash it (past the cache when ``policy.readback``); fsync every
-    folder bottom-up. Refuses symlinks and special files."""
-    files: list[tuple[str, int, str]] = []
-    dirs: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirs.append(dirpath)
-        for d in dirnames:
-            if os.path.islink(os.path.join(dirpath, d)):
-                raise CommitError(f"{os.path.join(dirpath, d)}: symlinks are not stored")
-        for fname in filenames:
-            full = os.path.join(dirpath, fname)
-            try:
-                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise CommitError(f"{full}: symlinks are not stored") from exc
-                raise
-            try:
-                if not statmod.S_ISREG(os.fstat(fd).st_mode):
-                    raise CommitError(f"{full}: only regular files can be stored")
-                os.fsync(fd)
-                size, digest = _hash_fd(fd, uncached=policy.readback)
-            finally:
-                os.close(fd)
-            rel = os.path.relpath(full, top).replace(os.sep, "/")
-            files.append((rel, size, digest))
-    for d in reversed(dirs):
-        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            fsync_dir(dfd, info or CommitInfo(0), policy.dir_fsync_tolerated)
-        finally:
-            os.close(dfd)
-    return sorted(files)
+    """The folder's files, fsynced and hashed (past the cache when ``policy.readback``), every
+    folder fsynced bottom-up (see :func:`commitstore.backends.localtree.hash_and_sync_tree`)."""
+    return localtree.hash_and_sync_tree(
+        top, uncached=policy.readback, tolerated=policy.dir_fsync_tolerated, info=info
+    )

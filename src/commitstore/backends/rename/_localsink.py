@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from commitstore.backends.base import CommitInfo, DirSink, FileSink
+from commitstore.backends.localtree import fsync_dir
 from commitstore.backends.rename import _syscalls as _posix
 from commitstore.backends.rename._localfs import (
     CommitPolicy,
-    fsync_dir,
     hash_and_sync_tree,
     os_error,
     publish_at,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import smbclient
 
 from commitstore.backends.base import CommitInfo, DirSink, FileSink
-from commitstore.backends.rename._localfs import hash_and_sync_tree
+from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.backends.rename._smbconn import SmbConnection, call, translate
 from commitstore.errors import CommitError
 from commitstore.layout import Parts, staging_part

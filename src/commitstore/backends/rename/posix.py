@@ -26,11 +26,11 @@ from commitstore.backends.base import (
     PutMode,
     take_options,
 )
+from commitstore.backends.localtree import fsync_dir
 from commitstore.backends.rename._localfs import (
     BRIDGE_POLICY,
     LOCAL_POLICY,
     CommitPolicy,
-    fsync_dir,
     os_error,
     rmtree_at,
 )
