@@ -26,15 +26,18 @@ def main(args: argparse.Namespace) -> None:
             "commit_vs_naive_write_fsync": pair(
                 "naive_write", "stage_commit", str(target), size, args.repeat, clear=clear
             ),
-            "commit_vs_commit_without_writeback": pair(
+        }
+        try:
+            results["commit_vs_commit_without_writeback"] = pair(
                 "stage_commit_no_writeback",
                 "stage_commit",
                 str(target),
                 size,
                 args.repeat,
                 clear=clear,
-            ),
-        }
+            )
+        except RuntimeError as exc:  # the worker op cannot reach the writeback knob
+            print(f"commit_vs_commit_without_writeback skipped: {str(exc).splitlines()[-1]}")
         clear()
         run("stage_commit", str(target), size)  # the file verify reads must carry a record
         run("plain_read", str(target), size)  # warm the cache

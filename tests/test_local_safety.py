@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from commitstore import AlreadyExistsError, IntegrityError, InvalidNameError, _read, open_store
+from commitstore import (
+    AlreadyExistsError,
+    ConfigurationError,
+    IntegrityError,
+    InvalidNameError,
+    _read,
+    open_store,
+)
 from commitstore.testing import LocalBackdoor, xxh
 
 
@@ -193,5 +200,5 @@ def test_gc_cannot_be_pointed_outside(tmp_path: Path) -> None:
     store = open_store(tmp_path / "store")
     assert store.gc(min_age=0).removed == ()
     assert outside.exists()
-    with pytest.raises(InvalidNameError):
+    with pytest.raises(ConfigurationError):  # an argument problem, not a name
         store.gc(min_age=-1)

@@ -9,7 +9,7 @@ import stat as statmod
 from pathlib import Path
 
 from commitstore.backends.base import CommitInfo
-from commitstore.digest import READ_CHUNK, Hasher
+from commitstore.digest import hash_stream
 from commitstore.errors import CommitError
 
 
@@ -33,14 +33,9 @@ def hash_fd(fd: int, *, uncached: bool) -> tuple[int, str]:
     """Hash an open file from its start; ``uncached`` drops its cached pages first."""
     if uncached:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    h = Hasher()
-    buf = bytearray(READ_CHUNK)
-    view = memoryview(buf)
-    offset = 0
-    while n := os.preadv(fd, [buf], offset):
-        h.update(view[:n])
-        offset += n
-    return h.count, h.digest()
+    os.lseek(fd, 0, os.SEEK_SET)
+    with open(fd, "rb", buffering=0, closefd=False) as f:
+        return hash_stream(f)
 
 
 def hash_and_sync_tree(

@@ -1,5 +1,5 @@
-"""Local filesystem primitives shared by the local strategies: error translation, the one-step
-publish (no-replace, replace or exchange), read-back digests."""
+"""POSIX filesystem helpers of the local strategies (see ``posix.py``): error translation, the
+one-step publish (no-replace, link, replace or exchange) with its retries, read-back digests."""
 
 from __future__ import annotations
 
@@ -10,63 +10,55 @@ import stat as statmod
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
-from commitstore.backends import localtree
 from commitstore.backends.base import CommitInfo
 from commitstore.backends.localtree import hash_fd
 from commitstore.backends.rename import _syscalls as _posix
+from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.errors import (
     AlreadyExistsError,
+    BackendUnavailableError,
     CommitError,
     InsufficientSpaceError,
     InvalidNameError,
 )
 
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
+_UNREACHABLE = (
+    errno.ENOTCONN,
+    errno.ESTALE,
+    errno.ETIMEDOUT,
+    errno.EHOSTDOWN,
+    errno.EHOSTUNREACH,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+)
+"""A mount whose server or daemon went away (retryable): FUSE "transport endpoint is not
+connected", NFS stale handles, network timeouts."""
 
 
-def os_error(exc: OSError, what: str, path: str) -> Exception:
-    """Translate an OSError from a write path into the error tree (one place)."""
+def os_error(exc: Exception, what: str, path: str) -> Exception:
+    """Translate an OSError from a write path into the error tree (one place); anything else is
+    returned unchanged."""
+    if not isinstance(exc, OSError):
+        return exc
     if exc.errno in _NOSPACE:
         return InsufficientSpaceError(f"no space left while {what} {path}", path=path)
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
         return InvalidNameError(f"{path}: a path component is a symlink or not a folder")
+    if exc.errno in _UNREACHABLE:
+        return BackendUnavailableError(f"{what} {path}: storage unreachable ({exc.strerror})")
     return CommitError(f"{what} {path} failed: {exc.strerror or exc}")
 
 
-def rmtree_at(dirfd: int, name: str, shown: str) -> None:
+def rmtree_at(dirfd: int, name: str) -> None:
+    """Remove the folder tree ``name`` in ``dirfd`` (never following symlinks)."""
     if sys.version_info >= (3, 11):
         shutil.rmtree(name, dir_fd=dirfd)
     else:  # pragma: no cover - python 3.10
         shutil.rmtree(os.path.join(f"/proc/self/fd/{dirfd}", name))
 
 
-@dataclass(frozen=True, slots=True)
-class CommitPolicy:
-    """How suspicious a local-path strategy is of its filesystem (one per strategy)."""
-
-    rename_attempts: int = 1
-    """Tries of the rename; bridges retry EACCES/EPERM/EBUSY, with backoff, never a copy."""
-    fresh_stat: bool = False
-    """After close: stat the staging file by name and compare its size with the bytes written."""
-    readback: bool = False
-    """After close: drop the staging file's cached pages, re-read it and compare the digest."""
-    check_after_rename: bool = False
-    """Stat the final name after the rename and compare its size again."""
-    dir_fsync_tolerated: tuple[int, ...] = (errno.EINVAL, errno.ENOTSUP)
-    """Errors of a directory fsync that mean "durability unconfirmed" rather than failure."""
-
-
-LOCAL_POLICY = CommitPolicy()
-BRIDGE_POLICY = CommitPolicy(
-    rename_attempts=6,
-    fresh_stat=True,
-    readback=True,
-    check_after_rename=True,
-    dir_fsync_tolerated=(errno.EINVAL, errno.ENOTSUP, errno.EIO),
-)
 RETRY_RENAME_ERRNOS = (errno.EACCES, errno.EPERM, errno.EBUSY)
 _NO_LINK = (errno.EPERM, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK, errno.EXDEV, errno.EINVAL)
 
@@ -91,7 +83,7 @@ def publish_at(
     *,
     overwrite: bool,
     shown: str,
-    policy: CommitPolicy = LOCAL_POLICY,
+    policy: CommitPolicy,
     info: CommitInfo | None = None,
 ) -> None:
     """Move ``tmp`` onto ``final`` in ``dirfd`` in one step. Never copies.
@@ -152,7 +144,7 @@ def publish_at(
     # ``tmp`` now holds the previous artifact, which is no longer visible; drop it.
     st = os.stat(tmp, dir_fd=dirfd, follow_symlinks=False)
     if statmod.S_ISDIR(st.st_mode):
-        rmtree_at(dirfd, tmp, shown)
+        rmtree_at(dirfd, tmp)
     else:
         os.unlink(tmp, dir_fd=dirfd)
 
@@ -164,13 +156,3 @@ def readback_digest(dirfd: int, name: str) -> tuple[int, str]:
         return hash_fd(fd, uncached=True)
     finally:
         os.close(fd)
-
-
-def hash_and_sync_tree(
-    top: Path, policy: CommitPolicy = LOCAL_POLICY, info: CommitInfo | None = None
-) -> list[tuple[str, int, str]]:
-    """The folder's files, fsynced and hashed (past the cache when ``policy.readback``), every
-    folder fsynced bottom-up (see :func:`commitstore.backends.localtree.hash_and_sync_tree`)."""
-    return localtree.hash_and_sync_tree(
-        top, uncached=policy.readback, tolerated=policy.dir_fsync_tolerated, info=info
-    )

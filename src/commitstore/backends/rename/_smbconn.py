@@ -1,9 +1,11 @@
 """SMB plumbing for the smb strategy: connection settings, the one place SMB errors are translated,
-and bounded retries (sharing violations, dropped connections)."""
+bounded retries (sharing violations, dropped connections), and the translating reader."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import threading
 import time
 from collections.abc import Callable
@@ -158,3 +160,39 @@ def call(
                 continue
             raise translate(exc, what, shown) from exc
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+class SmbReader(io.RawIOBase):
+    """Raw reader that translates SMB errors into the error tree."""
+
+    def __init__(self, raw: Any, conn: SmbConnection, shown: str) -> None:
+        super().__init__()
+        self._raw = raw
+        self._conn = conn
+        self._shown = shown
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        try:
+            n: int = self._raw.readinto(b)
+            return n
+        except Exception as exc:
+            raise translate(exc, "reading", self._shown) from exc
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        pos: int = self._raw.seek(offset, whence)
+        return pos
+
+    def tell(self) -> int:
+        pos: int = self._raw.tell()
+        return pos
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._raw.close()
+        super().close()

@@ -13,6 +13,7 @@ import fcntl
 import os
 import stat as statmod
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
@@ -20,34 +21,47 @@ from commitstore.backends.base import (
     Backend,
     Capabilities,
     CommitInfo,
-    DirSink,
     FileInfo,
-    FileSink,
     PutMode,
     take_options,
 )
 from commitstore.backends.localtree import fsync_dir
-from commitstore.backends.rename._localfs import (
-    BRIDGE_POLICY,
-    LOCAL_POLICY,
-    CommitPolicy,
-    os_error,
-    rmtree_at,
-)
-from commitstore.backends.rename._localsink import LocalDirSink, LocalFileSink
+from commitstore.backends.rename import _syscalls
+from commitstore.backends.rename._localfs import os_error, publish_at, readback_digest, rmtree_at
 from commitstore.backends.rename.mounts import Mount, mount_of
+from commitstore.backends.rename.ops import CommitPolicy
+from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK
-from commitstore.errors import (
-    ConfigurationError,
-    InvalidNameError,
-    NotFoundError,
-)
+from commitstore.errors import ConfigurationError, InvalidNameError, NotFoundError
 from commitstore.layout import META_DIR, Parts
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+WRITEBACK_EVERY = 16 * 1024 * 1024
+"""Start writeback of each finished 16 MiB range while later bytes are still written."""
+
+LOCAL_POLICY = CommitPolicy()
+BRIDGE_POLICY = CommitPolicy(
+    rename_attempts=6,
+    fresh_stat=True,
+    readback=True,
+    check_after_rename=True,
+    dir_fsync_tolerated=(errno.EINVAL, errno.ENOTSUP, errno.EIO),
+)
 
 
-class LocalBackend(Backend):
+@dataclasses.dataclass(slots=True)
+class Staging:
+    """An open staging file: its fd, bytes written, and how far writeback was started."""
+
+    fd: int
+    written: int = 0
+    synced: int = 0
+    closed: bool = False
+
+
+class LocalBackend(RenameBackend[int, Staging]):
     """A folder on a local filesystem."""
 
     strategy = "local-rename"
@@ -103,23 +117,75 @@ class LocalBackend(Backend):
             raise
         return fd
 
+    # -- rename primitives (see sink.RenameOps) --------------------------------------------
+    def shown(self, parts: Parts) -> str:
+        return self.path_of(parts)
+
+    def open_folder(self, parts: Parts) -> int:
+        return self.open_dir(parts, create=True)
+
+    def close_folder(self, folder: int) -> None:
+        os.close(folder)
+
+    def create_staging(self, folder: int, name: str) -> Staging:
+        return Staging(os.open(name, _CREATE_FLAGS, 0o666, dir_fd=folder))
+
+    def write(self, handle: Staging, data: memoryview) -> int:
+        n = os.write(handle.fd, data)
+        handle.written += n
+        if handle.written - handle.synced >= WRITEBACK_EVERY:
+            _syscalls.start_writeback(handle.fd, handle.synced, handle.written - handle.synced)
+            handle.synced = handle.written
+        return n
+
+    def finish(self, handle: Staging) -> int:
+        try:
+            os.fsync(handle.fd)
+            return os.fstat(handle.fd).st_size
+        finally:
+            self.discard(handle)
+
+    def discard(self, handle: Staging) -> None:
+        if not handle.closed:
+            handle.closed = True
+            os.close(handle.fd)
+
+    def size_of(self, folder: int, name: str) -> int | None:
+        try:
+            return os.stat(name, dir_fd=folder, follow_symlinks=False).st_size
+        except FileNotFoundError:
+            return None
+
+    def digest_of(self, folder: int, name: str) -> tuple[int, str]:
+        return readback_digest(folder, name)
+
+    def rename(
+        self, folder: int, src: str, dst: str, *, mode: PutMode, is_dir: bool, info: CommitInfo
+    ) -> None:
+        overwrite = mode is PutMode.REPLACE
+        publish_at(folder, src, dst, overwrite=overwrite, shown=dst, policy=self.policy, info=info)
+
+    def sync_folder(self, folder: int, info: CommitInfo) -> None:
+        fsync_dir(folder, info, self.policy.dir_fsync_tolerated)
+
+    def remove_at(self, folder: int, name: str) -> None:
+        try:
+            st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if statmod.S_ISDIR(st.st_mode):
+            rmtree_at(folder, name)
+        else:
+            os.unlink(name, dir_fd=folder)
+
+    def staging_folder(self, folder: int, parts: Parts) -> Path:
+        os.mkdir(parts[-1], 0o777, dir_fd=folder)
+        return Path(self.path_of(parts))
+
+    def error(self, exc: Exception, what: str, shown: str) -> Exception:
+        return os_error(exc, what, shown)
+
     # -- Backend API -------------------------------------------------------------------
-    def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink:
-        overwrite = mode is PutMode.REPLACE
-        try:
-            dirfd = self.open_dir(parts[:-1], create=True)
-        except OSError as exc:
-            raise os_error(exc, "creating the folder of", self.path_of(parts)) from exc
-        return LocalFileSink(self, dirfd, parts, overwrite=overwrite)
-
-    def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
-        overwrite = mode is PutMode.REPLACE
-        try:
-            dirfd = self.open_dir(parts[:-1], create=True)
-        except OSError as exc:
-            raise os_error(exc, "creating the folder of", self.path_of(parts)) from exc
-        return LocalDirSink(self, dirfd, parts, overwrite=overwrite)
-
     def open_read(self, parts: Parts) -> BinaryIO:
         try:
             dirfd = self.open_dir(parts[:-1], create=False)
@@ -179,14 +245,9 @@ class LocalBackend(Backend):
         except (FileNotFoundError, NotADirectoryError):
             return False
         try:
-            try:
-                st = os.stat(parts[-1], dir_fd=dirfd, follow_symlinks=False)
-            except FileNotFoundError:
+            if self.size_of(dirfd, parts[-1]) is None:
                 return False
-            if statmod.S_ISDIR(st.st_mode):
-                rmtree_at(dirfd, parts[-1], self.path_of(parts))
-            else:
-                os.unlink(parts[-1], dir_fd=dirfd)
+            self.remove_at(dirfd, parts[-1])
             fsync_dir(dirfd, CommitInfo(0), self.policy.dir_fsync_tolerated)
             return True
         finally:
@@ -211,16 +272,6 @@ class LocalBackend(Backend):
     def free_space(self, parts: Parts) -> int | None:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "reason": self.reason,
-            "location": self.root,
-            "capabilities": {
-                k: getattr(self.capabilities, k) for k in self.capabilities.__dataclass_fields__
-            },
-        }
 
 
 class BridgeBackend(LocalBackend):
@@ -258,21 +309,18 @@ class BridgeBackend(LocalBackend):
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         return f
 
-    def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info["mount"] = (
-            {"mount_point": self.mount.mount_point, "fstype": self.mount.fstype}
-            if self.mount
-            else None
-        )
-        info["checks"] = {
-            "fresh_stat": self.policy.fresh_stat,
-            "readback": self.policy.readback,
-            "rename_attempts": self.policy.rename_attempts,
-            "size_after_rename": self.policy.check_after_rename,
-            "dir_fsync_errors_tolerated": ["EINVAL", "ENOTSUP", "EIO"],
+    def describe_more(self) -> dict[str, Any]:
+        m, p = self.mount, self.policy
+        return {
+            "mount": {"mount_point": m.mount_point, "fstype": m.fstype} if m else None,
+            "checks": {
+                "fresh_stat": p.fresh_stat,
+                "readback": p.readback,
+                "rename_attempts": p.rename_attempts,
+                "size_after_rename": p.check_after_rename,
+                "dir_fsync_errors_tolerated": [errno.errorcode[e] for e in p.dir_fsync_tolerated],
+            },
         }
-        return info
 
 
 def _info(st: os.stat_result) -> FileInfo:

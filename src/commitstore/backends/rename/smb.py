@@ -11,11 +11,12 @@ SMB has no directory fsync. A per-store lock file opened with exclusive share ac
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import stat as statmod
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
@@ -25,23 +26,23 @@ import smbclient
 from commitstore.backends.base import (
     Backend,
     Capabilities,
-    DirSink,
+    CommitInfo,
     FileInfo,
-    FileSink,
     PutMode,
     take_options,
 )
-from commitstore.backends.rename._smbconn import SmbConnection, call
-from commitstore.backends.rename._smbsink import SmbDirSink, SmbFileSink, SmbReader
-from commitstore.digest import READ_CHUNK, Hasher
-from commitstore.errors import AlreadyExistsError, CommitError, ConfigurationError, NotFoundError
-from commitstore.layout import META_DIR, Parts
+from commitstore.backends.rename._smbconn import SmbConnection, SmbReader, call, translate
+from commitstore.backends.rename.ops import CommitPolicy, write_all
+from commitstore.backends.rename.sink import RenameBackend
+from commitstore.digest import READ_CHUNK, hash_stream, read_chunks
+from commitstore.errors import CommitError, ConfigurationError, NotFoundError
+from commitstore.layout import META_DIR, Parts, staging_part
 
 LOCK_WAIT = 120.0
 """Seconds to wait for another client's publish lock before giving up."""
 
 
-class SmbBackend(Backend):
+class SmbBackend(RenameBackend[Parts, Any]):
     """A folder on an SMB share."""
 
     strategy = "smb-checked"
@@ -57,6 +58,13 @@ class SmbBackend(Backend):
         self.conn = conn
         self.prefix = prefix.strip("/")
         self.readback = readback
+        self.policy = CommitPolicy(
+            rename_attempts=4,  # call()'s retries: sharing violations, dropped connections
+            fresh_stat=True,
+            readback=readback,
+            check_after_rename=True,
+            dir_fsync_tolerated=(),
+        )
         self.reason = reason
         base = rf"\\{conn.host}\{conn.share}"
         self.root_unc = base + ("\\" + self.prefix.replace("/", "\\") if self.prefix else "")
@@ -87,17 +95,104 @@ class SmbBackend(Backend):
             lambda: self._makedirs(self.unc(parts)),
         )
 
+    def _at(self, folder: Parts, name: str) -> Parts:
+        return (*folder, *name.split("/"))
+
+    # -- rename primitives (see sink.RenameOps) ---------------------------------------------
+    def open_folder(self, parts: Parts) -> Parts:
+        self.ensure_dir(parts)
+        return parts
+
+    def create_staging(self, folder: Parts, name: str) -> Any:
+        unc = self.unc(self._at(folder, name))
+        return call(
+            self.conn,
+            "creating the staging file",
+            self.shown(self._at(folder, name)),
+            lambda: smbclient.open_file(unc, mode="xb", buffering=0, **self.kw()),
+            attempts=1,
+        )
+
+    def write(self, handle: Any, data: memoryview) -> int:
+        n: int = handle.write(data)
+        return n
+
+    def finish(self, handle: Any) -> None:
+        try:
+            handle.flush()  # unbuffered: an SMB2 FLUSH, which the server turns into an fsync
+        except BaseException:
+            self.discard(handle)
+            raise
+        handle.close()
+
+    def discard(self, handle: Any) -> None:
+        with contextlib.suppress(Exception):
+            handle.close()
+
+    def size_of(self, folder: Parts, name: str) -> int | None:
+        info = self.stat(self._at(folder, name))
+        return None if info is None else info.size
+
+    def digest_of(self, folder: Parts, name: str) -> tuple[int, str]:
+        with self.open_read(self._at(folder, name)) as f:
+            return hash_stream(f)
+
+    def rename(
+        self, folder: Parts, src: str, dst: str, *, mode: PutMode, is_dir: bool, info: CommitInfo
+    ) -> None:
+        """Files: ``rename`` (fails if ``dst`` exists) or ``replace``. Folders replace by moving
+        the old one aside under a staging name, renaming the new one in, removing the old."""
+        replace = mode is PutMode.REPLACE
+        if is_dir and replace and self.stat((*folder, dst)) is not None:
+            old = staging_part(dst)
+            self._move(folder, dst, old, replace=False)
+            self._move(folder, src, dst, replace=False)
+            self.remove((*folder, old))
+        else:
+            self._move(folder, src, dst, replace=replace and not is_dir)
+
+    def _move(self, folder: Parts, src: str, dst: str, *, replace: bool) -> None:
+        fn = smbclient.replace if replace else smbclient.rename
+        s, d = self.unc((*folder, src)), self.unc((*folder, dst))
+        call(
+            self.conn,
+            "renaming into place",
+            self.shown((*folder, dst)),
+            lambda: fn(s, d, **self.kw()),
+            attempts=self.policy.rename_attempts,
+        )
+
+    def sync_folder(self, folder: Parts, info: CommitInfo) -> None:
+        info.notes.append("SMB has no directory fsync")
+
+    def remove_at(self, folder: Parts, name: str) -> None:
+        self.remove(self._at(folder, name))
+
+    def staging_folder(self, folder: Parts, parts: Parts) -> None:
+        return None  # the caller fills a local folder; publish uploads it
+
+    def upload(self, folder: Parts, name: str, local: Path | None) -> None:
+        parts = self._at(folder, name)
+        if local is None:
+            self.ensure_dir(parts)
+            return
+        self.ensure_dir(parts[:-1])
+
+        def run() -> None:
+            with (
+                smbclient.open_file(self.unc(parts), mode="xb", buffering=0, **self.kw()) as f,
+                open(local, "rb") as src,
+            ):
+                for chunk in read_chunks(src):
+                    write_all(f.write, chunk)
+                f.flush()
+
+        call(self.conn, "uploading", self.shown(parts), run, attempts=1)
+
+    def error(self, exc: Exception, what: str, shown: str) -> Exception:
+        return translate(exc, what, shown)
+
     # -- Backend API ----------------------------------------------------------------------
-    def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink:
-        overwrite = mode is PutMode.REPLACE
-        self.ensure_dir(parts[:-1])
-        return SmbFileSink(self, parts, overwrite=overwrite)
-
-    def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
-        overwrite = mode is PutMode.REPLACE
-        self.ensure_dir(parts[:-1])
-        return SmbDirSink(self, parts, overwrite=overwrite)
-
     def open_read(self, parts: Parts) -> BinaryIO:
         shown = self.shown(parts)
         raw = call(
@@ -123,8 +218,11 @@ class SmbBackend(Backend):
         mtime = st.st_mtime if st.st_mtime > 0 else None
         return FileInfo(size=st.st_size, mtime=mtime, is_dir=statmod.S_ISDIR(st.st_mode))
 
-    def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
-        out: list[tuple[Parts, FileInfo]] = []
+    def _tree(self, parts: Parts) -> tuple[list[tuple[Parts, FileInfo]], list[Parts]]:
+        """Every file below ``parts`` and every folder below it (deepest first), one listing
+        per folder."""
+        files: list[tuple[Parts, FileInfo]] = []
+        dirs: list[Parts] = []
 
         def visit(rel: Parts) -> None:
             entries = call(
@@ -134,54 +232,40 @@ class SmbBackend(Backend):
                 lambda: list(smbclient.scandir(self.unc((*parts, *rel)), **self.kw())),
             )
             for entry in entries:
-                info = entry.smb_info
                 if entry.is_dir():
                     visit((*rel, entry.name))
+                    dirs.append((*rel, entry.name))
                     continue
+                info = entry.smb_info
                 ts = info.last_write_time.timestamp() if info.last_write_time else 0.0
-                out.append(((*rel, entry.name), FileInfo(info.end_of_file, ts if ts > 0 else None)))
+                fi = FileInfo(info.end_of_file, ts if ts > 0 else None)
+                files.append(((*rel, entry.name), fi))
 
+        visit(())
+        return files, dirs
+
+    def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
         try:
-            visit(())
+            return self._tree(parts)[0]
         except NotFoundError:
             return []
-        return out
 
     def remove(self, parts: Parts) -> bool:
         info = self.stat(parts)
         if info is None:
             return False
         shown = self.shown(parts)
+        targets = [(smbclient.remove, parts)]
         if info.is_dir:
-            for rel, _ in self.walk(parts):
-                self._rm(smbclient.remove, (*parts, *rel), shown)
-            for rel in self._subdirs(parts):
-                self._rm(smbclient.rmdir, (*parts, *rel), shown)
-            call(
-                self.conn, "removing", shown, lambda: smbclient.rmdir(self.unc(parts), **self.kw())
-            )
-        else:
-            call(
-                self.conn, "removing", shown, lambda: smbclient.remove(self.unc(parts), **self.kw())
-            )
+            files, dirs = self._tree(parts)
+            targets = [
+                *((smbclient.remove, (*parts, *rel)) for rel, _ in files),
+                *((smbclient.rmdir, (*parts, *rel)) for rel in dirs),
+                (smbclient.rmdir, parts),
+            ]
+        for fn, target in targets:
+            call(self.conn, "removing", shown, functools.partial(fn, self.unc(target), **self.kw()))
         return True
-
-    def _rm(self, fn: Callable[..., None], parts: Parts, shown: str) -> None:
-        unc = self.unc(parts)
-        call(self.conn, "removing", shown, lambda: fn(unc, **self.kw()))
-
-    def _subdirs(self, parts: Parts) -> list[Parts]:
-        """Every folder below ``parts``, deepest first."""
-        found: list[Parts] = []
-
-        def visit(rel: Parts) -> None:
-            for entry in smbclient.scandir(self.unc((*parts, *rel)), **self.kw()):
-                if entry.is_dir():
-                    visit((*rel, entry.name))
-                    found.append((*rel, entry.name))
-
-        call(self.conn, "listing", self.shown(parts), lambda: visit(()))
-        return found
 
     def free_space(self, parts: Parts) -> int | None:
         vol = call(
@@ -223,68 +307,15 @@ class SmbBackend(Backend):
             with contextlib.suppress(Exception):
                 handle.close()
 
-    def describe(self) -> dict[str, Any]:
+    def describe_more(self) -> dict[str, Any]:
         return {
-            "strategy": self.strategy,
-            "reason": self.reason,
-            "location": self.shown(()),
             "user": self.conn.username,
-            "capabilities": {
-                k: getattr(self.capabilities, k) for k in self.capabilities.__dataclass_fields__
+            "checks": {
+                "flush_before_close": True,
+                "fresh_stat": self.policy.fresh_stat,
+                "readback": self.policy.readback,
             },
-            "checks": {"flush_before_close": True, "fresh_stat": True, "readback": self.readback},
         }
-
-    # -- shared by the sinks ----------------------------------------------------------------
-    def check_size(self, parts: Parts, expected: int, when: str) -> None:
-        st = call(
-            self.conn,
-            "stat",
-            self.shown(parts),
-            lambda: smbclient.stat(self.unc(parts), **self.kw()),
-        )
-        if st.st_size != expected:
-            raise CommitError(
-                f"{self.shown(parts)}: post-copy size check failed {when}: "
-                f"{st.st_size} bytes stored, {expected} written"
-            )
-
-    def check_digest(self, parts: Parts, expected: str) -> None:
-        with self.open_read(parts) as f:
-            h = Hasher()
-            while chunk := f.read(READ_CHUNK):
-                h.update(chunk)
-        if h.digest() != expected:
-            raise CommitError(f"{self.shown(parts)}: read-back digest {h.digest()} != {expected}")
-
-    def move(self, src: Parts, dst: Parts, *, overwrite: bool) -> None:
-        """``rename`` (fails if ``dst`` exists) or ``replace``; retried on sharing violations."""
-        fn = smbclient.replace if overwrite else smbclient.rename
-        try:
-            call(
-                self.conn,
-                "renaming into place",
-                self.shown(dst),
-                lambda: fn(self.unc(src), self.unc(dst), **self.kw()),
-            )
-        except AlreadyExistsError as exc:
-            raise AlreadyExistsError(f"{self.shown(dst)} already exists") from exc
-
-    def upload(self, parts: Parts, local: Path) -> None:
-        """Copy a local file to ``parts`` (no staging: the caller stages the whole folder)."""
-
-        def run() -> None:
-            with (
-                smbclient.open_file(self.unc(parts), mode="xb", buffering=0, **self.kw()) as f,
-                open(local, "rb") as src,
-            ):
-                while chunk := src.read(READ_CHUNK):
-                    view = memoryview(chunk)
-                    while view.nbytes:
-                        view = view[f.write(view) :]
-                f.flush()
-
-        call(self.conn, "uploading", self.shown(parts), run, attempts=1)
 
 
 def factory(url: str, options: dict[str, Any]) -> Backend:
@@ -292,11 +323,15 @@ def factory(url: str, options: dict[str, Any]) -> Backend:
         options,
         {"username": None, "password": None, "port": None, "readback": False, "timeout": 30.0},
     )
-    parsed = urlsplit(url)
-    host = parsed.hostname
+    shape = "SMB URLs look like smb://[user@]host[:port]/share[/path]"
+    try:
+        parsed = urlsplit(url)
+        host, url_port = parsed.hostname, parsed.port
+    except ValueError as exc:  # a bracketed host that is not IPv6, a port not a number, ...
+        raise ConfigurationError(f"{shape} ({exc})") from exc
     path = [p for p in unquote(parsed.path).split("/") if p]
     if not host or not path:
-        raise ConfigurationError("SMB URLs look like smb://[user@]host[:port]/share[/path]")
+        raise ConfigurationError(shape)
     username = (
         opts["username"]
         or (unquote(parsed.username) if parsed.username else None)
@@ -307,8 +342,12 @@ def factory(url: str, options: dict[str, Any]) -> Backend:
         or (unquote(parsed.password) if parsed.password else None)
         or os.environ.get("COMMITSTORE_SMB_PASSWORD")
     )
-    port = int(opts["port"] or parsed.port or 445)
-    conn = SmbConnection(host, port, path[0], username, password, float(opts["timeout"]))
+    try:
+        port = int(opts["port"] or url_port or 445)
+        timeout = float(opts["timeout"])
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"the port and timeout options must be numbers ({exc})") from exc
+    conn = SmbConnection(host, port, path[0], username, password, timeout)
     return SmbBackend(
         conn,
         "/".join(path[1:]),

@@ -1,0 +1,303 @@
+"""The rename family's commit recipe, written once over a table of primitives (:class:`RenameOps`).
+
+A file artifact at ``<folder>/<name>`` (:class:`StagedFileSink`):
+
+1. Open the destination folder, creating missing folders (POSIX walks from the root with
+   ``O_NOFOLLOW`` directory fds: no symlink below the root is ever followed), and create the
+   staging file ``<folder>/.commitstore.tmp.<random>.<name>`` exclusively. A crash leaves at most
+   an empty staging file: staging names are never read as artifacts and gc removes them.
+2. ``write``: every byte the caller hashed goes to the staging file (short writes looped; the
+   count is what the storage accepted). A crash leaves a partial staging file; the final name is
+   untouched (the old artifact, or nothing, stays visible).
+3. ``publish``: the bytes written must equal the size the caller hashed (CommitError otherwise).
+4. Flush to stable storage and close (``fsync`` / SMB2 FLUSH); the size stored at close must equal
+   the bytes written. From here a crash leaves a complete, durable staging file, still invisible.
+5. ``policy.fresh_stat``: stat the staging name afresh; its size must match (a client cache can
+   hide a short write until then). ``policy.readback``: re-read it past the caches; the digest
+   must match. Any failure up to here removes the staging file and publishes nothing.
+6. Rename it onto the final name in one step, per :class:`PutMode`: CREATE fails atomically when
+   the name is taken (AlreadyExistsError; the existing artifact is untouched), REPLACE swaps so
+   readers see the old or the new artifact, never a mix. Retried per ``policy.rename_attempts``;
+   never a copy. A crash before the rename leaves the old state plus a staging file; after it the
+   new artifact is visible, complete and flushed, but the rename itself may not survive a power
+   loss until step 8.
+7. ``policy.check_after_rename``: the final name's size must match; if not it is removed again
+   (un-published) and CommitError is raised.
+8. Sync the folder (directory fsync) so the rename is durable. A tolerated error, or storage with
+   no directory sync, leaves the artifact committed with ``CommitInfo.durable`` False or a note.
+
+On any failure before step 6 :meth:`abort` removes the staging file; a staging file orphaned by
+a crash is removed later by gc.
+
+A folder artifact (:class:`StagedDirSink`) follows the same steps with a staging folder. Where
+the storage allows (POSIX) the caller fills the staging folder in place on the target; otherwise
+(SMB) the caller fills a local temporary folder, which is uploaded file by file into a staging
+folder on the target at publish, each file checked as in step 5. Every file is fsynced and hashed
+and every folder fsynced (bottom-up) before the one rename of step 6. REPLACE of an existing
+folder: POSIX exchanges the two atomically (RENAME_EXCHANGE) and then removes the old one; SMB
+moves the old folder to a staging name, renames the new one in, then removes the old (a crash in
+between leaves nothing under the name, and both folders under staging names).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from commitstore.backends.base import Backend, CommitInfo, DirSink, FileSink, PutMode
+from commitstore.backends.localtree import hash_and_sync_tree
+from commitstore.backends.rename.ops import D, H, RenameOps, write_all
+from commitstore.errors import AlreadyExistsError, CommitError, CommitStoreError
+from commitstore.layout import Parts, staging_part
+
+T = TypeVar("T")
+
+
+class _Staged(Generic[D, H]):
+    """What both sinks share: the open folder, the staging name, translated steps, checks."""
+
+    def __init__(self, ops: RenameOps[D, H], parts: Parts, mode: PutMode) -> None:
+        self._ops = ops
+        self._mode = mode
+        self._final = parts[-1]
+        self._tmp = staging_part(parts[-1])
+        self._shown = ops.shown(parts)
+        self._done = False
+        self._closed = False
+        self._folder: D = self._step("creating the folder of", ops.open_folder, parts[:-1])
+
+    def _step(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except CommitStoreError:
+            raise
+        except Exception as exc:
+            raise self._ops.error(exc, what, self._shown) from exc
+
+    def _close_folder(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._ops.close_folder(self._folder)
+
+    def _check_staged(self, name: str, size: int, digest: str, shown: str) -> None:
+        """Step 5: fresh stat and read-back of a staged file, per policy."""
+        policy = self._ops.policy
+        if policy.fresh_stat:
+            stored = self._step("checking", self._ops.size_of, self._folder, name)
+            _check_size(shown, stored, size, "on a fresh stat")
+        if policy.readback:
+            stored, found = self._step("checking", self._ops.digest_of, self._folder, name)
+            _check_size(shown, stored, size, "on read-back")
+            if found != digest:
+                raise CommitError(
+                    f"{shown}: read-back digest {found} differs from written {digest}"
+                )
+
+    def _rename(self, info: CommitInfo, *, is_dir: bool) -> None:
+        """Step 6; then the staging name is gone and :attr:`_done` is set."""
+        try:
+            self._step(
+                "renaming into place",
+                self._ops.rename,
+                self._folder,
+                self._tmp,
+                self._final,
+                mode=self._mode,
+                is_dir=is_dir,
+                info=info,
+            )
+        except AlreadyExistsError as exc:
+            raise AlreadyExistsError(f"{self._shown} already exists") from exc
+        self._done = True
+
+
+def _check_size(shown: str, stored: int | None, expected: int, when: str) -> None:
+    if stored != expected:
+        found = "nothing" if stored is None else f"{stored} bytes"
+        raise CommitError(
+            f"{shown}: post-copy size check failed {when}: {found} stored, {expected} written"
+        )
+
+
+class StagedFileSink(_Staged[D, H], FileSink):
+    """A file staged beside its destination and renamed into place (steps 1-8 above)."""
+
+    def __init__(self, ops: RenameOps[D, H], parts: Parts, mode: PutMode) -> None:
+        super().__init__(ops, parts, mode)
+        self.bytes_written = 0
+        self._handle: H | None = None
+        try:
+            self._handle = self._step(
+                "creating the staging file for", ops.create_staging, self._folder, self._tmp
+            )
+        except BaseException:
+            self._done = True
+            self._close_folder()
+            raise
+
+    def write(self, data: memoryview) -> None:
+        handle = self._handle
+        assert handle is not None, "write after publish/abort"
+        try:
+            self.bytes_written += write_all(lambda v: self._ops.write(handle, v), data)
+        except Exception as exc:
+            err = (
+                exc
+                if isinstance(exc, CommitStoreError)
+                else self._ops.error(exc, "writing", self._shown)
+            )
+            self.abort()
+            raise err from exc
+
+    def publish(self, *, size: int, digest: str) -> CommitInfo:
+        handle = self._handle
+        assert handle is not None, "publish after publish/abort"
+        ops, written = self._ops, self.bytes_written
+        info = CommitInfo(written)
+        try:
+            if size != written:
+                raise CommitError(f"{self._shown}: {written} bytes written, {size} expected")
+            self._handle = None
+            stored = self._step("flushing", ops.finish, handle)
+            if stored is not None:
+                _check_size(self._shown, stored, written, "after fsync")
+            self._check_staged(self._tmp, written, digest, self._shown)
+            self._rename(info, is_dir=False)
+            if ops.policy.check_after_rename:
+                self._check_final()
+            self._step("syncing the folder of", ops.sync_folder, self._folder, info)
+            return info
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            if self._done:
+                self._close_folder()
+
+    def _check_final(self) -> None:
+        """Step 7: the final name must hold what was written, else un-publish it."""
+        try:
+            stored = self._step("checking", self._ops.size_of, self._folder, self._final)
+        except CommitStoreError as exc:
+            if exc.retryable:  # the storage is unreachable: what it holds is unknown
+                raise
+            stored = None
+        if stored != self.bytes_written:
+            with contextlib.suppress(Exception):
+                self._ops.remove_at(self._folder, self._final)
+            _check_size(self._shown, stored, self.bytes_written, "after the rename")
+
+    def abort(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                self._ops.discard(handle)
+        if not self._done:
+            self._done = True
+            # If this fails the staging file stays as an orphan; gc removes it.
+            with contextlib.suppress(Exception):
+                self._ops.remove_at(self._folder, self._tmp)
+        self._close_folder()
+
+
+class StagedDirSink(_Staged[D, H], DirSink):
+    """A folder staged in place (or locally, then uploaded) and renamed into place."""
+
+    def __init__(self, ops: RenameOps[D, H], parts: Parts, mode: PutMode) -> None:
+        super().__init__(ops, parts, mode)
+        try:
+            local = self._step(
+                "creating the staging folder for",
+                ops.staging_folder,
+                self._folder,
+                (*parts[:-1], self._tmp),
+            )
+        except BaseException:
+            self._done = True
+            self._close_folder()
+            raise
+        self._in_place = local is not None
+        self._staged = self._in_place
+        """True while a staging folder exists on the storage."""
+        if local is None:
+            local = Path(tempfile.mkdtemp(prefix=".commitstore.tmp."))
+        self.local_path = local
+
+    def publish(self) -> CommitInfo:
+        ops, policy = self._ops, self._ops.policy
+        info = CommitInfo(0)
+        try:
+            if self._in_place:
+                info.files = self._step(
+                    "syncing",
+                    hash_and_sync_tree,
+                    self.local_path,
+                    uncached=policy.readback,
+                    tolerated=policy.dir_fsync_tolerated,
+                    info=info,
+                )
+            else:
+                info.files = self._step("syncing", hash_and_sync_tree, self.local_path)
+                self._upload(info.files)
+            info.bytes_written = sum(size for _, size, _ in info.files)
+            self._rename(info, is_dir=True)
+            self._staged = False
+            self._step("syncing the folder of", ops.sync_folder, self._folder, info)
+            return info
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            if self._done:
+                self._close_folder()
+            if not self._in_place:
+                shutil.rmtree(self.local_path, ignore_errors=True)
+
+    def _upload(self, files: list[tuple[str, int, str]]) -> None:
+        self._step("uploading", self._ops.upload, self._folder, self._tmp, None)
+        self._staged = True
+        for rel, size, digest in files:
+            name = f"{self._tmp}/{rel}"
+            self._step("uploading", self._ops.upload, self._folder, name, self.local_path / rel)
+            self._check_staged(name, size, digest, f"{self._shown}/{rel}")
+
+    def abort(self) -> None:
+        if not self._in_place:
+            shutil.rmtree(self.local_path, ignore_errors=True)
+        if not self._done:
+            self._done = True
+            if self._staged:
+                # If this fails the staging folder stays as an orphan; gc removes it.
+                with contextlib.suppress(Exception):
+                    self._ops.remove_at(self._folder, self._tmp)
+        self._close_folder()
+
+
+class RenameBackend(Backend, RenameOps[D, H]):
+    """A rename-family backend: the sinks and ``describe`` come from here."""
+
+    reason: str
+
+    def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink:
+        return StagedFileSink(self, parts, mode)
+
+    def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
+        return StagedDirSink(self, parts, mode)
+
+    def describe_more(self) -> dict[str, Any]:
+        """Strategy-specific entries of :meth:`describe` (mount, checks, user)."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        caps = self.capabilities
+        return {
+            "strategy": self.strategy,
+            "reason": self.reason,
+            "location": self.shown(()),
+            "capabilities": {k: getattr(caps, k) for k in caps.__dataclass_fields__},
+            **self.describe_more(),
+        }
