@@ -163,3 +163,51 @@ def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
     proxied: tuple[Target, FaultProxy],
 ) -> None:
     check_persistent_fault(*proxied, size=9 * MiB, at=1 * MiB)
+
+
+_WITHOUT_OTHER_SDKS = """
+import sys
+for name in {blocked!r}:
+    sys.modules[name] = None  # an import of it raises ModuleNotFoundError
+from commitstore.backends.object.{module} import translate
+from commitstore.errors import BackendUnavailableError, CommitError
+
+class Http503(Exception):
+    code = status_code = 503  # gcsfs's HttpError has a code, azure-core's errors a status_code
+
+for exc in (ConnectionError("refused"), TimeoutError(), OSError("503 Service Unavailable"), Http503()):
+    err = translate(exc, "uploading", "x://b/k")
+    assert isinstance(err, BackendUnavailableError) and err.retryable, (exc, err)
+err = translate(ValueError("no"), "uploading", "x://b/k")
+assert isinstance(err, CommitError) and not err.retryable, err
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "blocked"),
+    [
+        ("gcs", ("botocore", "aiobotocore", "s3fs", "boto3", "azure", "adlfs")),
+        ("azure", ("botocore", "aiobotocore", "s3fs", "boto3", "gcsfs", "google_crc32c")),
+    ],
+)
+def test_one_store_installed_alone_imports_and_translates(
+    module: str, blocked: tuple[str, ...]
+) -> None:
+    """``pip install commitstore[gcs]`` (or ``[azure]``) alone: no other store's SDK is imported,
+    and transport failures and 5xx answers still translate to a retryable error."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = _WITHOUT_OTHER_SDKS.format(blocked=blocked, module=module)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"

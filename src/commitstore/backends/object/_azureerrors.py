@@ -1,7 +1,9 @@
-"""Azure Blob error translation, in one place."""
+"""Azure Blob error translation, in one place (no other SDK imported: an Azure-only install
+works)."""
 
 from __future__ import annotations
 
+from commitstore.backends.object._transport import is_unavailable
 from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
@@ -28,7 +30,7 @@ def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
         return NotFoundError(f"{shown} does not exist")
     if isinstance(exc, (ResourceExistsError, ResourceModifiedError)):
         return AlreadyExistsError(f"{shown} already exists")
-    if isinstance(exc, (ServiceRequestError, ServiceResponseError, ConnectionError, TimeoutError)):
+    if is_unavailable(exc, (ServiceRequestError, ServiceResponseError)):
         return BackendUnavailableError(f"{what} {shown}: Azure endpoint unavailable")
     status = getattr(exc, "status_code", None)
     if isinstance(exc, HttpResponseError) and status == 412:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import uuid
 from typing import Any
 
+from commitstore.backends.object._transport import is_unavailable, short
 from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
@@ -16,15 +16,9 @@ from commitstore.errors import (
     NotFoundError,
 )
 
-_UNAVAILABLE_WORDS = ("InternalError", "ServiceUnavailable", "SlowDown", "503", "500", "502")
 
-
-def is_unavailable(exc: BaseException) -> bool:
-    """A transport failure or a 5xx: the server could not be reached or could not answer."""
-    try:
-        from aiohttp import ClientError as AiohttpError
-    except ImportError:  # pragma: no cover - aiohttp comes with s3fs
-        AiohttpError = ConnectionError  # type: ignore[misc,assignment]
+def _sdk_transport() -> tuple[type[BaseException], ...]:
+    """botocore's own transport failures (imported here only: this module is S3's)."""
     from botocore.exceptions import (
         ConnectionClosedError,
         ConnectTimeoutError,
@@ -32,19 +26,7 @@ def is_unavailable(exc: BaseException) -> bool:
         ReadTimeoutError,
     )
 
-    transport = (
-        AiohttpError,
-        ConnectionError,
-        TimeoutError,
-        asyncio.TimeoutError,
-        EndpointConnectionError,
-        ConnectionClosedError,
-        ConnectTimeoutError,
-        ReadTimeoutError,
-    )
-    if isinstance(exc, transport):
-        return True
-    return isinstance(exc, OSError) and any(w in str(exc) for w in _UNAVAILABLE_WORDS)
+    return (EndpointConnectionError, ConnectionClosedError, ConnectTimeoutError, ReadTimeoutError)
 
 
 def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
@@ -55,25 +37,20 @@ def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
         return NotFoundError(f"{shown} does not exist")
     if isinstance(exc, FileExistsError):
         return AlreadyExistsError(f"{shown} already exists")
-    if is_unavailable(exc):
+    if "BadDigest" in str(exc) or "XAmzContentSHA256Mismatch" in str(exc):
+        return CommitError(  # not retryable: checked before the 5xx words of is_unavailable
+            f"{what} {shown}: the server received bytes that do not match their checksum "
+            "(corrupted in transit, retries included); it stored nothing"
+        )
+    if isinstance(exc, PermissionError):
+        return CommitError(f"{what} {shown}: access denied")
+    if is_unavailable(exc, _sdk_transport()):
         return BackendUnavailableError(
             f"{what} {shown}: S3 endpoint unavailable ({type(exc).__name__})"
         )
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return InsufficientSpaceError(f"no space while {what} {shown}", path=shown)
-    if isinstance(exc, PermissionError):
-        return CommitError(f"{what} {shown}: access denied")
-    if "BadDigest" in str(exc) or "XAmzContentSHA256Mismatch" in str(exc):
-        return CommitError(
-            f"{what} {shown}: the server received bytes that do not match their checksum "
-            "(corrupted in transit, retries included); it stored nothing"
-        )
-    return CommitError(f"{what} {shown} failed ({type(exc).__name__}: {_short(exc)})")
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return text[:200]
+    return CommitError(f"{what} {shown} failed ({type(exc).__name__}: {short(exc)})")
 
 
 def probe_conditional_create(fs: Any, bucket: str, prefix: str) -> bool:

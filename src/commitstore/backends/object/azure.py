@@ -17,16 +17,16 @@ import io
 import os
 import secrets
 import uuid
-from collections import deque
 from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from commitstore.backends.base import CommitInfo, FileInfo, FileSink, take_options
+from commitstore.backends.base import take_options
 from commitstore.backends.object._azureerrors import translate
 from commitstore.backends.object.base import ObjectBackend
+from commitstore.backends.object.upload import ObjectStat, Upload, Written
 from commitstore.digest import READ_CHUNK
-from commitstore.errors import AlreadyExistsError, CommitError, ConfigurationError, NotFoundError
+from commitstore.errors import AlreadyExistsError, ConfigurationError, NotFoundError
 from commitstore.layout import Parts
 
 MiB = 1024 * 1024
@@ -82,19 +82,53 @@ class AzureBackend(ObjectBackend):
             with contextlib.suppress(Exception):
                 client.delete_blob()
 
-    # -- Backend API -------------------------------------------------------------------
-    def file_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
-        return AzureFileSink(self, parts, overwrite=overwrite)
+    # -- primitives --------------------------------------------------------------------
+    @property
+    def whole_max(self) -> int:
+        return max(0, self.block_size - 1)  # a full block is staged
 
+    def new_upload(self, parts: Parts, *, create_only: bool) -> Upload:
+        return AzureUpload(self, parts, create_only=create_only)
+
+    def head(self, parts: Parts) -> ObjectStat | None:
+        try:
+            props = self.call("stat", parts, self.blob(parts).get_blob_properties)
+        except NotFoundError:
+            return None
+        return ObjectStat(self.key(parts), int(props.size), _ts(props), props.etag)
+
+    def list_objects(self, parts: Parts, *, limit: int | None = None) -> list[ObjectStat]:
+        prefix = self.dir_prefix(parts)
+
+        def run() -> list[ObjectStat]:
+            out = []
+            for item in self.container.list_blobs(name_starts_with=prefix):
+                out.append(ObjectStat(item.name, int(item.size), _ts(item), item.etag))
+                if limit and len(out) >= limit:
+                    break
+            return out
+
+        return self.call("listing", parts, run)
+
+    def delete_key(self, parts: Parts, key: str) -> None:
+        self.call("removing", parts, self.container.get_blob_client(key).delete_blob)
+
+    def delete_version(self, parts: Parts, tag: str) -> None:
+        from azure.core import MatchConditions
+
+        client = self.blob(parts)
+        self.call(
+            "removing",
+            parts,
+            lambda: client.delete_blob(etag=tag, match_condition=MatchConditions.IfNotModified),
+        )
+
+    # -- Backend API -------------------------------------------------------------------
     def open_read(self, parts: Parts) -> BinaryIO:
         client = self.blob(parts)
         props = self.call("opening", parts, client.get_blob_properties)
         raw = _RangeReader(self, parts, client, int(props.size))
         return io.BufferedReader(raw, READ_CHUNK)
-
-    def read_small(self, parts: Parts) -> bytes:
-        """One download."""
-        return self.read_small_tagged(parts)[0]
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
         """One download; the tag is the ETag of the version it returned."""
@@ -107,61 +141,8 @@ class AzureBackend(ObjectBackend):
 
         return self.call("reading", parts, fetch)
 
-    def stat(self, parts: Parts) -> FileInfo | None:
-        if parts:
-            try:
-                props = self.call("stat", parts, self.blob(parts).get_blob_properties)
-            except NotFoundError:
-                props = None
-            if props is not None:
-                ts = props.last_modified.timestamp() if props.last_modified else 0.0
-                return FileInfo(int(props.size), ts if ts > 0 else None)
-        if self._blobs(parts, limit=1):
-            return FileInfo(0, None, is_dir=True)
-        return None
-
-    def _blobs(self, parts: Parts, limit: int | None = None) -> list[Any]:
-        prefix = self.dir_prefix(parts)
-
-        def run() -> list[Any]:
-            out = []
-            for item in self.container.list_blobs(name_starts_with=prefix):
-                out.append(item)
-                if limit and len(out) >= limit:
-                    break
-            return out
-
-        return self.call("listing", parts, run)
-
-    def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
-        prefix = self.dir_prefix(parts)
-        out = []
-        for item in self._blobs(parts):
-            if item.name.endswith("/"):
-                continue
-            ts = item.last_modified.timestamp() if item.last_modified else 0.0
-            out.append(
-                (
-                    tuple(item.name[len(prefix) :].split("/")),
-                    FileInfo(int(item.size), ts if ts > 0 else None, tag=item.etag),
-                )
-            )
-        return out
-
-    def remove(self, parts: Parts) -> bool:
-        info = self.stat(parts) if parts else None
-        if info is not None and not info.is_dir:
-            self.call("removing", parts, self.blob(parts).delete_blob)
-            return True
-        names = [item.name for item in self._blobs(parts)]
-        for name in names:
-            client = self.container.get_blob_client(name)
-            self.call("removing", parts, client.delete_blob)
-        return bool(names)
-
-    def describe(self) -> dict[str, Any]:
+    def describe_store(self) -> dict[str, Any]:
         return {
-            **self.common_description(),
             "endpoint": self.container.url.split("?")[0],
             "block_size": self.block_size,
             "max_inflight": self.max_inflight,
@@ -203,107 +184,58 @@ class _RangeReader(io.RawIOBase):
         return len(data)
 
 
-class AzureFileSink(FileSink):
-    """Blocks staged under writer-unique IDs; ``commit_block_list`` publishes the blob."""
+class AzureUpload(Upload):
+    """Blocks staged (concurrently) under IDs unique to this writer; ``commit_block_list`` is the
+    commit, with ``If-None-Match: *`` for create-only. Staged blocks are invisible and expire after
+    seven days: there is nothing to abort."""
 
-    def __init__(self, backend: AzureBackend, parts: Parts, *, overwrite: bool) -> None:
-        self._b = backend
-        self._parts = parts
-        self._client = backend.blob(parts)
-        self._overwrite = overwrite
+    max_parts = MAX_BLOCKS
+
+    def __init__(self, backend: AzureBackend, parts: Parts, *, create_only: bool) -> None:
+        self._b, self._parts, self._client = backend, parts, backend.blob(parts)
+        self._cond: dict[str, Any] = {"if_none_match": "*"} if create_only else {}
         self._token = secrets.token_hex(6)
-        self._buf = bytearray()
-        self._ids: list[str] = []
-        self._inflight: deque[concurrent.futures.Future[Any]] = deque()
-        self._closed = False
-        self.bytes_written = 0
+        self.part_size = backend.block_size
+        self.max_inflight = backend.max_inflight
 
-    def write(self, data: memoryview) -> None:
-        assert not self._closed, "write after publish/abort"
-        self._buf += data
-        self.bytes_written += data.nbytes
-        try:
-            while len(self._buf) >= self._b.block_size:
-                self._stage(self._b.block_size)
-        except BaseException:
-            self.abort()
-            raise
+    def send_part(
+        self, number: int, body: io.BytesIO, length: int, *, final: bool
+    ) -> concurrent.futures.Future[Any]:
+        chunk = body.getvalue()  # the buffer's own bytes (no copy)
+        block_id = base64.b64encode(f"{self._token}-{number - 1:08d}".encode()).decode()
 
-    def _stage(self, length: int) -> None:
-        if len(self._ids) >= MAX_BLOCKS:
-            raise CommitError(f"{self._b.shown(self._parts)}: more than {MAX_BLOCKS} blocks")
-        with memoryview(self._buf) as view:
-            chunk = bytes(view[:length])
-        del self._buf[:length]
-        block_id = base64.b64encode(f"{self._token}-{len(self._ids):08d}".encode()).decode()
-        self._ids.append(block_id)
-        self._inflight.append(self._b.pool.submit(self._client.stage_block, block_id, chunk))
-        while len(self._inflight) >= self._b.max_inflight:
-            self._reap()
+        def stage() -> str:
+            self._b.call(
+                "staging a block of", self._parts, lambda: self._client.stage_block(block_id, chunk)
+            )
+            return block_id
 
-    def _reap(self) -> None:
-        fut = self._inflight.popleft()
-        try:
-            fut.result()
-        except Exception as exc:
-            raise translate(exc, "staging a block of", self._b.shown(self._parts)) from exc
+        return self._b.pool.submit(stage)
 
-    def publish(self, *, size: int, digest: str) -> CommitInfo:
-        assert not self._closed, "publish after publish/abort"
-        b = self._b
-        shown = b.shown(self._parts)
-        try:
-            if size != self.bytes_written:
-                raise CommitError(f"{shown}: {self.bytes_written} bytes written, {size} expected")
-            create_only = not self._overwrite and b.conditional_writes()
-            if not self._overwrite and not create_only and b.stat(self._parts) is not None:
-                raise AlreadyExistsError(f"{shown} already exists")
-            cond: dict[str, Any] = {"if_none_match": "*"} if create_only else {}
-            if not self._ids:
-                data = bytes(self._buf)
-                done = b.call(
-                    "uploading",
-                    self._parts,
-                    lambda: self._client.upload_blob(data, overwrite=True, **cond),
-                )
-            else:
-                if self._buf:
-                    self._stage(len(self._buf))
-                while self._inflight:
-                    self._reap()
-                done = b.call(
-                    "committing the block list of",
-                    self._parts,
-                    lambda: self._client.commit_block_list(self._ids, **cond),
-                )
-            self._closed = True
-            props = b.call("stat", self._parts, self._client.get_blob_properties)
-            if int(props.size) != size:
-                if done.get("etag") and props.etag == done["etag"]:  # ours: take it back
-                    with contextlib.suppress(Exception):
-                        self._client.delete_blob(etag=props.etag, match_condition=_if_match())
-                raise CommitError(
-                    f"{shown}: post-commit size check failed: {props.size} bytes stored, "
-                    f"{size} written"
-                )
-            return CommitInfo(size)
-        except BaseException:
-            self.abort()
-            raise
+    def complete(self, receipts: list[Any]) -> Written:
+        done = self._b.call(
+            "committing the block list of",
+            self._parts,
+            lambda: self._client.commit_block_list(receipts, **self._cond),
+        )
+        return Written(done.get("etag"))
+
+    def put_whole(self, body: io.BytesIO, length: int) -> Written:
+        data = body.getvalue()
+        done = self._b.call(
+            "uploading",
+            self._parts,
+            lambda: self._client.upload_blob(data, overwrite=True, **self._cond),
+        )
+        return Written(done.get("etag"))
 
     def abort(self) -> None:
-        """Staged blocks never become visible; the service drops them after seven days."""
-        self._closed = True
-        self._buf = bytearray()
-        while self._inflight:
-            with contextlib.suppress(Exception):
-                self._inflight.popleft().result()
+        """Nothing to do: uncommitted blocks are never visible and expire after seven days."""
 
 
-def _if_match() -> Any:
-    from azure.core import MatchConditions
-
-    return MatchConditions.IfNotModified
+def _ts(item: Any) -> float | None:
+    ts = item.last_modified.timestamp() if item.last_modified else 0.0
+    return ts if ts > 0 else None
 
 
 def factory(url: str, options: dict[str, Any]) -> ObjectBackend:

@@ -1,8 +1,10 @@
-"""Folder artifacts on object stores, shared by the S3 and GCS strategies.
+"""Folder artifacts on object stores, shared by every object store.
 
 There is no atomic folder publish on an object store: each file is its own checked upload, and the
 record, written after the last one, is what commits the folder. A failure takes back the files
-already uploaded.
+already uploaded. Create-only: where the store has conditional writes the core relies on them and
+checks nothing, but a folder is many objects, so the sink checks absence itself then; elsewhere
+the core checks absence under ``publish_lock()`` and the sink does not check again.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from commitstore.backends.base import Backend, CommitInfo, DirSink, FileSink
+from commitstore.backends.base import Backend, CommitInfo, DirSink, PutMode
 from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.errors import AlreadyExistsError
 from commitstore.layout import Parts
@@ -29,14 +31,12 @@ class ObjectDirSink(DirSink):
         backend: Backend,
         parts: Parts,
         *,
-        overwrite: bool,
-        file_sink: Callable[[Parts], FileSink],
+        mode: PutMode,
         mark_empty: Callable[[], None] | None = None,
     ) -> None:
         self._b = backend
         self._parts = parts
-        self._overwrite = overwrite
-        self._file_sink = file_sink
+        self._mode = mode
         self._mark_empty = mark_empty
         self.local_path = Path(tempfile.mkdtemp(prefix=".commitstore.tmp."))
 
@@ -44,17 +44,17 @@ class ObjectDirSink(DirSink):
         b = self._b
         try:
             files = hash_and_sync_tree(self.local_path)
-            if not self._overwrite and b.stat(self._parts) is not None:
-                raise AlreadyExistsError(f"{'/'.join(self._parts)} already exists")
-            if self._overwrite:
+            if self._mode is PutMode.REPLACE:
                 b.remove(self._parts)
+            elif b.capabilities.exclusive_create and b.stat(self._parts) is not None:
+                raise AlreadyExistsError(f"{'/'.join(self._parts)} already exists")
             if not files and self._mark_empty is not None:
                 self._mark_empty()
             uploaded: list[Parts] = []
             try:
                 for rel, size, digest in files:
                     fparts = (*self._parts, *rel.split("/"))
-                    sink = self._file_sink(fparts)
+                    sink = b.open_sink(fparts, mode=PutMode.REPLACE)
                     with open(self.local_path / rel, "rb") as src:
                         while chunk := src.read(CHUNK):
                             sink.write(memoryview(chunk))

@@ -11,7 +11,10 @@ store (fake-gcs-server does not), never assumed.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
+import io
+import json
 import os
 import uuid
 from typing import Any, BinaryIO
@@ -20,9 +23,10 @@ from urllib.parse import quote, unquote, urlsplit
 import google_crc32c
 from fsspec.asyn import sync
 
-from commitstore.backends.base import CommitInfo, FileInfo, FileSink, take_options
-from commitstore.backends.object._gcserrors import ViewReader, translate
+from commitstore.backends.base import take_options
+from commitstore.backends.object._gcserrors import translate
 from commitstore.backends.object.base import ObjectBackend
+from commitstore.backends.object.upload import ObjectStat, Upload, ViewReader, Written, done
 from commitstore.errors import AlreadyExistsError, CommitError, ConfigurationError, NotFoundError
 from commitstore.layout import Parts
 
@@ -119,23 +123,51 @@ class GcsBackend(ObjectBackend):
         result: dict[str, Any] = self.run("uploading", parts, coro)
         return result
 
-    def metadata(self, parts: Parts) -> dict[str, Any] | None:
+    def delete_key(self, parts: Parts, key: str) -> None:
+        self.call("removing", parts, "DELETE", "b/{}/o/{}", self.bucket, key)
+
+    # -- primitives ------------------------------------------------------------------------
+    @property
+    def whole_max(self) -> int:
+        return self.chunk_size
+
+    def new_upload(self, parts: Parts, *, create_only: bool) -> Upload:
+        return GcsUpload(self, parts, create_only=create_only)
+
+    def head(self, parts: Parts) -> ObjectStat | None:
         """The object's metadata, fresh from the server (no listing cache); None if absent."""
         try:
-            doc: dict[str, Any] = self.call(
+            doc = self.call(
                 "stat", parts, "GET", "b/{}/o/{}", self.bucket, self.key(parts), json_out=True
             )
         except NotFoundError:
             return None
-        return doc
+        return _stat(doc)
 
-    def delete_key(self, parts: Parts, key: str) -> None:
-        self.call("removing", parts, "DELETE", "b/{}/o/{}", self.bucket, key)
+    def list_objects(self, parts: Parts, *, limit: int | None = None) -> list[ObjectStat]:
+        items: list[ObjectStat] = []
+        kw: dict[str, Any] = {"prefix": self.dir_prefix(parts)}
+        if limit:
+            kw["maxResults"] = limit
+        while True:
+            page = self.call("listing", parts, "GET", "b/{}/o", self.bucket, json_out=True, **kw)
+            items += [_stat(item) for item in page.get("items", [])]
+            kw["pageToken"] = page.get("nextPageToken")
+            if not kw["pageToken"] or limit:
+                return items
+
+    def delete_version(self, parts: Parts, tag: str) -> None:
+        self.call(
+            "removing",
+            parts,
+            "DELETE",
+            "b/{}/o/{}",
+            self.bucket,
+            self.key(parts),
+            ifGenerationMatch=tag,
+        )
 
     # -- Backend API -------------------------------------------------------------------------
-    def file_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
-        return GcsFileSink(self, parts, overwrite=overwrite)
-
     def open_read(self, parts: Parts) -> BinaryIO:
         path = f"{self.bucket}/{self.key(parts)}"
         self.fs.invalidate_cache(path)
@@ -145,10 +177,6 @@ class GcsBackend(ObjectBackend):
             raise translate(exc, "opening", self.shown(parts)) from exc
         return f
 
-    def read_small(self, parts: Parts) -> bytes:
-        """One media GET."""
-        return self.read_small_tagged(parts)[0]
-
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
         """One media GET; the tag is the generation that GET returned."""
         headers, data = self.call(
@@ -157,59 +185,8 @@ class GcsBackend(ObjectBackend):
         tag = headers.get("x-goog-generation") if headers is not None else None
         return bytes(data), tag
 
-    def stat(self, parts: Parts) -> FileInfo | None:
-        meta = self.metadata(parts) if parts else None
-        if meta is not None:
-            return FileInfo(int(meta["size"]), _ts(meta.get("updated")))
-        if self._list(parts, max_results=1):
-            return FileInfo(0, None, is_dir=True)
-        return None
-
-    def _list(self, parts: Parts, *, max_results: int | None = None) -> list[dict[str, Any]]:
-        prefix = self.dir_prefix(parts)
-        items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            kw: dict[str, Any] = {"prefix": prefix}
-            if token:
-                kw["pageToken"] = token
-            if max_results:
-                kw["maxResults"] = max_results
-            page = self.call("listing", parts, "GET", "b/{}/o", self.bucket, json_out=True, **kw)
-            items.extend(page.get("items", []))
-            token = page.get("nextPageToken")
-            if not token or max_results:
-                return items
-
-    def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
-        prefix = self.dir_prefix(parts)
-        out = []
-        for item in self._list(parts):
-            name = item["name"]
-            if name.endswith("/"):
-                continue
-            out.append(
-                (
-                    tuple(name[len(prefix) :].split("/")),
-                    FileInfo(
-                        int(item["size"]), _ts(item.get("updated")), tag=item.get("generation")
-                    ),
-                )
-            )
-        return out
-
-    def remove(self, parts: Parts) -> bool:
-        if parts and self.metadata(parts) is not None:
-            self.delete_key(parts, self.key(parts))
-            return True
-        items = self._list(parts)
-        for item in items:
-            self.delete_key(parts, item["name"])
-        return bool(items)
-
-    def describe(self) -> dict[str, Any]:
+    def describe_store(self) -> dict[str, Any]:
         return {
-            **self.common_description(),
             "endpoint": self.fs._location,
             "chunk_size": self.chunk_size,
         }
@@ -227,46 +204,44 @@ def _ts(value: Any) -> float | None:
     return ts if ts > 0 else None
 
 
-class GcsFileSink(FileSink):
-    """One object via a resumable upload; the final (total-size) request publishes it."""
+def _stat(doc: dict[str, Any]) -> ObjectStat:
+    generation = doc.get("generation")
+    return ObjectStat(
+        doc["name"],
+        int(doc["size"]),
+        _ts(doc.get("updated")),
+        None if generation is None else str(generation),
+        doc.get("crc32c"),
+    )
 
-    def __init__(self, backend: GcsBackend, parts: Parts, *, overwrite: bool) -> None:
-        self._b = backend
-        self._parts = parts
-        self._key = backend.key(parts)
-        self._overwrite = overwrite
-        self._buf = bytearray()
+
+class GcsUpload(Upload):
+    """A resumable upload: 256 KiB-aligned chunks, one at a time and in order, CRC32C-summed on
+    the way; the final one (never empty: the sink keeps a byte for it) carries the total size and
+    is the commit. Create-only is ``ifGenerationMatch=0`` on the session."""
+
+    max_inflight = 1
+
+    def __init__(self, backend: GcsBackend, parts: Parts, *, create_only: bool) -> None:
+        self._b, self._parts, self._key = backend, parts, backend.key(parts)
+        self._create_only = create_only
+        self.part_size = backend.chunk_size
         self._crc = google_crc32c.Checksum()  # type: ignore[no-untyped-call]
         self._location: str | None = None
         self._offset = 0
-        self._closed = False
-        self.bytes_written = 0
 
-    def _create_only(self) -> bool:
-        return not self._overwrite and self._b.conditional_writes()
-
-    def write(self, data: memoryview) -> None:
-        assert not self._closed, "write after publish/abort"
-        self._buf += data
-        self.bytes_written += data.nbytes
-        try:
-            while len(self._buf) >= self._b.chunk_size + 1:  # keep >= 1 byte for the final request
-                self._send(self._b.chunk_size, final=False)
-        except BaseException:
-            self.abort()
-            raise
-
-    def _send(self, length: int, *, final: bool) -> Any:
+    def send_part(
+        self, number: int, body: io.BytesIO, length: int, *, final: bool
+    ) -> concurrent.futures.Future[Any]:
         b = self._b
         if self._location is None:
-            self._location = b.initiate(self._parts, self._key, create_only=self._create_only())
-        end = self._offset + length - 1
+            self._location = b.initiate(self._parts, self._key, create_only=self._create_only)
         total = str(self._offset + length) if final else "*"
-        rng = f"bytes {self._offset}-{end}/{total}" if length else f"bytes */{total}"
-        # The chunk is sent straight from the buffer, piece by piece (no copy of the chunk): the
-        # view is released before the buffer is trimmed.
-        with memoryview(self._buf) as view, view[:length] as chunk:
-            for i in range(0, length, CRC_PIECE):  # google-crc32c wants read-only bytes
+        rng = f"bytes {self._offset}-{self._offset + length - 1}/{total}"
+        # Sent straight from the part's buffer (no copy of the chunk); CRC32C is fed in small
+        # copies, as google-crc32c wants read-only bytes.
+        with body.getbuffer() as view, view[:length] as chunk:
+            for i in range(0, length, CRC_PIECE):
                 self._crc.update(bytes(chunk[i : i + CRC_PIECE]))  # type: ignore[no-untyped-call]
             _headers, txt = b.call(
                 "uploading",
@@ -274,70 +249,37 @@ class GcsFileSink(FileSink):
                 "POST",
                 self._location,
                 headers={"Content-Range": rng, "Content-Length": str(length)},
-                data=ViewReader(chunk) if length else None,
+                data=ViewReader(chunk),
             )
-        del self._buf[:length]
         self._offset += length
-        return txt
+        if not final:
+            return done(None)
+        self._location = None  # finalised: nothing left to cancel
+        return done(json.loads(txt) if txt else {})
 
-    def publish(self, *, size: int, digest: str) -> CommitInfo:
-        assert not self._closed, "publish after publish/abort"
-        b = self._b
-        shown = b.shown(self._parts)
-        try:
-            if size != self.bytes_written:
-                raise CommitError(f"{shown}: {self.bytes_written} bytes written, {size} expected")
-            create_only = self._create_only()
-            if not self._overwrite and not create_only and b.metadata(self._parts) is not None:
-                raise AlreadyExistsError(f"{shown} already exists")
-            if self._location is None:
-                self._crc.update(bytes(self._buf))  # type: ignore[no-untyped-call]
-                meta = b.upload_small(
-                    self._parts, self._key, bytes(self._buf), create_only=not self._overwrite
-                )
-            else:
-                import json
+    def complete(self, receipts: list[Any]) -> Written:
+        return _written(receipts[-1] or {})  # the final chunk was the commit
 
-                txt = self._send(len(self._buf), final=True)
-                meta = json.loads(txt) if txt else {}
-                self._location = None  # finalised: nothing left to cancel
-            self._closed = True
-            fresh = b.metadata(self._parts) or {}
-            expected_crc = crc32c_b64(int.from_bytes(self._crc.digest(), "big"))  # type: ignore[no-untyped-call]
-            found_size = int(fresh.get("size", -1))
-            found_crc = fresh.get("crc32c") or meta.get("crc32c")
-            if found_size != size or (found_crc is not None and found_crc != expected_crc):
-                ours = meta.get("generation")
-                if ours is not None and str(fresh.get("generation")) == str(ours):
-                    # Our own object is wrong: take it back (only that generation, never another
-                    # writer's).
-                    with contextlib.suppress(Exception):
-                        b.call(
-                            "removing",
-                            self._parts,
-                            "DELETE",
-                            "b/{}/o/{}",
-                            b.bucket,
-                            self._key,
-                            ifGenerationMatch=str(ours),
-                        )
-                raise CommitError(
-                    f"{shown}: post-upload check failed: {found_size} bytes / crc32c {found_crc} "
-                    f"stored, {size} bytes / crc32c {expected_crc} sent"
-                )
-            return CommitInfo(size)
-        except BaseException:
-            self.abort()
-            raise
+    def put_whole(self, body: io.BytesIO, length: int) -> Written:
+        data = body.getvalue()
+        self._crc.update(data)  # type: ignore[no-untyped-call]
+        return _written(
+            self._b.upload_small(self._parts, self._key, data, create_only=self._create_only)
+        )
 
     def abort(self) -> None:
-        self._closed = True
-        self._buf = bytearray()
         if self._location is not None:
             location, self._location = self._location, None
             # An unreachable endpoint leaves the session; GCS expires it after a week.
-            with contextlib.suppress(Exception):
-                self._b.call("cancelling the upload of", self._parts, "DELETE", location)
+            self._b.call("cancelling the upload of", self._parts, "DELETE", location)
+
+    def checksum(self) -> str | None:
+        return crc32c_b64(int.from_bytes(self._crc.digest(), "big"))  # type: ignore[no-untyped-call]
+
+
+def _written(meta: dict[str, Any]) -> Written:
+    generation = meta.get("generation")
+    return Written(None if generation is None else str(generation), meta.get("crc32c"))
 
 
 def factory(url: str, options: dict[str, Any]) -> ObjectBackend:

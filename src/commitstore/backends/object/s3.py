@@ -14,26 +14,24 @@ per store (or set with ``conditional_writes=``), never assumed.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
+import hashlib
 import io
 import os
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from commitstore.backends.base import (
-    FileInfo,
-    FileSink,
-    PendingUpload,
-    take_options,
-)
+from commitstore.backends.base import PendingUpload, take_options
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
-from commitstore.backends.object._s3upload import S3FileSink, content_md5
 from commitstore.backends.object.base import ObjectBackend
-from commitstore.errors import ConfigurationError, NotFoundError
+from commitstore.backends.object.upload import ObjectStat, Upload, Written
+from commitstore.errors import CommitError, CommitStoreError, ConfigurationError, NotFoundError
 from commitstore.layout import Parts
 
 MiB = 1024 * 1024
 MAX_SINGLE_PUT = 5 * 1024 * MiB
+MAX_PARTS = 10_000
 
 
 class S3Backend(ObjectBackend):
@@ -86,24 +84,64 @@ class S3Backend(ObjectBackend):
         except Exception as exc:
             raise translate(exc, what, self.shown(parts)) from exc
 
-    def submit_body(
-        self, method: str, body: io.BytesIO, **kwargs: Any
-    ) -> concurrent.futures.Future[Any]:
-        """Start an S3 call with ``body`` and its Content-MD5 on s3fs's event loop; returns a
-        future (for concurrent parts). The MD5 is computed on a worker thread, so the caller goes
-        on reading while parts are hashed side by side."""
-
-        async def run() -> Any:
+    async def send_body(
+        self, what: str, parts: Parts, method: str, body: io.BytesIO, **kwargs: Any
+    ) -> Any:
+        """An S3 call with ``body`` and its Content-MD5, on s3fs's event loop. The MD5 is computed
+        on a worker thread, so parts are hashed side by side and the loop stays free."""
+        try:
             loop = asyncio.get_running_loop()
             md5 = await loop.run_in_executor(None, content_md5, body)
             return await self.fs._call_s3(method, Bucket=self.bucket, Body=body, **md5, **kwargs)
+        except Exception as exc:
+            raise translate(exc, what, self.shown(parts)) from exc
 
-        return asyncio.run_coroutine_threadsafe(run(), self.fs.loop)
+    # -- primitives --------------------------------------------------------------------
+    @property
+    def whole_max(self) -> int:
+        return self.single_put_max
+
+    def new_upload(self, parts: Parts, *, create_only: bool) -> Upload:
+        return S3Upload(self, parts, create_only=create_only)
+
+    def head(self, parts: Parts) -> ObjectStat | None:
+        """A fresh HEAD of the object (never a listing cache); None if absent."""
+        try:
+            head = self.call("stat", parts, "head_object", Key=self.key(parts))
+        except NotFoundError:
+            return None
+        return ObjectStat(self.key(parts), int(head["ContentLength"]), _ts(head), head.get("ETag"))
+
+    def list_objects(self, parts: Parts, *, limit: int | None = None) -> list[ObjectStat]:
+        """One request per 1,000 keys (one only with ``limit``)."""
+        out: list[ObjectStat] = []
+        kwargs: dict[str, Any] = {"Prefix": self.dir_prefix(parts)}
+        if limit:
+            kwargs["MaxKeys"] = limit
+        while True:
+            page = self.call("listing", parts, "list_objects_v2", **kwargs)
+            out += [
+                ObjectStat(o["Key"], int(o["Size"]), _ts(o), o.get("ETag"))
+                for o in page.get("Contents", [])
+            ]
+            if limit or not page.get("IsTruncated"):
+                return out[:limit] if limit else out
+            kwargs["ContinuationToken"] = page.get("NextContinuationToken")
+
+    def delete_key(self, parts: Parts, key: str) -> None:
+        self.call("removing", parts, "delete_object", Key=key)
+
+    def delete_keys(self, parts: Parts, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[i : i + 1000]]
+            self.call("removing", parts, "delete_objects", Delete={"Objects": batch})
+
+    def delete_version(self, parts: Parts, tag: str) -> None:
+        """S3-compatible servers have no conditional delete to rely on: the caller has just seen
+        ``tag`` in a fresh HEAD, and deletes right after."""
+        self.delete_key(parts, self.key(parts))
 
     # -- Backend API -------------------------------------------------------------------
-    def file_sink(self, parts: Parts, *, overwrite: bool) -> FileSink:
-        return S3FileSink(self, parts, overwrite=overwrite)
-
     def mark_empty_folder(self, parts: Parts) -> None:
         """A zero-byte ``name/`` marker: an empty folder exists on S3 only as that."""
         self.call("uploading", parts, "put_object", Key=self.key(parts) + "/", Body=b"")
@@ -116,12 +154,6 @@ class S3Backend(ObjectBackend):
         except Exception as exc:
             raise translate(exc, "opening", self.shown(parts)) from exc
         return f
-
-    read_concurrency = 16
-
-    def read_small(self, parts: Parts) -> bytes:
-        """One GET (no HEAD first)."""
-        return self.read_small_tagged(parts)[0]
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
         """One GET; the tag is the ETag of the version that GET returned."""
@@ -136,63 +168,6 @@ class S3Backend(ObjectBackend):
     def run_coro(self, coro: Any) -> Any:
         """Run a coroutine on s3fs's event loop from this thread."""
         return asyncio.run_coroutine_threadsafe(coro, self.fs.loop).result()
-
-    def head(self, parts: Parts) -> dict[str, Any] | None:
-        """A fresh HEAD of the object (never a listing cache); None if absent."""
-        try:
-            result: dict[str, Any] = self.call("stat", parts, "head_object", Key=self.key(parts))
-        except NotFoundError:
-            return None
-        return result
-
-    def stat(self, parts: Parts) -> FileInfo | None:
-        head = self.head(parts) if parts else None
-        if head is not None:
-            modified = head.get("LastModified")
-            ts = modified.timestamp() if modified is not None else 0.0
-            return FileInfo(int(head["ContentLength"]), ts if ts > 0 else None)
-        listing = self.call(
-            "listing", parts, "list_objects_v2", Prefix=self.dir_prefix(parts), MaxKeys=1
-        )
-        if listing.get("KeyCount", 0) or listing.get("Contents"):
-            return FileInfo(0, None, is_dir=True)
-        return None
-
-    def _objects(self, parts: Parts) -> list[dict[str, Any]]:
-        """Every object below ``parts`` (one request per 1,000 keys), folder markers included."""
-        out: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"Prefix": self.dir_prefix(parts)}
-            if token:
-                kwargs["ContinuationToken"] = token
-            page = self.call("listing", parts, "list_objects_v2", **kwargs)
-            out.extend(page.get("Contents", []))
-            if not page.get("IsTruncated"):
-                return out
-            token = page.get("NextContinuationToken")
-
-    def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
-        prefix = self.dir_prefix(parts)
-        out: list[tuple[Parts, FileInfo]] = []
-        for obj in self._objects(parts):
-            if obj["Key"].endswith("/"):
-                continue  # a folder marker (empty folder artifact), not a file
-            rel = tuple(obj["Key"][len(prefix) :].split("/"))
-            ts = obj["LastModified"].timestamp() if obj.get("LastModified") else 0.0
-            info = FileInfo(int(obj["Size"]), ts if ts > 0 else None, tag=obj.get("ETag"))
-            out.append((rel, info))
-        return out
-
-    def remove(self, parts: Parts) -> bool:
-        if self.head(parts) is not None:
-            self.call("removing", parts, "delete_object", Key=self.key(parts))
-            return True
-        keys = [obj["Key"] for obj in self._objects(parts)]
-        for i in range(0, len(keys), 1000):
-            batch = [{"Key": k} for k in keys[i : i + 1000]]
-            self.call("removing", parts, "delete_objects", Delete={"Objects": batch})
-        return bool(keys)
 
     def pending_uploads(self) -> list[PendingUpload]:
         """Multipart uploads under this store's prefix only (``prefix/``, never a sibling).
@@ -252,15 +227,114 @@ class S3Backend(ObjectBackend):
             "aborting", (), "abort_multipart_upload", Key=upload.key, UploadId=upload.upload_id
         )
 
-    def describe(self) -> dict[str, Any]:
+    def describe_store(self) -> dict[str, Any]:
         return {
-            **self.common_description(),
             "endpoint": self.endpoint,
             "part_size": self.part_size,
             "max_inflight": self.max_inflight,
             "single_put_max": self.single_put_max,
             "sign_payload": self.sign_payload,
         }
+
+
+class S3Upload(Upload):
+    """A multipart upload, created by its first part; ``CompleteMultipartUpload`` (or one
+    ``PutObject``) is the commit, with ``IfNoneMatch="*"`` for create-only. Parts go
+    concurrently; part size doubles every 1,000 parts (under 10,000 parts up to ~16 TiB)."""
+
+    max_parts = MAX_PARTS
+
+    def __init__(self, backend: S3Backend, parts: Parts, *, create_only: bool) -> None:
+        self._b, self._parts, self._key = backend, parts, backend.key(parts)
+        self._cond = {"IfNoneMatch": "*"} if create_only else {}
+        self.part_size = backend.part_size
+        self.max_inflight = backend.max_inflight
+        self._upload_id: str | None = None
+
+    def send_part(
+        self, number: int, body: io.BytesIO, length: int, *, final: bool
+    ) -> concurrent.futures.Future[Any]:
+        b = self._b
+        if self._upload_id is None:
+            created = b.call(
+                "starting the upload of", self._parts, "create_multipart_upload", Key=self._key
+            )
+            self._upload_id = created["UploadId"]
+        if number % 1000 == 0:
+            self.part_size *= 2
+        upload_id = self._upload_id
+
+        async def part() -> dict[str, Any]:
+            try:
+                done = await b.send_body(
+                    "uploading a part of",
+                    self._parts,
+                    "upload_part",
+                    body,
+                    Key=self._key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                )
+            except NotFoundError as exc:
+                raise _gone(exc, b.shown(self._parts)) from exc
+            return {"PartNumber": number, "ETag": done["ETag"]}
+
+        return asyncio.run_coroutine_threadsafe(part(), b.fs.loop)
+
+    def complete(self, receipts: list[Any]) -> Written:
+        try:
+            done = self._b.call(
+                "completing the upload of",
+                self._parts,
+                "complete_multipart_upload",
+                Key=self._key,
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": sorted(receipts, key=lambda p: p["PartNumber"])},
+                **self._cond,
+            )
+        except NotFoundError as exc:
+            raise _gone(exc, self._b.shown(self._parts)) from exc
+        self._upload_id = None  # completed: nothing left to abort
+        return Written(done.get("ETag"))
+
+    def put_whole(self, body: io.BytesIO, length: int) -> Written:
+        coro = self._b.send_body(
+            "uploading", self._parts, "put_object", body, Key=self._key, **self._cond
+        )
+        return Written(self._b.run_coro(coro).get("ETag"))
+
+    def abort(self) -> None:
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            self._b.call(
+                "aborting the upload of",
+                self._parts,
+                "abort_multipart_upload",
+                Key=self._key,
+                UploadId=upload_id,
+            )
+
+
+def content_md5(body: io.BytesIO) -> dict[str, str]:
+    """The ``ContentMD5`` parameter for ``body`` (the server refuses a body that does not match);
+    MD5 as a transfer checksum, not for security."""
+    with body.getbuffer() as view:
+        digest = hashlib.md5(view, usedforsecurity=False).digest()
+    return {"ContentMD5": base64.b64encode(digest).decode("ascii")}
+
+
+def _gone(err: CommitStoreError, shown: str) -> CommitStoreError:
+    """NoSuchUpload during an upload is a failed commit (the upload was aborted meanwhile, by gc
+    or a lifecycle rule, or the request reached the server garbled), not a missing artifact."""
+    if isinstance(err, NotFoundError):
+        return CommitError(f"{shown}: the multipart upload no longer exists (aborted meanwhile?)")
+    return err
+
+
+def _ts(entry: dict[str, Any]) -> float | None:
+    modified = entry.get("LastModified")
+    ts = modified.timestamp() if modified is not None else 0.0
+    return ts if ts > 0 else None
 
 
 def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
