@@ -1,1 +1,20 @@
-"""(package)"""
+"""The rename family: storage where a rename in the destination's folder is the commit point.
+
+The commit recipe (staging name, write, flush, size checks, read-back, one rename, folder sync,
+clean-up on failure) and its guarantees are written once, in ``sink.py``. A new rename-family
+backend writes only two things:
+
+1. Its primitives: subclass ``sink.RenameBackend[Folder, Handle]`` (a :class:`Backend` that is
+   also an ``ops.RenameOps``) and implement the table in ``ops.py``: ``shown``, ``open_folder`` /
+   ``close_folder``, ``create_staging`` (exclusive), ``write``, ``finish`` (flush to stable storage
+   and close), ``discard``, ``size_of`` (fresh), ``digest_of`` (past caches), ``rename`` (one
+   step, per PutMode, retried per policy, never a copy), ``sync_folder`` (or a note that there is
+   none), ``remove_at``, ``staging_folder`` (in place) or ``upload`` (local folder, then upload),
+   and ``error`` (its exceptions into ``commitstore.errors``, credentials never in messages),
+   plus the read side of :class:`Backend` (``open_read``, ``stat``, ``walk``, ``remove``,
+   ``free_space``). A ``CommitPolicy`` says how suspicious the recipe must be of the storage.
+2. Its factory: ``factory(url, options) -> Backend``, registered in ``commitstore.backends``;
+   option and URL problems raise ConfigurationError before any I/O.
+
+``posix.py`` (local disks and mounted bridges) and ``smb.py`` are the two examples.
+"""

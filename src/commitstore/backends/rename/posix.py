@@ -1,4 +1,5 @@
-"""Local POSIX strategy: staging file beside the destination, fsync, one rename, fsync directory.
+"""Local POSIX strategies (local disk, mounted bridges): their rename primitives, their policies
+and the factory that picks one from the mount. The recipe itself is ``sink.py``.
 
 Every operation walks from the root with directory file descriptors opened ``O_NOFOLLOW``, so no
 symlink inside the tree can redirect a write (or a read) outside the root.
