@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from commitstore import AlreadyExistsError, CommitError, InvalidNameError, open_store
+from commitstore import AlreadyExistsError, CommitError, ConfigurationError, open_store
 from commitstore.testing import S3Backdoor, StoreConformance, Target, record_path, xxh
 
 from .helpers.faultproxy import (
@@ -265,7 +265,7 @@ def test_bytes_corrupted_in_transit_are_refused(rclone: RcloneS3, sign_payload: 
 
 
 def test_sign_payload_must_be_a_bool(moto: MotoServer) -> None:
-    with pytest.raises(InvalidNameError, match="sign_payload"):
+    with pytest.raises(ConfigurationError, match="sign_payload"):
         open_store(moto.url("x"), **moto.options(), sign_payload="yes")
 
 
