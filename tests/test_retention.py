@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import struct
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitstore import InvalidNameError, Retention, open_store
+from commitstore import ConfigurationError, InvalidNameError, Retention, open_store
 from commitstore.maintenance.retention import Candidate, keep_set, plan_target
 
 NOW = 1_800_000_000.0
@@ -81,12 +82,15 @@ def test_policy_properties(
 
 def test_bad_policy_is_a_typed_error(tmp_path: Path) -> None:
     store = open_store(tmp_path)
-    with pytest.raises(InvalidNameError):
-        store.prune(keep_last=-1)
-    with pytest.raises(InvalidNameError):
-        store.prune(keep_every=0)
-    with pytest.raises(InvalidNameError):
+    for bad in ({"keep_last": -1}, {"keep_every": 0}, {"min_age": -1}, {"min_age": math.nan}):
+        with pytest.raises(ConfigurationError):
+            store.prune(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        store.gc(min_age=math.nan)
+    with pytest.raises(InvalidNameError):  # a name, and only a name, is an InvalidNameError
         store.prune(keep=["../x"])
+    assert not issubclass(ConfigurationError, InvalidNameError)
+    assert issubclass(ConfigurationError, ValueError)
 
 
 def _age(root: Path, seconds: float) -> None:

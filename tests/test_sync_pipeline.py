@@ -70,7 +70,7 @@ def test_sync_publishes_at_most_transfers_at_once_and_stages_meanwhile(tmp_path:
     most = [0]
     staged_while_publishing = [0]
     full = threading.Event()
-    commit, open_sink = mirror._commit, mirror.backend.open_sink
+    commit, open_sink = mirror.committer.commit, mirror.backend.open_sink
 
     def slow_commit(*args: Any, **kwargs: Any) -> Any:
         with lock:
@@ -92,7 +92,7 @@ def test_sync_publishes_at_most_transfers_at_once_and_stages_meanwhile(tmp_path:
                 staged_while_publishing[0] += 1
         return open_sink(parts, **kwargs)
 
-    mirror._commit = slow_commit  # type: ignore[method-assign]
+    mirror.committer.commit = slow_commit  # type: ignore[method-assign]
     mirror.backend.open_sink = watched_sink  # type: ignore[method-assign]
     report = store.sync()
     assert sorted(report.mirrors[0].copied) == NAMES

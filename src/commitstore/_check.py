@@ -1,16 +1,27 @@
-"""Checks of stored bytes against their records, and the scan of a store's records.
+"""Checks of stored bytes against their records: the one comparison, the one record reader, the
+scan of a store's records, and ``verify`` / ``latest`` over them.
 
-Nothing here raises for a bad artifact: every problem becomes a :class:`VerifyResult`.
+Nothing here raises for a bad artifact: every problem becomes a :class:`VerifyResult` (or, for
+reads, a :class:`Mismatch` the caller turns into an IntegrityError).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
+from dataclasses import dataclass
+from typing import Literal
 
 from commitstore import _recordcache
 from commitstore.backends import Backend, FileInfo
 from commitstore.digest import hash_stream
-from commitstore.errors import CommitStoreError, InvalidNameError, NotFoundError
+from commitstore.errors import (
+    CommitStoreError,
+    ConfigurationError,
+    IntegrityError,
+    InvalidNameError,
+    NotFoundError,
+)
 from commitstore.layout import (
     META_DIR,
     RECORDS_DIR,
@@ -21,35 +32,118 @@ from commitstore.layout import (
     record_parts,
     validate_name,
 )
-from commitstore.records import Record, RecordFormatError, VerifyResult, decode_record
+from commitstore.records import (
+    Record,
+    RecordFormatError,
+    VerifyReport,
+    VerifyResult,
+    decode_record,
+)
+
+log = logging.getLogger("commitstore")
 
 LEVELS = ("size", "full")
 
 
 def check_level(level: str, *, allow_none: bool = False) -> None:
-    """Raise ValueError-typed InvalidNameError for an unknown verify level, before any I/O."""
+    """Raise ConfigurationError for an unknown verify level, before any I/O."""
     allowed = (*LEVELS, "none") if allow_none else LEVELS
     if level not in allowed:
-        raise InvalidNameError(f"verify level must be one of {allowed}, not {level!r}")
+        raise ConfigurationError(f"verify level must be one of {allowed}, not {level!r}")
 
 
-def read_record(backend: Backend, parts: Parts) -> Record | None:
-    """The record of ``parts``, None if there is none.
+# -- the one comparison ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """How observed bytes differ from what a record says."""
+
+    status: Literal["size_mismatch", "hash_mismatch"]
+    expected_size: int
+    actual_size: int
+    expected_digest: str
+    actual_digest: str | None
+    """None when only sizes were compared."""
+
+    @property
+    def detail(self) -> str:
+        """``expected ..., found ...``, as shown in reports and errors."""
+        if self.status == "size_mismatch":
+            return f"expected {self.expected_size} bytes, found {self.actual_size}"
+        return f"expected {self.expected_digest}, found {self.actual_digest}"
+
+    def error(
+        self, name: str, where: str = "", cls: type[IntegrityError] = IntegrityError
+    ) -> IntegrityError:
+        """The IntegrityError (or subclass ``cls``) for artifact ``name``; ``where`` names the
+        file inside a folder artifact."""
+        return cls(
+            f"{name}{'/' + where if where else ''}: {self.detail}",
+            name=name,
+            status=self.status,
+            expected_size=self.expected_size,
+            actual_size=self.actual_size,
+            expected_digest=self.expected_digest,
+            actual_digest=self.actual_digest,
+        )
+
+
+def compare(
+    size: int, digest: str, *, found_size: int, found_digest: str | None, level: str
+) -> Mismatch | None:
+    """Compare what was observed with what was recorded (``size``, ``digest``) at ``level``:
+    ``"none"`` accepts anything, ``"size"`` compares sizes, ``"full"`` sizes then digests.
+    A digest is compared only when one was observed."""
+    if level == "none":
+        return None
+    if found_size != size:
+        return Mismatch("size_mismatch", size, found_size, digest, found_digest)
+    if level == "full" and found_digest is not None and found_digest != digest:
+        return Mismatch("hash_mismatch", size, found_size, digest, found_digest)
+    return None
+
+
+# -- the one record reader -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record as stored: its exact bytes (copied byte for byte to mirrors) and their decoding."""
+
+    raw: bytes
+    record: Record
+
+
+def read_record(backend: Backend, parts: Parts) -> StoredRecord | None:
+    """The record of artifact ``parts``, None if there is none.
 
     Raises:
-        RecordFormatError: the record exists but is unreadable or does not belong to this name.
+        RecordFormatError: the record exists but is unreadable or names another artifact.
     """
     try:
-        with backend.open_read(record_parts(parts)) as f:
-            data = f.read()
+        raw = backend.read_small(record_parts(parts))
     except NotFoundError:
         return None
-    record = decode_record(data)
+    record = decode_record(raw)
     if record.name != "/".join(parts):
         raise RecordFormatError(f"record names {record.name!r}, expected {'/'.join(parts)!r}")
-    return record
+    return StoredRecord(raw, record)
 
 
+def record_of(backend: Backend, url: str, name: str) -> StoredRecord:
+    """The committed record of ``name``, for callers that need one.
+
+    Raises:
+        NotFoundError: no record. IntegrityError: the record is unreadable (``bad_record``).
+    """
+    parts = validate_name(name)
+    try:
+        found = read_record(backend, parts)
+    except RecordFormatError as exc:
+        raise IntegrityError(f"{name}: bad record: {exc}", name=name, status="bad_record") from exc
+    if found is None:
+        raise NotFoundError(f"{name} is not committed in {url}", name=name)
+    return found
+
+
+# -- checks of one artifact ------------------------------------------------------------------
 def check(backend: Backend, record: Record, level: str) -> VerifyResult:
     """Compare the stored artifact with ``record`` at ``level`` (``"size"`` or ``"full"``)."""
     parts = tuple(record.name.split("/"))
@@ -62,25 +156,28 @@ def check(backend: Backend, record: Record, level: str) -> VerifyResult:
         return VerifyResult(
             record.name, "size_mismatch", "a folder stands where a file was recorded"
         )
-    if info.size != record.size:
-        return VerifyResult(
-            record.name, "size_mismatch", f"expected {record.size} bytes, found {info.size}"
-        )
-    if level == "full":
-        try:
-            with backend.open_read(parts) as f:
-                size, digest = hash_stream(f)
-        except NotFoundError:
-            return VerifyResult(record.name, "missing", "no data under this name")
-        if size != record.size:
-            return VerifyResult(
-                record.name, "size_mismatch", f"expected {record.size} bytes, read {size}"
-            )
-        if digest != record.digest:
-            return VerifyResult(
-                record.name, "hash_mismatch", f"expected {record.digest}, found {digest}"
-            )
+    problem = _compare_file(backend, parts, (record.size, record.digest), info, level)
+    if isinstance(problem, str):
+        return VerifyResult(record.name, "missing", problem)
+    if problem is not None:
+        return VerifyResult(record.name, problem.status, problem.detail)
     return VerifyResult(record.name, "ok")
+
+
+def _compare_file(
+    backend: Backend, parts: Parts, expected: tuple[int, str], info: FileInfo, level: str
+) -> Mismatch | str | None:
+    """Sizes from ``info`` first; at ``"full"`` the bytes are read and hashed. A str: missing."""
+    size, digest = expected
+    problem = compare(size, digest, found_size=info.size, found_digest=None, level=level)
+    if problem is not None or level != "full":
+        return problem
+    try:
+        with backend.open_read(parts) as f:
+            found_size, found_digest = hash_stream(f)
+    except NotFoundError:
+        return "no data under this name"
+    return compare(size, digest, found_size=found_size, found_digest=found_digest, level=level)
 
 
 def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> VerifyResult:
@@ -94,38 +191,75 @@ def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> Ve
             record.name, "size_mismatch", "a file stands where a folder was recorded"
         )
     found = {"/".join(rel): fi for rel, fi in backend.walk(parts)}
+    infos = {}
     for entry in record.files:
         fi = found.pop(entry.path, None)
         if fi is None:
             return VerifyResult(record.name, "missing", f"file {entry.path!r} is missing")
-        if fi.size != entry.size:
-            return VerifyResult(
-                record.name,
-                "size_mismatch",
-                f"{entry.path}: expected {entry.size} bytes, found {fi.size}",
-            )
+        infos[entry.path] = fi
     if found:
         extra = sorted(found)[0]
         return VerifyResult(
             record.name, "size_mismatch", f"unrecorded file {extra!r} in the folder"
         )
-    if level == "full":
+    for current in ("size", level) if level == "full" else ("size",):
         for entry in record.files:
-            with backend.open_read((*parts, *entry.path.split("/"))) as f:
-                size, digest = hash_stream(f)
-            if size != entry.size:
-                return VerifyResult(
-                    record.name,
-                    "size_mismatch",
-                    f"{entry.path}: expected {entry.size} bytes, read {size}",
-                )
-            if digest != entry.digest:
-                return VerifyResult(
-                    record.name,
-                    "hash_mismatch",
-                    f"{entry.path}: expected {entry.digest}, found {digest}",
-                )
+            fparts = (*parts, *entry.path.split("/"))
+            problem = _compare_file(
+                backend, fparts, (entry.size, entry.digest), infos[entry.path], current
+            )
+            if isinstance(problem, str):
+                return VerifyResult(record.name, "missing", f"file {entry.path!r} is missing")
+            if problem is not None:
+                return VerifyResult(record.name, problem.status, f"{entry.path}: {problem.detail}")
     return VerifyResult(record.name, "ok")
+
+
+# -- whole-store answers ---------------------------------------------------------------------
+def list_records(backend: Backend) -> list[Record]:
+    """Committed artifacts (valid records only), oldest to newest."""
+    records, _bad = scan_records(backend)
+    return sorted(records, key=sort_key)
+
+
+def verify(backend: Backend, name: str | None, level: str) -> VerifyReport:
+    """Check one artifact or every artifact (plus ``no_record`` for unrecorded data)."""
+    if name is not None:
+        parts = validate_name(name)
+        try:
+            found = read_record(backend, parts)
+        except RecordFormatError as exc:
+            return VerifyReport((VerifyResult(name, "bad_record", str(exc)),))
+        if found is None:
+            if backend.stat(parts) is not None:
+                return VerifyReport((VerifyResult(name, "no_record", "data without a record"),))
+            return VerifyReport((VerifyResult(name, "missing", "nothing under this name"),))
+        return VerifyReport((check(backend, found.record, level),))
+    records, bad = scan_records(backend)
+    results = [check(backend, r, level) for r in records] + bad
+    results += [
+        VerifyResult(n, "no_record", "data without a record")
+        for n in unrecorded(backend, records, bad)
+    ]
+    return VerifyReport(tuple(sorted(results, key=lambda r: r.name)))
+
+
+def latest(backend: Backend, level: str) -> Record | None:
+    """The newest artifact that passes :func:`check` at ``level``; skipped ones are logged."""
+    records, bad = scan_records(backend)
+    for b in bad:
+        log.warning("latest: skipping %s: bad_record (%s)", b.name, b.detail)
+    for rec in sorted(records, key=sort_key, reverse=True):
+        result = check(backend, rec, level)
+        if result.status == "ok":
+            return rec
+        log.warning("latest: skipping %s: %s (%s)", rec.name, result.status, result.detail)
+    return None
+
+
+def sort_key(record: Record) -> tuple[bool, int, float, str]:
+    """Oldest to newest: unstepped artifacts (by commit time) before stepped ones (by step)."""
+    return (record.step is not None, record.step or 0, record.created.timestamp(), record.name)
 
 
 def scan_records(
@@ -227,8 +361,3 @@ def unrecorded(backend: Backend, records: list[Record], bad: list[VerifyResult])
             continue
         out.append(name)
     return sorted(out)
-
-
-def sort_key(record: Record) -> tuple[bool, int, float, str]:
-    """Oldest to newest: unstepped artifacts (by commit time) before stepped ones (by step)."""
-    return (record.step is not None, record.step or 0, record.created.timestamp(), record.name)

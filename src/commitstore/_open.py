@@ -8,7 +8,7 @@ from typing import Any
 
 from commitstore.backends import resolve
 from commitstore.maintenance.retention import Retention
-from commitstore.mirrors.replicator import Replicator
+from commitstore.mirrors.replicator import check_mirror_options
 from commitstore.store import CommitStore, redact_url
 
 __all__ = ["open_store"]
@@ -35,13 +35,18 @@ def open_store(
     ``retention`` prunes every target after each successful commit (never before it is durable).
 
     Raises:
-        InvalidNameError: unknown scheme, option, mode or policy, before any I/O.
+        ConfigurationError: unknown scheme, option, mode or policy, or a missing extra (with
+            the pip command), before any I/O.
     """
-    store = CommitStore(resolve(url, storage_options), url=redact_url(os.fspath(url)))
-    if mirrors:
-        opened = [m if isinstance(m, CommitStore) else open_store(m) for m in mirrors]
-        store.replicator = Replicator(
-            store, opened, mode=mirror_mode, policy=mirror_policy, queue_size=mirror_queue
-        )
-    store.retention = retention
-    return store
+    check_mirror_options(mirror_mode, mirror_policy, mirror_queue)
+    backend = resolve(url, storage_options)
+    opened = [m if isinstance(m, CommitStore) else open_store(m) for m in mirrors]
+    return CommitStore(
+        backend,
+        url=redact_url(os.fspath(url)),
+        mirrors=opened,
+        mirror_mode=mirror_mode,
+        mirror_policy=mirror_policy,
+        mirror_queue=mirror_queue,
+        retention=retention,
+    )

@@ -6,23 +6,20 @@ import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import BinaryIO
 
-from commitstore._check import read_record
-from commitstore.backends.base import PutMode
+from commitstore._check import compare, read_record, record_of
+from commitstore.backends import Backend, PutMode
 from commitstore.backends.rename.posix import LocalBackend
-from commitstore.digest import copy_hashed, digest_bytes, hash_stream, read_chunks
+from commitstore.digest import copy_hashed, digest_bytes, hash_stream
 from commitstore.errors import (
+    ConfigurationError,
     InsufficientSpaceError,
     IntegrityError,
-    InvalidNameError,
     NotFoundError,
 )
 from commitstore.layout import validate_name
 from commitstore.records import Record, RecordFormatError
-
-if TYPE_CHECKING:
-    from commitstore._reads import Reads as CommitStore
 
 VerifiedFile = BinaryIO
 """What :meth:`CommitStore.open` returns: a readable, seekable binary file."""
@@ -33,91 +30,56 @@ last attempt reads under the publish lock, so a reader that keeps losing the rac
 still gets old or new bytes (where the storage has a lock: local disks, bridges, ``memory://``)."""
 
 
-def _attempt(store: CommitStore, attempt: int) -> contextlib.AbstractContextManager[None]:
+def _attempt(backend: Backend, attempt: int) -> contextlib.AbstractContextManager[None]:
     if attempt + 1 < ATTEMPTS:
         return contextlib.nullcontext()
-    return store.backend.publish_lock()
+    return backend.publish_lock()
 
 
-class _Writer(Protocol):
-    def write(self, b: memoryview, /) -> int | None: ...
-
-
-def copy_stream(src: BinaryIO, dst: _Writer, progress: Callable[[int], None] | None) -> int:
-    """Copy ``src`` to ``dst`` in constant memory; report the running byte count."""
-    total = 0
-    for chunk in read_chunks(src):
-        dst.write(chunk)
-        total += chunk.nbytes
-        if progress is not None:
-            progress(total)
-    return total
-
-
-def _mismatch(rec: Record, status: str, size: int, digest: str | None) -> IntegrityError:
-    if status == "size_mismatch":
-        msg = f"{rec.name}: expected {rec.size} bytes, found {size}"
-    else:
-        msg = f"{rec.name}: expected {rec.digest}, found {digest}"
-    return IntegrityError(
-        msg,
-        name=rec.name,
-        status=status,
-        expected_size=rec.size,
-        actual_size=size,
-        expected_digest=rec.digest,
-        actual_digest=digest,
-    )
-
-
-def _compare(rec: Record, level: str, size: int, digest: str | None) -> IntegrityError | None:
-    if level == "none":
-        return None
-    if size != rec.size:
-        return _mismatch(rec, "size_mismatch", size, digest)
-    if level == "full" and digest != rec.digest:
-        return _mismatch(rec, "hash_mismatch", size, digest)
-    return None
-
-
-def _file_record(store: CommitStore, name: str) -> Record:
-    rec = store.record(name)
+def _file_record(backend: Backend, url: str, name: str) -> Record:
+    rec = record_of(backend, url, name).record
     if rec.kind == "dir":
-        raise InvalidNameError(f"{name} is a folder artifact: use get_file() or stage_dir()")
+        raise ConfigurationError(f"{name} is a folder artifact: use get_file() or stage_dir()")
     return rec
 
 
-def _record_changed(store: CommitStore, rec: Record) -> bool:
+def _record_changed(backend: Backend, rec: Record) -> bool:
     """After a failed check: wait out any publish in flight, then see if the record moved on."""
-    with store.backend.publish_lock():
+    with backend.publish_lock():
         pass
     try:
-        return read_record(store.backend, tuple(rec.name.split("/"))) != rec
+        found = read_record(backend, tuple(rec.name.split("/")))
     except RecordFormatError:
         return False
+    return found is None or found.record != rec
 
 
-def _open_data(store: CommitStore, rec: Record) -> BinaryIO:
+def _problem(rec: Record, level: str, size: int, digest: str | None) -> IntegrityError | None:
+    found = compare(rec.size, rec.digest, found_size=size, found_digest=digest, level=level)
+    return None if found is None else found.error(rec.name)
+
+
+def _open_data(backend: Backend, rec: Record) -> BinaryIO:
     try:
-        return store.backend.open_read(validate_name(rec.name))
+        return backend.open_read(validate_name(rec.name))
     except NotFoundError as exc:
         raise IntegrityError(
             f"{rec.name}: recorded, but its data is missing", name=rec.name, status="missing"
         ) from exc
 
 
-def open_verified(store: CommitStore, name: str, level: str) -> VerifiedFile:
+def open_verified(backend: Backend, url: str, name: str, level: str) -> VerifiedFile:
     """Open, check at ``level`` (reading the file once for ``"full"``), rewind and return."""
     for attempt in range(ATTEMPTS):
-        with _attempt(store, attempt):
-            rec = _file_record(store, name)
-            f = _open_data(store, rec)
+        with _attempt(backend, attempt):
+            rec = _file_record(backend, url, name)
+            f = _open_data(backend, rec)
             try:
                 if level == "full":
                     size, digest = hash_stream(f)
                 else:
                     size, digest = f.seek(0, os.SEEK_END), None
-                problem = _compare(rec, level, size, digest)
+                problem = _problem(rec, level, size, digest)
             except BaseException:
                 f.close()
                 raise
@@ -125,35 +87,37 @@ def open_verified(store: CommitStore, name: str, level: str) -> VerifiedFile:
             f.seek(0)
             return f
         f.close()
-        if attempt + 1 == ATTEMPTS or not _record_changed(store, rec):
+        if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
             raise problem
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def read_verified(store: CommitStore, name: str, level: str) -> bytes:
+def read_verified(backend: Backend, url: str, name: str, level: str) -> bytes:
     """Read all bytes once, check them, return them."""
     for attempt in range(ATTEMPTS):
-        with _attempt(store, attempt):
-            rec = _file_record(store, name)
-            with _open_data(store, rec) as f:
+        with _attempt(backend, attempt):
+            rec = _file_record(backend, url, name)
+            with _open_data(backend, rec) as f:
                 data = f.read()
-        problem = _compare(rec, level, len(data), digest_bytes(data) if level == "full" else None)
+        problem = _problem(rec, level, len(data), digest_bytes(data) if level == "full" else None)
         if problem is None:
             return data
-        if attempt + 1 == ATTEMPTS or not _record_changed(store, rec):
+        if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
             raise problem
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 def get_verified(
-    store: CommitStore,
+    backend: Backend,
+    url: str,
     name: str,
+    *,
     dest: Path,
     level: str,
     progress: Callable[[int], None] | None,
 ) -> None:
     """Stream ``name`` into ``dest`` through the local commit protocol, checking on the way."""
-    rec = store.record(name)
+    rec = record_of(backend, url, name).record
     target = LocalBackend(dest.parent.resolve(), reason="get_file destination")
     free = target.free_space(())
     if free is not None and free < rec.size:
@@ -166,9 +130,9 @@ def get_verified(
     if rec.kind == "file":
         sink = target.open_sink((dest.name,), mode=PutMode.REPLACE)
         try:
-            with _open_data(store, rec) as src:
+            with _open_data(backend, rec) as src:
                 size, digest = copy_hashed(src, sink.write, progress=progress)
-            problem = _compare(rec, level, size, digest)
+            problem = _problem(rec, level, size, digest)
             if problem is not None:
                 raise problem
             sink.publish(size=size, digest=digest)
@@ -184,15 +148,16 @@ def get_verified(
             out = dsink.local_path.joinpath(*entry.path.split("/"))
             out.parent.mkdir(parents=True, exist_ok=True)
             with (
-                store.backend.open_read((*parts, *entry.path.split("/"))) as src,
+                backend.open_read((*parts, *entry.path.split("/"))) as src,
                 out.open("wb") as dst,
             ):
                 size, digest = copy_hashed(src, dst.write, progress=progress, start=done)
             done += size
-            expected = Record(entry.path, None, entry.size, entry.digest)
-            problem = _compare(expected, level, size, digest)
-            if problem is not None:
-                raise IntegrityError(f"{rec.name}/{problem}", name=rec.name, status=problem.status)
+            found = compare(
+                entry.size, entry.digest, found_size=size, found_digest=digest, level=level
+            )
+            if found is not None:
+                raise found.error(rec.name, entry.path)
         dsink.publish()
     except BaseException:
         dsink.abort()

@@ -22,8 +22,8 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from commitstore.backends.base import PutMode
-from commitstore.digest import digest_bytes
+from commitstore._commit import put_small
+from commitstore.backends import PutMode
 from commitstore.errors import CommitStoreError, NotFoundError
 from commitstore.layout import META_DIR, Parts
 
@@ -67,13 +67,7 @@ def save(backend: Backend, entries: Entries) -> None:
     }
     body = gzip.compress(json.dumps(doc, separators=(",", ":")).encode("utf-8"), mtime=0)
     try:
-        sink = backend.open_sink(CACHE_PARTS, mode=PutMode.REPLACE)
-        try:
-            sink.write(memoryview(body))
-            sink.publish(size=len(body), digest=digest_bytes(body))
-        except BaseException:
-            sink.abort()
-            raise
+        put_small(backend, CACHE_PARTS, body, PutMode.REPLACE)
     except (CommitStoreError, OSError) as exc:
         log.debug("record cache not written: %s", exc)
 

@@ -17,7 +17,6 @@ from typing import Any
 from commitstore import CommitStore, __version__, open_store
 from commitstore._progress import ProgressBar
 from commitstore.errors import CommitStoreError, ConfigurationError, InvalidNameError
-from commitstore.mirrors.sync import sync_mirrors
 from commitstore.records import Record, VerifyReport
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -49,7 +48,7 @@ def _value(text: str) -> Any:
         return text
 
 
-def _open(args: argparse.Namespace, url: str) -> CommitStore:
+def _open(args: argparse.Namespace, url: str, mirrors: list[str] | None = None) -> CommitStore:
     """open_store with the ``-o KEY=VALUE`` storage options and ``--mirror`` URLs of the command
     line (mirrors replicate before the command returns)."""
     options: dict[str, Any] = {}
@@ -58,7 +57,7 @@ def _open(args: argparse.Namespace, url: str) -> CommitStore:
         if not sep or not key:
             raise ConfigurationError(f"storage options look like KEY=VALUE, not {item!r}")
         options[key] = _value(value)
-    mirrors = getattr(args, "mirror", None) or []
+    mirrors = mirrors if mirrors is not None else (getattr(args, "mirror", None) or [])
     return open_store(url, mirrors=mirrors, mirror_mode="sync", **options)
 
 
@@ -194,8 +193,8 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    store = _open(args, args.primary)
-    report = sync_mirrors(store, [open_store(m) for m in args.mirrors], repair=not args.no_repair)
+    store = _open(args, args.primary, list(args.mirrors))
+    report = store.sync(repair=not args.no_repair)
     doc = {
         "ok": report.ok,
         "primary_bad": report.primary_bad,

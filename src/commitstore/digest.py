@@ -76,6 +76,23 @@ def copy_hashed(
     return h.count, h.digest()
 
 
+def copy_chunks(
+    src: BinaryIO,
+    write: Callable[[memoryview], object],
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Copy ``src`` to ``write`` in constant memory (no hashing: the writer hashes, e.g. a
+    stage); ``progress`` gets the running count. Returns the bytes copied."""
+    total = 0
+    for chunk in read_chunks(src):
+        write(chunk)
+        total += chunk.nbytes
+        if progress is not None:
+            progress(total)
+    return total
+
+
 def read_chunks(src: BinaryIO, chunk: int = READ_CHUNK) -> Iterator[memoryview]:
     """``src`` to its end in views of one reused buffer (no allocation per chunk): each view is
     valid until the next one is taken, so consumers must copy or consume it at once (as every

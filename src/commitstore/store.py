@@ -1,49 +1,40 @@
-"""The user-facing facade: :class:`CommitStore` (opened with :func:`commitstore.open_store`)."""
+"""The user-facing facade: :class:`CommitStore` (opened with :func:`commitstore.open_store`).
+
+The facade validates its arguments (before any I/O) and hands each call to the module that owns
+it: writes to the one commit path (``_commit``), checks to ``_check``, verified reads to ``_read``,
+mirrors to ``mirrors/``, pruning, gc and adoption to ``maintenance/``.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from commitstore import _read
-from commitstore._reads import Reads
+from commitstore import _check, _read
+from commitstore._commit import Committer, make_record, mode_of
 from commitstore._stage import Stage
-from commitstore.backends import Backend, CommitInfo, FileSink, PutMode
-from commitstore.digest import digest_bytes, manifest_digest
-from commitstore.errors import (
-    AlreadyExistsError,
-    CommitError,
-    CommitStoreError,
-    InsufficientSpaceError,
-    InvalidNameError,
-    NotFoundError,
-)
-from commitstore.layout import infer_step, record_parts, validate_name
+from commitstore.backends import Backend, CommitInfo, FileSink
+from commitstore.digest import copy_chunks, manifest_digest
+from commitstore.errors import CommitError, CommitStoreError, ConfigurationError
+from commitstore.layout import validate_name
 from commitstore.maintenance.adopt import AdoptReport, adopt
 from commitstore.maintenance.gc import GcReport, collect
 from commitstore.maintenance.prune import PruneReport, prune
 from commitstore.maintenance.retention import Retention
 from commitstore.mirrors.replicator import MirrorState, Replicator
-from commitstore.mirrors.sync import SyncReport, restore, sync_mirrors
-from commitstore.records import (
-    FileRecord,
-    Record,
-    encode_record,
-)
+from commitstore.mirrors.sync import SyncReport, latest_any, restore, sync_mirrors
+from commitstore.records import FileRecord, Record, VerifyReport
 
 __all__ = ["CommitStore"]
 
 log = logging.getLogger("commitstore")
-
-RECORD_HEADROOM = 64 * 1024
-"""Space reserved for the record when checking free space before a write of known size."""
 
 Progress = Callable[[int], None]
 
@@ -58,11 +49,13 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}@{host}" if user else host))
 
 
-def _mode(overwrite: bool) -> PutMode:
-    return PutMode.REPLACE if overwrite else PutMode.CREATE
+def _check_age(min_age: float) -> float:
+    if not isinstance(min_age, (int, float)) or not math.isfinite(min_age) or min_age < 0:
+        raise ConfigurationError(f"min_age must be a finite number >= 0, not {min_age!r}")
+    return float(min_age)
 
 
-class CommitStore(Reads):
+class CommitStore:
     """Staged writes, commits, verification and reads of artifacts under one root.
 
     Guarantees, on every backend:
@@ -71,15 +64,38 @@ class CommitStore(Reads):
       record (size, xxh3_128 digest) written after its data.
     - A failed or interrupted write publishes nothing and leaves every earlier artifact intact.
     - Reads never hand out bytes that do not match their record, unless ``verify="none"``.
+    - With mirrors, every mirror receives each commit through its own commit primitive, with a
+      byte-identical record.
     """
 
-    def __init__(self, backend: Backend, *, url: str) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        url: str,
+        mirrors: Sequence[CommitStore] = (),
+        mirror_mode: str = "background",
+        mirror_policy: str = "best_effort",
+        mirror_queue: int = 8,
+        retention: Retention | None = None,
+    ) -> None:
         self.backend = backend
         self.url = redact_url(url)
         """The store's URL, without any password."""
+        self.committer = Committer(backend, self.url)
+        """The one commit path into this store (used by mirrors copying into it)."""
+        self._mirrors = list(mirrors)
         self.replicator: Replicator | None = None
-        """The mirrors, when the store has any."""
-        self.retention: Retention | None = None
+        """The mirrors' replication, when the store has any."""
+        if self._mirrors:
+            self.replicator = Replicator(
+                self.committer,
+                [m.committer for m in self._mirrors],
+                mode=mirror_mode,
+                policy=mirror_policy,
+                queue_size=mirror_queue,
+            )
+        self.retention = retention
         """Applied after every successful commit, when set."""
 
     def __repr__(self) -> str:
@@ -93,6 +109,11 @@ class CommitStore(Reads):
     ) -> None:
         self.close()
 
+    def describe(self) -> dict[str, Any]:
+        """Which commit strategy this store uses and why, with its declared capabilities."""
+        return {"url": self.url, **self.backend.describe()}
+
+    # -- mirrors ----------------------------------------------------------------------------
     def close(self) -> None:
         """Wait for background replication, then stop it. Idempotent.
 
@@ -115,7 +136,7 @@ class CommitStore(Reads):
     @property
     def mirrors(self) -> list[CommitStore]:
         """The mirror stores, in the order given."""
-        return [w.mirror for w in self.replicator.workers] if self.replicator else []
+        return list(self._mirrors)
 
     def mirror_status(self) -> list[MirrorState]:
         """Per mirror: pending and failed (with the last error) replications, and the primary
@@ -127,89 +148,26 @@ class CommitStore(Reads):
         verification. Never deletes on a mirror; artifacts only the mirror has are reported.
         A primary artifact that fails its own check is never copied. Idempotent."""
         self.flush()
-        return sync_mirrors(self, self.mirrors, repair=repair)
+        return sync_mirrors(self.committer, [m.committer for m in self._mirrors], repair=repair)
 
     def restore(self, name: str, *, source: CommitStore | None = None) -> Record:
         """Copy a verified mirror copy of ``name`` (from ``source``, or the first mirror that
         has a whole one) back to the primary, through the primary's commit protocol."""
         validate_name(name)
-        return restore(self, self.mirrors, name, source)
+        sources = [source] if source is not None else self._mirrors
+        return restore(self.committer, [m.committer for m in sources], name)
 
-    def _replicate(self, record: Record) -> None:
+    def _after_commit(self, record: Record) -> None:
         """After a successful (durable) commit: replicate, then apply automatic retention."""
         if self.replicator is not None:
             self.replicator.submit(record.name)
         if self.retention is not None:
             try:
-                prune(self, self.retention, dry_run=False)
+                self._prune(self.retention, dry_run=False)
             except CommitStoreError as exc:  # the commit stands; retention retries next time
                 log.warning("retention after %s failed: %s", record.name, exc)
 
-    def describe(self) -> dict[str, Any]:
-        """Which commit strategy this store uses and why, with its declared capabilities."""
-        return {"url": self.url, **self.backend.describe()}
-
-    # -- writing ------------------------------------------------------------------------
-    def _check_free(self, parts: tuple[str, ...], size: int) -> None:
-        free = self.backend.free_space(parts)
-        if free is not None and free < size + RECORD_HEADROOM:
-            raise InsufficientSpaceError(
-                f"{self.url}: {size} bytes needed for {'/'.join(parts)}, {free} available",
-                path="/".join(parts),
-                needed=size,
-                available=free,
-            )
-
-    def _check_absent(self, name: str, parts: tuple[str, ...]) -> None:
-        if self.backend.stat(record_parts(parts)) is not None:
-            raise AlreadyExistsError(f"{name} is already committed (overwrite=False)", name=name)
-        if self.backend.stat(parts) is not None:
-            raise AlreadyExistsError(
-                f"{name} exists without a record (left by another tool or an interrupted commit); "
-                "pass overwrite=True to replace it",
-                name=name,
-            )
-
-    def _new_record(
-        self, name: str, step: int | None, metadata: Mapping[str, Any] | None, **kw: Any
-    ) -> Record:
-        return Record(
-            name=name,
-            step=step if step is not None else infer_step(name),
-            created=datetime.now(timezone.utc),
-            metadata=dict(metadata or {}),
-            **kw,
-        )
-
-    def _commit(
-        self,
-        parts: tuple[str, ...],
-        overwrite: bool,
-        publish_data: Callable[[], Record],
-        body: bytes | None = None,
-    ) -> Record:
-        """Under the publish lock: publish the data (``publish_data`` returns its record), then
-        the record with the same protocol (``body``: exact record bytes, for mirrors). Two
-        writers' pairs never interleave."""
-        with self.backend.publish_lock():
-            if not overwrite:
-                self._check_absent("/".join(parts), parts)
-            record = publish_data()
-            body = body if body is not None else encode_record(record)
-            rsink = self.backend.open_sink(record_parts(parts), mode=_mode(overwrite))
-            try:
-                rsink.write(memoryview(body))
-            except BaseException:
-                rsink.abort()
-                raise
-            self._published(rsink.publish(size=len(body), digest=digest_bytes(body)), record.name)
-        log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
-        return record
-
-    def _published(self, info: CommitInfo, name: str) -> None:
-        if not info.durable:
-            log.warning("%s: durability unconfirmed: %s", name, "; ".join(info.notes))
-
+    # -- writing ----------------------------------------------------------------------------
     def stage(
         self,
         name: str,
@@ -231,21 +189,20 @@ class CommitStore(Reads):
                 atomically, at commit).
         """
         parts = validate_name(name)
-        if not overwrite:
-            self._check_absent(name, parts)
-        sink = self.backend.open_sink(parts, mode=_mode(overwrite))
+        mode = mode_of(overwrite)
+        sink = self.committer.open_file(parts, mode)
 
         def finish(s: FileSink, size: int, digest: str) -> tuple[Record, CommitInfo]:
             infos: list[CommitInfo] = []
 
             def publish_data() -> Record:
                 infos.append(s.publish(size=size, digest=digest))
-                self._published(infos[0], name)
-                return self._new_record(name, step, metadata, size=size, digest=digest)
+                self.committer.note(infos[0], name)
+                return make_record(name, step, metadata, size=size, digest=digest)
 
-            return self._commit(parts, overwrite, publish_data), infos[0]
+            return self.committer.commit(parts, mode, publish_data), infos[0]
 
-        return Stage(name, sink, finish, after=self._replicate)
+        return Stage(name, sink, finish, after=self._after_commit)
 
     @contextlib.contextmanager
     def stage_dir(
@@ -261,9 +218,8 @@ class CommitStore(Reads):
         The record lists every file (path, size, digest). An exception publishes nothing.
         """
         parts = validate_name(name)
-        if not overwrite:
-            self._check_absent(name, parts)
-        sink = self.backend.open_dir_sink(parts, mode=_mode(overwrite))
+        mode = mode_of(overwrite)
+        sink = self.committer.open_dir(parts, mode)
         try:
             yield sink.local_path
         except BaseException:
@@ -272,9 +228,9 @@ class CommitStore(Reads):
 
         def publish_data() -> Record:
             info = sink.publish()
-            self._published(info, name)
+            self.committer.note(info, name)
             files = tuple(FileRecord(p, size, d) for p, size, d in info.files)
-            return self._new_record(
+            return make_record(
                 name,
                 step,
                 metadata,
@@ -285,16 +241,15 @@ class CommitStore(Reads):
             )
 
         try:
-            record = self._commit(parts, overwrite, publish_data)
+            record = self.committer.commit(parts, mode, publish_data)
         except BaseException:
             sink.abort()
             raise
-        self._replicate(record)
+        self._after_commit(record)
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
         """Commit ``data`` as ``name`` (same protocol as :meth:`stage`); checks free space first."""
-        parts = validate_name(name)
-        self._check_free(parts, memoryview(data).nbytes)
+        self.committer.check_free(validate_name(name), memoryview(data).nbytes)
         with self.stage(name, **kw) as st:
             st.write(data)
         assert st.record is not None
@@ -316,9 +271,9 @@ class CommitStore(Reads):
         parts = validate_name(name)
         with open(local_path, "rb") as src:
             size = os.fstat(src.fileno()).st_size
-            self._check_free(parts, size)
+            self.committer.check_free(parts, size)
             with self.stage(name, **kw) as st:
-                _read.copy_stream(src, st, progress)
+                copy_chunks(src, st.write, progress=progress)
                 if st.tell() != size:
                     raise CommitError(f"{local_path}: changed size while it was copied")
         assert st.record is not None
@@ -327,13 +282,9 @@ class CommitStore(Reads):
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be
         whole. Raises NotFoundError if neither exists."""
-        parts = validate_name(name)
-        with self.backend.publish_lock():
-            had_record = self.backend.remove(record_parts(parts))
-            had_data = self.backend.remove(parts)
-        if not (had_record or had_data):
-            raise NotFoundError(f"{name} does not exist", name=name)
+        self.committer.delete(name)
 
+    # -- keeping storage bounded --------------------------------------------------------------
     def prune(
         self,
         *,
@@ -351,14 +302,20 @@ class CommitStore(Reads):
         time is unknown or zero, the newest whole artifact of each target, anything whose
         replication to that target is pending, anything without a record. Deletion removes the
         record first. Idempotent; safe to run from two processes at once.
+
+        Raises:
+            ConfigurationError: a negative count or a bad ``min_age``. InvalidNameError: a bad
+                name in ``keep``.
         """
-        try:
-            policy = Retention(keep_last, keep_every, tuple(keep), min_age)
-        except ValueError as exc:
-            raise InvalidNameError(str(exc)) from exc
+        policy = Retention(keep_last, keep_every, tuple(keep), _check_age(min_age))
         for name in keep:
             validate_name(name)
-        return prune(self, policy, dry_run=dry_run)
+        return self._prune(policy, dry_run=dry_run)
+
+    def _prune(self, policy: Retention, *, dry_run: bool) -> PruneReport:
+        pending = self.replicator.pending() if self.replicator is not None else {}
+        targets = [self.committer, *(m.committer for m in self._mirrors)]
+        return prune(targets, policy, pending=pending, dry_run=dry_run)
 
     def adopt(self, name: str | None = None, *, trust: bool = False) -> AdoptReport:
         """Write records for files that have none (checkpoints written before commitstore), after
@@ -367,7 +324,7 @@ class CommitStore(Reads):
         Truncated files are reported, never adopted; unknown formats only with ``trust=True``."""
         if name is not None:
             validate_name(name)
-        return adopt(self, name, trust=trust)
+        return adopt(self.committer, name, trust=trust)
 
     def gc(self, *, min_age: float = 3600, dry_run: bool = False) -> GcReport:
         """Remove what dead writers left: staging files and folders, and (object stores)
@@ -377,11 +334,71 @@ class CommitStore(Reads):
         anything younger than ``min_age`` or of unknown age is kept and reported. Idempotent.
         With ``dry_run=True`` nothing is removed; ``removed`` lists what would be.
         """
-        if min_age < 0:
-            raise InvalidNameError(f"min_age must be >= 0, not {min_age!r}")
-        report = collect(self.backend, min_age=min_age, dry_run=dry_run)
+        report = collect(self.backend, min_age=_check_age(min_age), dry_run=dry_run)
         for item in report.removed:
             log.info(
                 "gc: %s %s (%s)", "would remove" if dry_run else "removed", item.path, item.kind
             )
         return report
+
+    # -- reading and checking ---------------------------------------------------------------
+    def record(self, name: str) -> Record:
+        """The committed record of ``name``.
+
+        Raises:
+            NotFoundError: no record. IntegrityError: the record is unreadable (``bad_record``).
+        """
+        return _check.record_of(self.backend, self.url, name).record
+
+    def list(self) -> list[Record]:
+        """Committed artifacts (valid records only), oldest to newest by step."""
+        return _check.list_records(self.backend)
+
+    def verify(self, name: str | None = None, *, level: str = "full") -> VerifyReport:
+        """Check one artifact or all against their records; never raises for a bad artifact.
+
+        ``level="size"`` compares sizes; ``"full"`` also recomputes digests. Unrecorded files
+        under the root are reported as ``no_record`` (they do not make the report fail).
+        """
+        _check.check_level(level)
+        return _check.verify(self.backend, name, level)
+
+    def latest(self, *, level: str = "full", source: str = "primary") -> Record | None:
+        """The newest artifact that passes :meth:`verify` at ``level``; each one skipped is logged
+        as a warning. None if there is none. ``source="any"`` also considers the mirrors (the
+        newest artifact whole on any store; ``restore`` brings it back to the primary)."""
+        _check.check_level(level)
+        if source not in ("primary", "any"):
+            raise ConfigurationError(f"source must be 'primary' or 'any', not {source!r}")
+        if source == "any":
+            return latest_any([self.committer, *(m.committer for m in self._mirrors)], level)
+        return _check.latest(self.backend, level)
+
+    def open(self, name: str, *, verify: str = "full") -> _read.VerifiedFile:
+        """A readable, seekable binary file of ``name`` whose bytes passed the check first.
+
+        Raises:
+            NotFoundError: not committed. IntegrityError: the bytes fail the check.
+        """
+        _check.check_level(verify, allow_none=True)
+        return _read.open_verified(self.backend, self.url, name, verify)
+
+    def read_bytes(self, name: str, *, verify: str = "full") -> bytes:
+        """All bytes of ``name``, read once and checked before they are returned."""
+        _check.check_level(verify, allow_none=True)
+        return _read.read_verified(self.backend, self.url, name, verify)
+
+    def get_file(
+        self,
+        name: str,
+        local_path: str | os.PathLike[str],
+        *,
+        verify: str = "full",
+        progress: Progress | None = None,
+    ) -> None:
+        """Copy ``name`` to ``local_path`` with the local commit protocol; the local file appears
+        only if the bytes matched the record (folder artifacts: the whole folder)."""
+        _check.check_level(verify, allow_none=True)
+        _read.get_verified(
+            self.backend, self.url, name, dest=Path(local_path), level=verify, progress=progress
+        )

@@ -11,16 +11,13 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from commitstore._check import scan_records, unrecorded
-from commitstore.backends.base import PutMode
-from commitstore.digest import digest_bytes, hash_stream
-from commitstore.layout import infer_step, record_parts, validate_name
+from commitstore._commit import Committer
+from commitstore.digest import hash_stream
+from commitstore.layout import infer_step, validate_name
 from commitstore.records import Record, encode_record
-
-if TYPE_CHECKING:
-    from commitstore.store import CommitStore
 
 ZIP_SUFFIXES = (".pt", ".pth", ".ckpt", ".zip", ".bin")
 EOCD = b"PK\x05\x06"
@@ -165,7 +162,7 @@ def structure_problem(name: str, f: BinaryIO, *, trust: bool) -> str | None:
     return None if trust else "unknown format (adopt with trust=True)"
 
 
-def adopt(store: CommitStore, name: str | None, *, trust: bool) -> AdoptReport:
+def adopt(store: Committer, name: str | None, *, trust: bool) -> AdoptReport:
     """Write records for unrecorded files that pass their structural check."""
     records, bad = scan_records(store.backend)
     names = [name] if name is not None else unrecorded(store.backend, records, bad)
@@ -184,17 +181,8 @@ def adopt(store: CommitStore, name: str | None, *, trust: bool) -> AdoptReport:
         rec = Record(
             name=n, step=infer_step(n), size=size, digest=digest, metadata={"adopted": True}
         )
-        body = encode_record(rec)
-        with store.backend.publish_lock():
-            if store.backend.stat(record_parts(parts)) is not None:
-                rejected[n] = "already has a record"
-                continue
-            sink = store.backend.open_sink(record_parts(parts), mode=PutMode.CREATE)
-            try:
-                sink.write(memoryview(body))
-            except BaseException:
-                sink.abort()
-                raise
-            sink.publish(size=len(body), digest=digest_bytes(body))
+        if not store.add_record(parts, encode_record(rec)):
+            rejected[n] = "already has a record"
+            continue
         adopted.append(n)
     return AdoptReport(tuple(adopted), rejected)

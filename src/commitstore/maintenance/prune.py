@@ -7,9 +7,9 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from commitstore._check import scan_records, sort_key
+from commitstore._commit import Committer
 from commitstore.errors import NotFoundError
 from commitstore.layout import META_DIR, RECORDS_DIR, record_parts
 from commitstore.maintenance.retention import (
@@ -20,10 +20,6 @@ from commitstore.maintenance.retention import (
     plan_target,
 )
 from commitstore.records import Record
-
-if TYPE_CHECKING:
-    from commitstore._reads import Reads
-    from commitstore.store import CommitStore
 
 log = logging.getLogger("commitstore")
 
@@ -60,7 +56,7 @@ class PruneReport:
         return self.targets[0].skipped
 
 
-def candidates(store: Reads, pending: set[str]) -> list[Candidate]:
+def candidates(store: Committer, pending: set[str]) -> list[Candidate]:
     """Every committed artifact of ``store`` with its mtime and size-level wholeness, from one
     listing of the whole store (records included; on object stores, records come from the record
     cache where their tags match, so no request per artifact)."""
@@ -94,15 +90,16 @@ def _data_paths(rec: Record) -> list[str]:
 
 
 def prune(
-    primary: CommitStore, policy: Retention, *, dry_run: bool, now: float | None = None
+    targets: list[Committer],
+    policy: Retention,
+    *,
+    pending: dict[str, set[str]],
+    dry_run: bool,
+    now: float | None = None,
 ) -> PruneReport:
-    """Plan once from the primary's committed steps; apply to the primary and every mirror."""
+    """Plan once from the first target's (the primary's) committed steps; apply to every target.
+    ``pending``: per target URL, artifacts whose replication there is queued (never deleted)."""
     now = time.time() if now is None else now
-    pending: dict[str, set[str]] = {}
-    if primary.replicator is not None:
-        for w in primary.replicator.workers:
-            pending[w.mirror.url] = set(w.pending)
-    targets: list[Reads] = [primary, *primary.mirrors]
     per_target = [candidates(t, pending.get(t.url, set())) for t in targets]
     keep = keep_set(per_target[0], policy)
     out = []
@@ -114,7 +111,7 @@ def prune(
                 deleted.append(name)
                 continue
             with contextlib.suppress(NotFoundError):  # another prune got there first
-                store.delete(name)  # type: ignore[attr-defined]
+                store.delete(name)
             deleted.append(name)
             log.info("prune: deleted %s on %s", name, store.url)
         out.append(TargetPrune(store.url, tuple(deleted), plan.keep, dict(plan.skipped)))

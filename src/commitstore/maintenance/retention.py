@@ -9,8 +9,11 @@ anything whose replication to that target is pending.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from commitstore.errors import ConfigurationError
 
 __all__ = ["Candidate", "Retention", "TargetPlan", "keep_set", "plan_target"]
 
@@ -30,12 +33,18 @@ class Retention:
     """Never delete anything modified less than this many seconds ago."""
 
     def __post_init__(self) -> None:
-        if self.keep_last is not None and self.keep_last < 0:
-            raise ValueError("keep_last must be >= 0")
-        if self.keep_every is not None and self.keep_every < 1:
-            raise ValueError("keep_every must be >= 1")
+        if self.keep_last is not None and (not _is_int(self.keep_last) or self.keep_last < 0):
+            raise ConfigurationError(f"keep_last must be an integer >= 0, not {self.keep_last!r}")
+        if self.keep_every is not None and (not _is_int(self.keep_every) or self.keep_every < 1):
+            raise ConfigurationError(f"keep_every must be an integer >= 1, not {self.keep_every!r}")
+        if not isinstance(self.min_age, (int, float)) or not math.isfinite(self.min_age):
+            raise ConfigurationError(f"min_age must be a finite number, not {self.min_age!r}")
         if self.min_age < 0:
-            raise ValueError("min_age must be >= 0")
+            raise ConfigurationError(f"min_age must be >= 0, not {self.min_age!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)

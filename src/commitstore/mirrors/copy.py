@@ -8,60 +8,41 @@ copied. The target gets a byte-for-byte copy of the source's record.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable
 
-from commitstore.backends.base import PutMode
+from commitstore._check import compare, record_of
+from commitstore._commit import Committer
+from commitstore.backends import PutMode
 from commitstore.digest import copy_hashed
-from commitstore.errors import IntegrityError, NotFoundError
-from commitstore.layout import record_parts, validate_name
-from commitstore.records import Record, RecordFormatError, decode_record
-
-if TYPE_CHECKING:
-    import threading
-
-    from commitstore._reads import Reads
-    from commitstore.store import CommitStore
-
-
-def raw_record(store: Reads, name: str) -> tuple[bytes, Record] | None:
-    """The exact record bytes of ``name`` and their decoding; None if there is no record.
-
-    Raises:
-        IntegrityError: the record is unreadable (``bad_record``).
-    """
-    parts = validate_name(name)
-    try:
-        with store.backend.open_read(record_parts(parts)) as f:
-            raw = f.read()
-    except NotFoundError:
-        return None
-    try:
-        rec = decode_record(raw)
-    except RecordFormatError as exc:
-        raise IntegrityError(f"{name}: bad record: {exc}", name=name, status="bad_record") from exc
-    if rec.name != name:
-        raise IntegrityError(f"{name}: record names {rec.name!r}", name=name, status="bad_record")
-    return raw, rec
+from commitstore.errors import IntegrityError
+from commitstore.layout import validate_name
+from commitstore.records import Record
 
 
 class SourceMismatch(IntegrityError):
     """The source's bytes do not match the source's own record: nothing was copied."""
 
 
-def _mismatch(rec: Record, what: str, size: int, digest: str, src: Reads) -> IntegrityError:
-    return SourceMismatch(
-        f"{rec.name}{what} on {src.url} does not match its record ({size} bytes, {digest}); "
-        "not copied",
-        name=rec.name,
-        status="size_mismatch" if size != rec.size else "hash_mismatch",
-        actual_size=size,
-        actual_digest=digest,
-    )
+def _check_source(
+    src: Committer, rec: Record, where: str, found: tuple[int, str], expected: tuple[int, str]
+) -> None:
+    size, digest = found
+    mismatch = compare(*expected, found_size=size, found_digest=digest, level="full")
+    if mismatch is not None:
+        raise SourceMismatch(
+            f"{rec.name}{'/' + where if where else ''} on {src.url} does not match its record "
+            f"({size} bytes, {digest}); not copied",
+            name=rec.name,
+            status=mismatch.status,
+            actual_size=size,
+            actual_digest=digest,
+        )
 
 
 def copy_artifact(
-    src: CommitStore,
-    dst: CommitStore,
+    src: Committer,
+    dst: Committer,
     name: str,
     *,
     publish_slots: threading.Semaphore | None = None,
@@ -73,33 +54,32 @@ def copy_artifact(
 
     Raises:
         NotFoundError: not committed on ``src``.
-        IntegrityError: ``src``'s bytes do not match its record (nothing published on ``dst``).
+        IntegrityError: ``src``'s bytes (or record) are bad (nothing published on ``dst``).
         InsufficientSpaceError, CommitError, BackendUnavailableError: from ``dst``.
     """
     parts = validate_name(name)
-    found = raw_record(src, name)
-    if found is None:
-        raise NotFoundError(f"{name} is not committed on {src.url}", name=name)
-    raw, rec = found
-    dst._check_free(parts, rec.size)
+    stored = record_of(src.backend, src.url, name)
+    rec = stored.record
+    dst.check_free(parts, rec.size)
+    publish_data: Callable[[], Record]
     if rec.kind == "file":
-        sink = dst.backend.open_sink(parts, mode=PutMode.REPLACE)
+        sink = dst.open_file(parts, PutMode.REPLACE)
         try:
             with src.backend.open_read(parts) as f:
                 size, digest = copy_hashed(f, sink.write)
-            if size != rec.size or digest != rec.digest:
-                raise _mismatch(rec, "", size, digest, src)
+            _check_source(src, rec, "", (size, digest), (rec.size, rec.digest))
         except BaseException:
             sink.abort()
             raise
         abort = sink.abort
 
-        def publish_data() -> Record:
-            dst._published(sink.publish(size=rec.size, digest=rec.digest), name)
+        def publish_file() -> Record:
+            dst.note(sink.publish(size=rec.size, digest=rec.digest), name)
             return rec
 
+        publish_data = publish_file
     else:
-        dsink = dst.backend.open_dir_sink(parts, mode=PutMode.REPLACE)
+        dsink = dst.open_dir(parts, PutMode.REPLACE)
         try:
             for entry in rec.files:
                 out = dsink.local_path.joinpath(*entry.path.split("/"))
@@ -109,19 +89,20 @@ def copy_artifact(
                     open(out, "wb") as o,
                 ):
                     size, digest = copy_hashed(f, o.write)
-                if size != entry.size or digest != entry.digest:
-                    raise _mismatch(rec, f"/{entry.path}", size, digest, src)
+                _check_source(src, rec, entry.path, (size, digest), (entry.size, entry.digest))
         except BaseException:
             dsink.abort()
             raise
         abort = dsink.abort
 
-        def publish_data() -> Record:
+        def publish_dir() -> Record:
             info = dsink.publish()
             sent = sorted((f.path, f.size, f.digest) for f in rec.files)
             if sorted(info.files) != sent:
                 raise IntegrityError(f"{name}: folder changed while copied", name=name)
             return rec
+
+        publish_data = publish_dir
 
     started = False
 
@@ -132,7 +113,7 @@ def copy_artifact(
 
     try:
         with publish_slots if publish_slots is not None else contextlib.nullcontext():
-            return dst._commit(parts, True, publish, body=raw)
+            return dst.commit(parts, PutMode.REPLACE, publish, body=stored.raw)
     except BaseException:
         if not started:  # the publish lock (or the wait for a slot) failed: nothing published
             abort()

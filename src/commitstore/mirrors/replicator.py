@@ -10,20 +10,29 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from commitstore.errors import CommitStoreError, InvalidNameError, MirrorError
+from commitstore._check import list_records
+from commitstore._commit import Committer
+from commitstore.errors import CommitStoreError, ConfigurationError, MirrorError
 from commitstore.mirrors.copy import copy_artifact
-
-if TYPE_CHECKING:
-    from commitstore.store import CommitStore
 
 log = logging.getLogger("commitstore")
 
 MODES = ("background", "sync")
 POLICIES = ("best_effort", "required")
 RETRIES = 3
-"""Attempts per artifact and mirror before it is marked failed (sync() repairs it later)."""
+"""Attempts per artifact and mirror before it is marked failed (sync() repairs it later); only
+errors that say they are ``retryable`` are tried again."""
+
+
+def check_mirror_options(mode: str, policy: str, queue_size: int) -> None:
+    """Raise ConfigurationError for a bad mirror mode, policy or queue size, before any I/O."""
+    if mode not in MODES:
+        raise ConfigurationError(f"mirror_mode must be one of {MODES}, not {mode!r}")
+    if policy not in POLICIES:
+        raise ConfigurationError(f"mirror_policy must be one of {POLICIES}, not {policy!r}")
+    if not isinstance(queue_size, int) or queue_size < 1:
+        raise ConfigurationError(f"mirror_queue must be an integer >= 1, not {queue_size!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +53,7 @@ class MirrorState:
 
 @dataclass
 class _Worker:
-    mirror: CommitStore
+    mirror: Committer
     jobs: queue.Queue[str | None]
     pending: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
@@ -58,19 +67,14 @@ class Replicator:
 
     def __init__(
         self,
-        primary: CommitStore,
-        mirrors: list[CommitStore],
+        primary: Committer,
+        mirrors: list[Committer],
         *,
         mode: str,
         policy: str,
         queue_size: int,
     ) -> None:
-        if mode not in MODES:
-            raise InvalidNameError(f"mirror_mode must be one of {MODES}, not {mode!r}")
-        if policy not in POLICIES:
-            raise InvalidNameError(f"mirror_policy must be one of {POLICIES}, not {policy!r}")
-        if queue_size < 1:
-            raise InvalidNameError("mirror_queue must be at least 1")
+        check_mirror_options(mode, policy, queue_size)
         self.primary = primary
         self.mode = mode
         self.policy = policy
@@ -94,9 +98,9 @@ class Replicator:
         for attempt in range(RETRIES):
             try:
                 copy_artifact(self.primary, w.mirror, name)
-            except CommitStoreError as exc:
-                permanent = getattr(exc, "status", None) in ("hash_mismatch", "size_mismatch")
-                if attempt + 1 < RETRIES and not permanent:
+            except Exception as exc:  # any failure is this artifact's, never the thread's
+                retryable = isinstance(exc, CommitStoreError) and exc.retryable
+                if attempt + 1 < RETRIES and retryable:
                     time.sleep(delay)
                     delay *= 2
                     continue
@@ -172,11 +176,17 @@ class Replicator:
                     w.jobs.put(None)
                     w.thread.join()
 
+    def pending(self) -> dict[str, set[str]]:
+        """Per mirror URL: the artifacts queued or being copied there (prune keeps them)."""
+        with self._lock:
+            return {w.mirror.url: set(w.pending) for w in self.workers}
+
     def status(self) -> list[MirrorState]:
-        primary = {r.name for r in self.primary.list()}
+        """Per mirror: what is pending, what failed, and what it lacks as of this call."""
+        primary = {r.name for r in list_records(self.primary.backend)}
         out = []
         for w in self.workers:
-            held = {r.name for r in w.mirror.list()}
+            held = {r.name for r in list_records(w.mirror.backend)}
             with self._lock:
                 pending, failed, last = tuple(w.pending), dict(w.failed), w.last_error
             out.append(

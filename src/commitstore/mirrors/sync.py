@@ -5,10 +5,11 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from commitstore._check import check, sort_key
+from commitstore._check import StoredRecord, check, list_records, read_record, sort_key, verify
+from commitstore._commit import Committer
 from commitstore.errors import CommitStoreError, IntegrityError, NotFoundError
 from commitstore.layout import (
     META_DIR,
@@ -18,14 +19,8 @@ from commitstore.layout import (
     record_parts,
     validate_name,
 )
-from commitstore.mirrors.copy import SourceMismatch, copy_artifact, raw_record
-from commitstore.records import Record
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from commitstore._reads import Reads
-    from commitstore.store import CommitStore
+from commitstore.mirrors.copy import SourceMismatch, copy_artifact
+from commitstore.records import Record, RecordFormatError
 
 log = logging.getLogger("commitstore")
 
@@ -50,7 +45,7 @@ class MirrorSync:
 
 @dataclass(frozen=True, slots=True)
 class SyncReport:
-    """Result of :meth:`CommitStore.sync`."""
+    """Result of :meth:`Committer.sync`."""
 
     mirrors: tuple[MirrorSync, ...]
     primary_bad: dict[str, str]
@@ -65,7 +60,7 @@ class SyncReport:
 class _PrimaryChecks:
     """Full checks of primary artifacts, each done at most once across mirrors."""
 
-    def __init__(self, primary: CommitStore) -> None:
+    def __init__(self, primary: Committer) -> None:
         self.primary = primary
         self.bad: dict[str, str] = {}
         self._done: dict[str, bool] = {}
@@ -92,7 +87,7 @@ One more is read and staged meanwhile, so the mirror never waits for the primary
 
 
 def sync_mirrors(
-    primary: CommitStore, mirrors: list[CommitStore], *, repair: bool, transfers: int = TRANSFERS
+    primary: Committer, mirrors: list[Committer], *, repair: bool, transfers: int = TRANSFERS
 ) -> SyncReport:
     """Copy what each mirror lacks (or, with ``repair``, holds broken), ``transfers`` artifacts at
     a time per mirror, the next one staged meanwhile. The mirror's records are listed once (an
@@ -100,11 +95,11 @@ def sync_mirrors(
     the bytes against the primary's record (``copy_artifact``) and publishes nothing on a
     mismatch. Artifacts a mirror already holds are checked on both sides, so primary corruption
     is reported even when nothing needs copying."""
-    records = primary.list()
+    records = list_records(primary.backend)
     names = {r.name for r in records}
     checks = _PrimaryChecks(primary)
 
-    def one(mirror: CommitStore) -> MirrorSync:
+    def one(mirror: Committer) -> MirrorSync:
         ctx = _MirrorCtx(mirror, _record_paths(mirror), threading.Semaphore(max(1, transfers)))
         with concurrent.futures.ThreadPoolExecutor(max(1, transfers) + 1) as pool:
             outcomes = list(pool.map(lambda r: _sync_one(primary, ctx, r, checks, repair), records))
@@ -115,7 +110,7 @@ def sync_mirrors(
                 failed[rec.name] = detail
             elif outcome in done:
                 done[outcome].append(rec.name)
-        report = mirror.verify(level="size")
+        report = verify(mirror.backend, None, "size")
         foreign = sorted({r.name for r in report.results if r.name not in names})
         for name in foreign:
             log.info("sync: %s on %s is not on the primary; left alone", name, mirror.url)
@@ -136,20 +131,20 @@ def sync_mirrors(
 
 @dataclass(frozen=True, slots=True)
 class _MirrorCtx:
-    store: CommitStore
+    store: Committer
     records: set[Parts]
     """Where the mirror had record files when sync started."""
     publish_slots: threading.Semaphore
 
 
-def _record_paths(store: CommitStore) -> set[Parts]:
+def _record_paths(store: Committer) -> set[Parts]:
     """The record files ``store`` holds, from one listing."""
     listing = store.backend.walk((META_DIR, RECORDS_DIR))
     return {(META_DIR, RECORDS_DIR, *rel) for rel, _ in listing if not is_staging_part(rel[-1])}
 
 
 def _sync_one(
-    primary: CommitStore, ctx: _MirrorCtx, rec: Record, checks: _PrimaryChecks, repair: bool
+    primary: Committer, ctx: _MirrorCtx, rec: Record, checks: _PrimaryChecks, repair: bool
 ) -> tuple[str, str]:
     """Bring one artifact to the mirror: ("ok" | "copied" | "repaired" | "failed" | "skipped",
     detail). "skipped": the primary's own copy is bad (reported in ``checks.bad``)."""
@@ -159,14 +154,14 @@ def _sync_one(
         state = "missing"
     else:
         try:
-            theirs = raw_record(mirror, rec.name)
+            theirs = _stored(mirror, rec.name)
         except IntegrityError:
             state = "bad"
         else:
             state = "missing" if theirs is None else "present"
     if state == "present":
-        mine = raw_record(primary, rec.name)
-        same = mine is not None and theirs is not None and theirs[0] == mine[0]
+        mine = _stored(primary, rec.name)
+        same = mine is not None and theirs is not None and theirs.raw == mine.raw
         if same and check(mirror.backend, rec, "full").status == "ok":
             return ("ok", "") if checks.whole(rec) else ("skipped", "")
         state = "bad"
@@ -189,46 +184,52 @@ def _sync_one(
     return ("copied" if state == "missing" else "repaired"), ""
 
 
-def latest_any(stores: Sequence[Reads], level: str) -> Record | None:
+def latest_any(stores: Sequence[Committer], level: str) -> Record | None:
     """The newest artifact that is whole on at least one of ``stores`` (primary first)."""
     by_name: dict[str, Record] = {}
     for store in stores:
-        for rec in store.list():
+        for rec in list_records(store.backend):
             by_name.setdefault(rec.name, rec)
     for rec in sorted(by_name.values(), key=sort_key, reverse=True):
         for store in stores:
-            found = raw_record(store, rec.name) if _has(store, rec.name) else None
+            try:
+                found = _stored(store, rec.name)
+            except IntegrityError:
+                continue
             if found is None:
                 continue
-            result = check(store.backend, found[1], level)
+            result = check(store.backend, found.record, level)
             if result.status == "ok":
-                return found[1]
+                return found.record
             log.warning("latest: skipping %s on %s: %s", rec.name, store.url, result.status)
     return None
 
 
-def _has(store: Reads, name: str) -> bool:
+def _stored(store: Committer, name: str) -> StoredRecord | None:
+    """The record of ``name`` on ``store``, None if it has none.
+
+    Raises:
+        IntegrityError: the record is unreadable (``bad_record``).
+    """
     try:
-        return raw_record(store, name) is not None
-    except IntegrityError:
-        return False
+        return read_record(store.backend, validate_name(name))
+    except RecordFormatError as exc:
+        raise IntegrityError(f"{name}: bad record: {exc}", name=name, status="bad_record") from exc
 
 
-def restore(
-    primary: CommitStore, mirrors: list[CommitStore], name: str, source: CommitStore | None
-) -> Record:
-    """Copy a verified mirror copy of ``name`` back to the primary."""
-    candidates = [source] if source is not None else mirrors
+def restore(primary: Committer, sources: Sequence[Committer], name: str) -> Record:
+    """Copy a verified copy of ``name`` from the first of ``sources`` holding a whole one back to
+    the primary."""
     errors = []
-    for mirror in candidates:
+    for mirror in sources:
         try:
-            found = raw_record(mirror, name)
+            found = _stored(mirror, name)
         except IntegrityError as exc:
             errors.append(f"{mirror.url}: {exc}")
             continue
         if found is None:
             continue
-        result = check(mirror.backend, found[1], "full")
+        result = check(mirror.backend, found.record, "full")
         if result.status != "ok":
             errors.append(f"{mirror.url}: {result.status}")
             continue

@@ -1,0 +1,162 @@
+"""The one commit path: check, stage, publish the data, publish the record.
+
+Every writer goes through here: the facade (``stage``, ``stage_dir``, ``put_*``), mirror copies and
+``restore``, ``adopt`` (a record for data already in place) and the record cache (a small file).
+What a backend offers decides how much is checked here: where a publish with ``PutMode.CREATE`` is
+atomic on the storage (``Capabilities.exclusive_create``) the storage is the check; elsewhere the
+absence of both record and data is checked under the backend's publish lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from commitstore.backends import Backend, CommitInfo, DirSink, FileSink, PutMode
+from commitstore.digest import digest_bytes
+from commitstore.errors import AlreadyExistsError, InsufficientSpaceError, NotFoundError
+from commitstore.layout import Parts, infer_step, record_parts, validate_name
+from commitstore.records import Record, encode_record
+
+log = logging.getLogger("commitstore")
+
+RECORD_HEADROOM = 64 * 1024
+"""Space reserved for the record when checking free space before a write of known size."""
+
+
+def mode_of(overwrite: bool) -> PutMode:
+    """The publish mode of the public ``overwrite=`` flag."""
+    return PutMode.REPLACE if overwrite else PutMode.CREATE
+
+
+def put_small(backend: Backend, parts: Parts, body: bytes, mode: PutMode) -> CommitInfo:
+    """Publish a small in-memory file (a record, the record cache) with the backend's own commit
+    primitive: whole or absent under ``parts``. Raises what the backend's sink raises."""
+    sink = backend.open_sink(parts, mode=mode)
+    try:
+        sink.write(memoryview(body))
+    except BaseException:
+        sink.abort()
+        raise
+    return sink.publish(size=len(body), digest=digest_bytes(body))
+
+
+def make_record(
+    name: str, step: int | None, metadata: Mapping[str, Any] | None, **kw: Any
+) -> Record:
+    """A new record of ``name``, committed now (the step inferred from the name if not given)."""
+    return Record(
+        name=name,
+        step=step if step is not None else infer_step(name),
+        created=datetime.now(timezone.utc),
+        metadata=dict(metadata or {}),
+        **kw,
+    )
+
+
+class Committer:
+    """One storage target (a primary or a mirror) and the one commit path into it.
+
+    Guarantees: data is published before its record, both with the backend's one-step primitive;
+    two writers' (data, record) pairs never interleave (the backend's publish lock, or its
+    conditional writes); a failure before the data step publishes nothing.
+    """
+
+    def __init__(self, backend: Backend, url: str) -> None:
+        self.backend = backend
+        self.url = url
+        """The target's URL, without credentials."""
+
+    def __repr__(self) -> str:
+        return f"Committer({self.url!r}, strategy={self.backend.strategy!r})"
+
+    # -- checks --------------------------------------------------------------------------------
+    def check_free(self, parts: Parts, size: int) -> None:
+        """Raise InsufficientSpaceError if the target says it has no room for ``size`` bytes."""
+        free = self.backend.free_space(parts)
+        if free is not None and free < size + RECORD_HEADROOM:
+            raise InsufficientSpaceError(
+                f"{self.url}: {size} bytes needed for {'/'.join(parts)}, {free} available",
+                path="/".join(parts),
+                needed=size,
+                available=free,
+            )
+
+    def check_absent(self, parts: Parts) -> None:
+        """Raise AlreadyExistsError if ``parts`` has a record, or data without one."""
+        name = "/".join(parts)
+        if self.backend.stat(record_parts(parts)) is not None:
+            raise AlreadyExistsError(f"{name} is already committed (overwrite=False)", name=name)
+        if self.backend.stat(parts) is not None:
+            raise AlreadyExistsError(
+                f"{name} exists without a record (left by another tool or an interrupted commit); "
+                "pass overwrite=True to replace it",
+                name=name,
+            )
+
+    # -- staging -------------------------------------------------------------------------------
+    def open_file(self, parts: Parts, mode: PutMode) -> FileSink:
+        """Start staging a file artifact. With ``CREATE`` a taken name fails now, before any
+        bytes are sent (and again, atomically, at publish)."""
+        if mode is PutMode.CREATE:
+            self.check_absent(parts)
+        return self.backend.open_sink(parts, mode=mode)
+
+    def open_dir(self, parts: Parts, mode: PutMode) -> DirSink:
+        """Start staging a folder artifact (same early check as :meth:`open_file`)."""
+        if mode is PutMode.CREATE:
+            self.check_absent(parts)
+        return self.backend.open_dir_sink(parts, mode=mode)
+
+    # -- publishing ----------------------------------------------------------------------------
+    def commit(
+        self,
+        parts: Parts,
+        mode: PutMode,
+        publish_data: Callable[[], Record],
+        *,
+        body: bytes | None = None,
+    ) -> Record:
+        """Under the publish lock: publish the data (``publish_data`` returns its record), then
+        the record with the same mode (``body``: the exact record bytes, for mirror copies).
+
+        With ``CREATE`` on storage without an atomic create-only publish, the absence of record
+        and data is checked first, under the lock.
+        """
+        with self.backend.publish_lock():
+            if mode is PutMode.CREATE and not self.backend.capabilities.exclusive_create:
+                self.check_absent(parts)
+            record = publish_data()
+            body = body if body is not None else encode_record(record)
+            self.note(put_small(self.backend, record_parts(parts), body, mode), record.name)
+        log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
+        return record
+
+    def add_record(self, parts: Parts, body: bytes) -> bool:
+        """Publish a record for data already in place (``adopt``); False if a record appeared
+        meanwhile (the data is then someone else's commit, left alone)."""
+        with self.backend.publish_lock():
+            if self.backend.stat(record_parts(parts)) is not None:
+                return False
+            try:
+                put_small(self.backend, record_parts(parts), body, PutMode.CREATE)
+            except AlreadyExistsError:
+                return False
+        return True
+
+    def note(self, info: CommitInfo, name: str) -> None:
+        """Log what a publish could not confirm (durability refused by the storage)."""
+        if not info.durable:
+            log.warning("%s: durability unconfirmed: %s", name, "; ".join(info.notes))
+
+    def delete(self, name: str) -> None:
+        """Remove the record first, then the data: a crash between leaves nothing claiming to be
+        whole. Raises NotFoundError if neither exists."""
+        parts = validate_name(name)
+        with self.backend.publish_lock():
+            had_record = self.backend.remove(record_parts(parts))
+            had_data = self.backend.remove(parts)
+        if not (had_record or had_data):
+            raise NotFoundError(f"{name} does not exist", name=name)
