@@ -84,7 +84,7 @@ def test_bad_policy_is_a_typed_error(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     for bad in ({"keep_last": -1}, {"keep_every": 0}, {"min_age": -1}, {"min_age": math.nan}):
         with pytest.raises(ConfigurationError):
-            store.prune(**bad)  # type: ignore[arg-type]
+            store.prune(**bad)
     with pytest.raises(ConfigurationError):
         store.gc(min_age=math.nan)
     with pytest.raises(InvalidNameError):  # a name, and only a name, is an InvalidNameError

@@ -11,7 +11,8 @@ Needs the ``test`` extra (pytest, hypothesis).
 from __future__ import annotations
 
 from commitstore.testing.backdoor import Backdoor, FsspecBackdoor, LocalBackdoor, S3Backdoor
-from commitstore.testing.conformance import StoreConformance, Target, record_path, xxh
+from commitstore.testing.conformance import StoreConformance
+from commitstore.testing.target import Target, record_path, xxh
 
 __all__ = [
     "Backdoor",

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from commitstore import IntegrityError
 
 if TYPE_CHECKING:
-    from commitstore.testing.conformance import Target
+    from commitstore.testing.target import Target
 
 
 class FaultConformance:

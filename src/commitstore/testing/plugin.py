@@ -12,7 +12,7 @@ import pytest
 
 from commitstore import open_store
 from commitstore.testing.backdoor import FsspecBackdoor, LocalBackdoor
-from commitstore.testing.conformance import Target
+from commitstore.testing.target import Target
 
 
 @pytest.fixture

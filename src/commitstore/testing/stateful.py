@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from commitstore import AlreadyExistsError, IntegrityError, NotFoundError
-from commitstore.testing.conformance import Target
+from commitstore.testing.target import Target
 
 NAMES = st.sampled_from(["s_1", "s_2", "d/s_3", "d/s_10"])
 DATA = st.binary(min_size=1, max_size=300)
