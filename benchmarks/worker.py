@@ -47,9 +47,9 @@ def stage_commit(path: Path, size: int) -> None:
 
 def stage_commit_no_writeback(path: Path, size: int) -> None:
     """``stage_commit`` without early writeback (isolates what sync_file_range buys)."""
-    from commitstore.backends import _localsink
+    from commitstore.backends.rename import posix
 
-    _localsink.WRITEBACK_EVERY = 1 << 62
+    posix.WRITEBACK_EVERY = 1 << 62
     stage_commit(path, size)
 
 

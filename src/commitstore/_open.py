@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from commitstore.backends import resolve
+from commitstore.layout import redact_url
 from commitstore.maintenance.retention import Retention
 from commitstore.mirrors.replicator import check_mirror_options
-from commitstore.store import CommitStore, redact_url
+from commitstore.store import CommitStore
 
 __all__ = ["open_store"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from urllib.parse import urlsplit, urlunsplit
 
 import xxhash
 
@@ -114,3 +115,13 @@ def is_record_leaf(part: str) -> bool:
     return part.endswith(RECORD_SUFFIX) and (
         part.startswith(RECORD_PREFIX) or part.startswith(RECORD_HASHED_PREFIX)
     )
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a password (``smb://user:pw@host`` -> ``smb://user@host``)."""
+    parts = urlsplit(url)
+    if "://" not in url or parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}" if user else host))

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from commitstore import _check, _read
 from commitstore._commit import Committer, make_record, mode_of
@@ -23,11 +21,11 @@ from commitstore._stage import Stage
 from commitstore.backends import Backend, CommitInfo, FileSink
 from commitstore.digest import copy_chunks, manifest_digest
 from commitstore.errors import CommitError, CommitStoreError, ConfigurationError
-from commitstore.layout import validate_name
+from commitstore.layout import redact_url, validate_name
 from commitstore.maintenance.adopt import AdoptReport, adopt
 from commitstore.maintenance.gc import GcReport, collect
 from commitstore.maintenance.prune import PruneReport, prune
-from commitstore.maintenance.retention import Retention
+from commitstore.maintenance.retention import Retention, check_age
 from commitstore.mirrors.replicator import MirrorState, Replicator
 from commitstore.mirrors.sync import SyncReport, latest_any, restore, sync_mirrors
 from commitstore.records import FileRecord, Record, VerifyReport
@@ -37,22 +35,6 @@ __all__ = ["CommitStore"]
 log = logging.getLogger("commitstore")
 
 Progress = Callable[[int], None]
-
-
-def redact_url(url: str) -> str:
-    """``url`` without a password (``smb://user:pw@host`` -> ``smb://user@host``)."""
-    parts = urlsplit(url)
-    if "://" not in url or parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}@{host}" if user else host))
-
-
-def _check_age(min_age: float) -> float:
-    if not isinstance(min_age, (int, float)) or not math.isfinite(min_age) or min_age < 0:
-        raise ConfigurationError(f"min_age must be a finite number >= 0, not {min_age!r}")
-    return float(min_age)
 
 
 class CommitStore:
@@ -307,7 +289,7 @@ class CommitStore:
             ConfigurationError: a negative count or a bad ``min_age``. InvalidNameError: a bad
                 name in ``keep``.
         """
-        policy = Retention(keep_last, keep_every, tuple(keep), _check_age(min_age))
+        policy = Retention(keep_last, keep_every, tuple(keep), check_age(min_age))
         for name in keep:
             validate_name(name)
         return self._prune(policy, dry_run=dry_run)
@@ -334,7 +316,7 @@ class CommitStore:
         anything younger than ``min_age`` or of unknown age is kept and reported. Idempotent.
         With ``dry_run=True`` nothing is removed; ``removed`` lists what would be.
         """
-        report = collect(self.backend, min_age=_check_age(min_age), dry_run=dry_run)
+        report = collect(self.backend, min_age=check_age(min_age), dry_run=dry_run)
         for item in report.removed:
             log.info(
                 "gc: %s %s (%s)", "would remove" if dry_run else "removed", item.path, item.kind

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from commitstore.errors import ConfigurationError
 
-__all__ = ["Candidate", "Retention", "TargetPlan", "keep_set", "plan_target"]
+__all__ = ["Candidate", "Retention", "TargetPlan", "check_age", "keep_set", "plan_target"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,13 @@ class Retention:
             raise ConfigurationError(f"min_age must be a finite number, not {self.min_age!r}")
         if self.min_age < 0:
             raise ConfigurationError(f"min_age must be >= 0, not {self.min_age!r}")
+
+
+def check_age(min_age: float) -> float:
+    """``min_age`` as a float; ConfigurationError unless it is a finite number >= 0."""
+    if not isinstance(min_age, (int, float)) or not math.isfinite(min_age) or min_age < 0:
+        raise ConfigurationError(f"min_age must be a finite number >= 0, not {min_age!r}")
+    return float(min_age)
 
 
 def _is_int(value: object) -> bool:
