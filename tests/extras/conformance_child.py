@@ -1,0 +1,192 @@
+"""The conformance suite inside a venv that has one extra installed (run by tests/test_extras.py).
+
+Imports only commitstore, pytest, hypothesis, the standard library and the extra's own client
+library (its backdoor is written against that library, or is the ``os`` one for SMB). The parent
+test starts the server and describes it in ``COMMITSTORE_EXTRA`` (smb, s3, gcs or azure) and
+``COMMITSTORE_EXTRA_SERVER`` (JSON: ``url`` of the bucket/share, store ``options``, and what the
+backdoor needs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commitstore import CommitStoreError, open_store
+from commitstore.testing import Backdoor, LocalBackdoor, S3Backdoor, StoreConformance, Target
+
+EXTRA = os.environ["COMMITSTORE_EXTRA"]
+SERVER: dict[str, Any] = json.loads(os.environ["COMMITSTORE_EXTRA_SERVER"])
+
+
+class AzureBlobBackdoor:
+    """azure-storage-blob calls on a container prefix."""
+
+    def __init__(self, connection_string: str, container: str, prefix: str) -> None:
+        from azure.storage.blob import ContainerClient
+
+        self.container = ContainerClient.from_connection_string(connection_string, container)
+        self.prefix = prefix
+
+    def _k(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}"
+
+    def read(self, rel: str) -> bytes | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            data: bytes = self.container.get_blob_client(self._k(rel)).download_blob().readall()
+        except ResourceNotFoundError:
+            return None
+        return data
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.container.get_blob_client(self._k(rel)).upload_blob(data, overwrite=True)
+
+    def remove(self, rel: str) -> None:
+        self.container.get_blob_client(self._k(rel)).delete_blob()
+
+    def files(self) -> list[str]:
+        n = len(self.prefix) + 1
+        names = self.container.list_blobs(name_starts_with=self.prefix + "/")
+        return sorted(b.name[n:] for b in names if not b.name.endswith("/"))
+
+    def is_dir(self, rel: str) -> bool:
+        return any(True for _ in self.container.list_blobs(name_starts_with=self._k(rel) + "/"))
+
+
+class GcsBackdoor:
+    """gcsfs calls on a bucket prefix: a fresh filesystem, listings never cached."""
+
+    def __init__(self, endpoint: str, bucket: str, prefix: str) -> None:
+        import gcsfs
+
+        self.fs = gcsfs.GCSFileSystem(
+            endpoint_url=endpoint, token="anon", project="test", skip_instance_cache=True,
+            use_listings_cache=False,
+        )  # fmt: skip
+        self.root = f"{bucket}/{prefix}"
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            return bytes(self.fs.cat_file(f"{self.root}/{rel}"))
+        except FileNotFoundError:
+            return None
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.fs.pipe_file(f"{self.root}/{rel}", data)
+
+    def remove(self, rel: str) -> None:
+        self.fs.rm_file(f"{self.root}/{rel}")
+
+    def files(self) -> list[str]:
+        n = len(self.root) + 1
+        return sorted(p[n:] for p in self.fs.find(self.root) if not p.endswith("/"))
+
+    def is_dir(self, rel: str) -> bool:
+        return bool(self.fs.isdir(f"{self.root}/{rel}"))
+
+
+def botocore_client() -> Any:
+    import botocore.session
+    from botocore.config import Config
+
+    return botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=SERVER["endpoint"],
+        aws_access_key_id=SERVER["options"]["key"],
+        aws_secret_access_key=SERVER["options"]["secret"],
+        region_name="us-east-1",
+        config=Config(
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
+    )
+
+
+def backdoor(prefix: str) -> Backdoor:
+    if EXTRA == "smb":
+        return LocalBackdoor(Path(SERVER["share_dir"]) / prefix)
+    if EXTRA == "s3":
+        return S3Backdoor(botocore_client(), SERVER["bucket"], prefix)
+    if EXTRA == "gcs":
+        return GcsBackdoor(SERVER["endpoint"], SERVER["bucket"], prefix)
+    if EXTRA == "azure":
+        return AzureBlobBackdoor(
+            SERVER["options"]["connection_string"], SERVER["container"], prefix
+        )
+    raise AssertionError(f"unknown extra {EXTRA!r}")
+
+
+class TestConformance(StoreConformance):
+    @pytest.fixture
+    def target(self) -> Target:
+        prefix = f"x{os.getpid()}-{time.monotonic_ns()}"
+        url, options = f"{SERVER['url']}/{prefix}", SERVER["options"]
+        return Target(
+            open_store(url, **options), backdoor(prefix), lambda: open_store(url, **options)
+        )
+
+
+class _Refuse(http.server.BaseHTTPRequestHandler):
+    """Answers every request with 403, like a credential without the right to write."""
+
+    def _refuse(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = b'{"error": {"code": 403, "message": "denied"}}'
+        self.send_response(403)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _refuse
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def refusing_server() -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.skipif(EXTRA == "smb", reason="object stores only: SMB has no HTTP errors")
+def test_refused_request_is_a_commitstore_error() -> None:
+    """A refused request is translated into commitstore's errors with this extra alone (a GCS-only
+    install once failed here, its error path importing botocore)."""
+    with refusing_server() as endpoint:
+        options = dict(SERVER["options"])
+        if EXTRA == "azure":
+            account = "devstoreaccount1"
+            options["connection_string"] = (
+                f"DefaultEndpointsProtocol=http;AccountName={account};"
+                f"AccountKey={SERVER['account_key']};BlobEndpoint={endpoint}/{account};"
+            )
+        else:
+            options["endpoint_url"] = endpoint
+        store = open_store(f"{SERVER['url']}/refused", **options)
+        with pytest.raises(CommitStoreError):
+            store.put_bytes("step_0001.pt", b"never published")
