@@ -175,7 +175,7 @@ from commitstore.errors import BackendUnavailableError, CommitError
 class Http503(Exception):
     code = status_code = 503  # gcsfs's HttpError has a code, azure-core's errors a status_code
 
-for exc in (ConnectionError("refused"), TimeoutError(), OSError("503 Service Unavailable"), Http503()):
+for exc in (ConnectionError("no"), TimeoutError(), OSError("503 Service Unavailable"), Http503()):
     err = translate(exc, "uploading", "x://b/k")
     assert isinstance(err, BackendUnavailableError) and err.retryable, (exc, err)
 err = translate(ValueError("no"), "uploading", "x://b/k")

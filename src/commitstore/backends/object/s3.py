@@ -7,8 +7,9 @@ memory (``single_put_max`` + ``max_inflight`` x ``part_size``); part size double
 to stay under S3's 10,000. Every failure path aborts the upload; nothing is completed from
 ``__exit__`` after an exception (the upload is driven directly, never through an fsspec file's
 close). After completion a fresh HEAD must show the expected size. ``IfNoneMatch="*"``
-(create-only) is used for ``overwrite=False`` where the endpoint honours it, which is probed once
-per store (or set with ``conditional_writes=``), never assumed.
+(create-only) is used for ``PutMode.CREATE`` exactly where the endpoint honours it, which is probed
+once per store (or set with ``conditional_writes=``), never assumed. The shared sink
+(``upload.py``) drives the upload; this module holds S3's primitives (:class:`S3Upload`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class S3Backend(ObjectBackend):
         self.max_inflight = max(1, max_inflight)
         self.single_put_max = single_put_max
         self.sign_payload = sign_payload
-        """Every body carries a Content-MD5 (computed while staging, off the event loop) that the
+        """Every body carries a Content-MD5 (hashed on a worker thread, off the event loop) that the
         server checks before storing anything. False: the body is otherwise UNSIGNED-PAYLOAD.
         True: the SDK also signs its SHA-256 on the event loop, which authenticates it on plain
         HTTP (the fs must be configured to match: ``payload_signing_enabled``)."""
