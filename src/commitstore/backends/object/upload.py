@@ -194,11 +194,28 @@ class ObjectFileSink(FileSink):
             if self._whole.tell() <= self._b.whole_max:
                 return  # may still be published with one whole-object put
             held, self._whole = self._whole, None
-            with held.getbuffer() as view:  # its bytes become the first parts
-                self._fill(view)
+            self._split(held)
         except BaseException:
             self.abort()
             raise
+
+    def _split(self, held: io.BytesIO) -> None:
+        """The held bytes become the first parts. Where they are at most two parts (GCS, Azure,
+        and S3 with ``single_put_max`` near ``part_size``) the held buffer itself is the first
+        part and only the rest is copied: the whole buffer is never held twice."""
+        first, size = self._session().part_size, held.tell()
+        if size - first > first:
+            with held.getbuffer() as view:  # each part copied out of the held bytes
+                self._fill(view)
+            return
+        rest = b""
+        if size > first:
+            with held.getbuffer() as view:
+                rest = bytes(view[first:])
+            held.truncate(first)
+            held.seek(first)  # (truncate keeps the position)
+        self._part, self._part_len = held, first
+        self._fill(memoryview(rest))
 
     def _fill(self, data: memoryview) -> None:
         up = self._session()
