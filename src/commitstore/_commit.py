@@ -151,6 +151,26 @@ class Committer:
         if not info.durable:
             log.warning("%s: durability unconfirmed: %s", name, "; ".join(info.notes))
 
+    def delete_if(self, name: str, still: Callable[[], str | None]) -> str | None:
+        """Like :meth:`delete`, but only if ``still()``, called under the publish lock just
+        before the removal, returns None; otherwise nothing is removed and its reason returned.
+        (Where the backend's lock holds nothing, as on object stores, the re-check narrows the
+        race to its own few requests but cannot close it.)
+
+        Raises:
+            NotFoundError: neither record nor data existed.
+        """
+        parts = validate_name(name)
+        with self.backend.publish_lock():
+            reason = still()
+            if reason is not None:
+                return reason
+            had_record = self.backend.remove(record_parts(parts))
+            had_data = self.backend.remove(parts)
+        if not (had_record or had_data):
+            raise NotFoundError(f"{name} does not exist", name=name)
+        return None
+
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be
         whole. Raises NotFoundError if neither exists."""
