@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from commitstore.backends import Backend, CommitInfo, DirSink, FileSink, PutMode
+from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
 from commitstore.digest import digest_bytes
 from commitstore.errors import AlreadyExistsError, InsufficientSpaceError, NotFoundError
 from commitstore.layout import Parts, infer_step, record_parts, validate_name
@@ -134,17 +134,24 @@ class Committer:
         log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
         return record
 
-    def add_record(self, parts: Parts, body: bytes) -> bool:
-        """Publish a record for data already in place (``adopt``); False if a record appeared
-        meanwhile (the data is then someone else's commit, left alone)."""
+    def add_record(self, parts: Parts, body: bytes, *, seen: FileInfo | None = None) -> str | None:
+        """Publish a record for data already in place (``adopt``). None if published, else why
+        not: a record appeared meanwhile (the data is then someone else's commit, left alone),
+        or the data is no longer the one ``seen`` (size, mtime) before it was hashed (replaced
+        meanwhile, so the record would not describe it). Both checks run under the publish
+        lock, so no commit can publish between them and the record."""
         with self.backend.publish_lock():
             if self.backend.stat(record_parts(parts)) is not None:
-                return False
+                return "already has a record"
+            if seen is not None:
+                now = self.backend.stat(parts)
+                if now is None or (now.size, now.mtime) != (seen.size, seen.mtime):
+                    return "changed while it was checked (not adopted)"
             try:
                 put_small(self.backend, record_parts(parts), body, PutMode.CREATE)
             except AlreadyExistsError:
-                return False
-        return True
+                return "already has a record"
+        return None
 
     def note(self, info: CommitInfo, name: str) -> None:
         """Log what a publish could not confirm (durability refused by the storage)."""
