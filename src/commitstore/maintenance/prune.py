@@ -163,6 +163,14 @@ def still_planned(store: Committer, planned: Record, *, min_age: float) -> str |
     return None
 
 
+def _would_delete(per_target: list[list[Listed]], policy: Retention, now: float) -> bool:
+    keep = keep_set([item.candidate for listed in per_target for item in listed], policy)
+    return any(
+        plan_target([i.candidate for i in listed], keep, min_age=policy.min_age, now=now).delete
+        for listed in per_target
+    )
+
+
 def prune(
     targets: list[Committer],
     policy: Retention,
@@ -177,7 +185,12 @@ def prune(
     the publish lock. ``pending``: per target URL, artifacts whose replication there is queued
     (never deleted)."""
     now = time.time() if now is None else now
-    per_target = [verify_newest(t, candidates(t, pending.get(t.url, set()))) for t in targets]
+    per_target = [candidates(t, pending.get(t.url, set())) for t in targets]
+    if _would_delete(per_target, policy, now):
+        # Hashing can only protect more than the size-level plan (a name that fails is either
+        # whole elsewhere or newer than the newest that verifies), so it is needed only when
+        # something would be deleted.
+        per_target = [verify_newest(t, ls) for t, ls in zip(targets, per_target, strict=True)]
     keep = keep_set([item.candidate for listed in per_target for item in listed], policy)
     out = []
     for store, listed in zip(targets, per_target, strict=True):
