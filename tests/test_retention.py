@@ -25,7 +25,9 @@ NOW = 1_800_000_000.0
 
 
 @st.composite
-def targets(draw: st.DrawFn) -> tuple[list[Candidate], list[list[Candidate]]]:
+def targets(draw: st.DrawFn) -> list[list[Candidate]]:
+    """A primary and two mirrors, each with any subset of the run's steps, each copy with its own
+    mtime (unknown and zero included), wholeness (a full check's answer) and pending flag."""
     steps = draw(st.lists(st.integers(0, 500), min_size=1, max_size=40, unique=True))
     mtime = st.one_of(st.none(), st.just(0.0), st.floats(NOW - 10_000, NOW))
 
@@ -42,33 +44,42 @@ def targets(draw: st.DrawFn) -> tuple[list[Candidate], list[list[Candidate]]]:
             for s in names
         ]
 
-    primary = cands(steps)
-    mirrors = [cands(draw(st.lists(st.sampled_from(steps), unique=True))) for _ in range(2)]
-    return primary, mirrors
+    subset = st.lists(st.sampled_from(steps), unique=True)
+    return [cands(draw(subset)) for _ in range(3)]
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    data=targets(),
+    per_target=targets(),
     keep_last=st.one_of(st.none(), st.integers(0, 15)),
     keep_every=st.one_of(st.none(), st.integers(1, 50)),
     min_age=st.floats(0, 5000),
 )
 def test_policy_properties(
-    data: tuple[list[Candidate], list[list[Candidate]]],
+    per_target: list[list[Candidate]],
     keep_last: int | None,
     keep_every: int | None,
     min_age: float,
 ) -> None:
-    primary, mirrors = data
     policy = Retention(keep_last=keep_last, keep_every=keep_every, min_age=min_age)
-    keep = keep_set(primary, policy)
-    for cands in (primary, *mirrors):
+    keep = keep_set([c for cands in per_target for c in cands], policy)
+    union_whole = sorted(
+        {c.name: c for cands in per_target for c in cands if c.whole}.values(),
+        key=lambda c: c.order,
+    )
+    if keep_last:  # the policy holds over the union: a target's own gaps never shrink it
+        assert {c.name for c in union_whole[-keep_last:]} <= keep
+    for cands in per_target:
         plan = plan_target(cands, keep, min_age=min_age, now=NOW)
         by_name = {c.name: c for c in cands}
-        whole = [c for c in sorted(cands, key=lambda c: c.order) if c.whole]
-        if whole:  # the newest whole artifact of every target survives
-            assert whole[-1].name not in plan.delete
+        ordered = sorted(cands, key=lambda c: c.order)
+        whole = [c for c in ordered if c.whole]
+        if whole:  # the newest verifying artifact of every target survives, and all newer ones
+            newest = whole[-1]
+            assert newest.name not in plan.delete
+            assert not any(c.order > newest.order for c in ordered if c.name in plan.delete)
+        else:  # a target where nothing verifies loses nothing
+            assert plan.delete == ()
         for name in plan.delete:
             c = by_name[name]
             assert name not in keep  # the one keep-set, identical on every target
@@ -127,7 +138,8 @@ def test_unknown_mtime_and_newest_whole_survive(tmp_path: Path) -> None:
     os.utime(tmp_path / "s" / "step_2", (0, 0))
     report = store.prune(keep_last=1)
     assert report.skipped["step_2"] == "unknown mtime"
-    assert report.skipped["step_4"] == "newest whole artifact on this target"
+    assert report.kept == ("step_4",)  # the keep-set counts whole artifacts only
+    assert "fails its check" in report.skipped["step_5"]  # damaged, left for inspection
     assert sorted(report.deleted) == ["step_1", "step_3"]
     latest = store.latest()
     assert latest is not None

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from commitstore.backends import Backend, CommitInfo, DirSink, FileSink, PutMode
+from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
 from commitstore.digest import digest_bytes
 from commitstore.errors import AlreadyExistsError, InsufficientSpaceError, NotFoundError
 from commitstore.layout import Parts, infer_step, record_parts, validate_name
@@ -134,22 +134,49 @@ class Committer:
         log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
         return record
 
-    def add_record(self, parts: Parts, body: bytes) -> bool:
-        """Publish a record for data already in place (``adopt``); False if a record appeared
-        meanwhile (the data is then someone else's commit, left alone)."""
+    def add_record(self, parts: Parts, body: bytes, *, seen: FileInfo | None = None) -> str | None:
+        """Publish a record for data already in place (``adopt``). None if published, else why
+        not: a record appeared meanwhile (the data is then someone else's commit, left alone),
+        or the data is no longer the one ``seen`` (size, mtime) before it was hashed (replaced
+        meanwhile, so the record would not describe it). Both checks run under the publish
+        lock, so no commit can publish between them and the record."""
         with self.backend.publish_lock():
             if self.backend.stat(record_parts(parts)) is not None:
-                return False
+                return "already has a record"
+            if seen is not None:
+                now = self.backend.stat(parts)
+                if now is None or (now.size, now.mtime) != (seen.size, seen.mtime):
+                    return "changed while it was checked (not adopted)"
             try:
                 put_small(self.backend, record_parts(parts), body, PutMode.CREATE)
             except AlreadyExistsError:
-                return False
-        return True
+                return "already has a record"
+        return None
 
     def note(self, info: CommitInfo, name: str) -> None:
         """Log what a publish could not confirm (durability refused by the storage)."""
         if not info.durable:
             log.warning("%s: durability unconfirmed: %s", name, "; ".join(info.notes))
+
+    def delete_if(self, name: str, still: Callable[[], str | None]) -> str | None:
+        """Like :meth:`delete`, but only if ``still()``, called under the publish lock just
+        before the removal, returns None; otherwise nothing is removed and its reason returned.
+        (Where the backend's lock holds nothing, as on object stores, the re-check narrows the
+        race to its own few requests but cannot close it.)
+
+        Raises:
+            NotFoundError: neither record nor data existed.
+        """
+        parts = validate_name(name)
+        with self.backend.publish_lock():
+            reason = still()
+            if reason is not None:
+                return reason
+            had_record = self.backend.remove(record_parts(parts))
+            had_data = self.backend.remove(parts)
+        if not (had_record or had_data):
+            raise NotFoundError(f"{name} does not exist", name=name)
+        return None
 
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be

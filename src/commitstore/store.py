@@ -279,11 +279,14 @@ class CommitStore:
         """Delete committed artifacts outside the keep-set, on the primary and every mirror.
 
         The keep-set (``keep_last`` newest, every step multiple of ``keep_every``, names in
-        ``keep``) comes from the primary's committed steps and applies to every target. Never
-        deleted: anything modified less than ``min_age`` seconds ago, anything whose modification
-        time is unknown or zero, the newest whole artifact of each target, anything whose
-        replication to that target is pending, anything without a record. Deletion removes the
-        record first. Idempotent; safe to run from two processes at once.
+        ``keep``) is computed over the whole artifacts of all targets (the union of names) and
+        applies to every target. Never deleted: anything modified less than ``min_age`` seconds
+        ago, anything whose modification time is unknown or zero, the newest artifact that
+        verifies fully (hashed, newest first) on each target and anything newer than it, anything
+        whose replication to that target is pending, anything without a record. Each delete
+        re-checks, under the publish lock, that the record is still the one planned and the age
+        still ``>= min_age`` (else it is skipped, with the reason). Deletion removes the record
+        first. Idempotent; safe to run from two processes at once.
 
         Raises:
             ConfigurationError: a negative count or a bad ``min_age``. InvalidNameError: a bad
@@ -312,8 +315,11 @@ class CommitStore:
         """Remove what dead writers left: staging files and folders, and (object stores)
         unfinished multipart uploads, older than ``min_age`` seconds.
 
-        Never touches a committed artifact, a record, or anything outside the store's root;
-        anything younger than ``min_age`` or of unknown age is kept and reported. Idempotent.
+        Only entries whose own name is a staging name, outside every committed folder artifact;
+        never a committed artifact, a record, or anything outside the store's root. A staging
+        folder is aged by the newest mtime and ctime of everything in it (empty ones by their
+        own); anything younger than ``min_age`` or of unknown age is kept and reported.
+        Idempotent.
         With ``dry_run=True`` nothing is removed; ``removed`` lists what would be.
         """
         report = collect(self.backend, min_age=check_age(min_age), dry_run=dry_run)

@@ -166,6 +166,33 @@ class Backend(abc.ABC):
     read_concurrency: int = 1
     """How many small reads (records) may run at once; object stores raise it."""
 
+    staging_names: bool = True
+    """Whether writes leave entries under reserved staging names (``.commitstore.tmp.*``) while
+    they run, as the rename family does. Object stores upload to the final key and have none, so
+    ``gc`` never looks for staging entries there."""
+
+    def walk_folders(self, parts: Parts) -> list[Parts]:
+        """Every folder below ``parts`` (recursively, empty ones included), relative to
+        ``parts``. Default: none (storage without real folders)."""
+        return []
+
+    def last_change(self, parts: Parts) -> float | None:
+        """The latest time ``parts`` or anything below it was modified or changed: the newest
+        modification time, and status-change time (ctime) where the storage keeps one, of the
+        entry itself and of every file and folder below it. A copy that preserves old mtimes
+        (``shutil.copytree``) still shows a fresh ctime. None if the entry is gone or any time
+        is unknown (None or 0). Default: the newest mtime of ``stat(parts)`` and ``walk(parts)``.
+        """
+        info = self.stat(parts)
+        if info is None:
+            return None
+        times = [info.mtime]
+        if info.is_dir:
+            times += [i.mtime for _rel, i in self.walk(parts)]
+        if any(t is None or t <= 0 for t in times):
+            return None
+        return max(t for t in times if t is not None)
+
     def read_small(self, parts: Parts) -> bytes:
         """All bytes of a small file (a record), in as few requests as the storage allows."""
         with self.open_read(parts) as f:

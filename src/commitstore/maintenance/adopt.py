@@ -170,6 +170,7 @@ def adopt(store: Committer, name: str | None, *, trust: bool) -> AdoptReport:
     rejected: dict[str, str] = {}
     for n in names:
         parts = validate_name(n)
+        seen = store.backend.stat(parts)  # compared again under the lock, before the record
         with store.backend.open_read(parts) as f:
             problem = structure_problem(n, f, trust=trust)
             if problem is None:
@@ -181,8 +182,13 @@ def adopt(store: Committer, name: str | None, *, trust: bool) -> AdoptReport:
         rec = Record(
             name=n, step=infer_step(n), size=size, digest=digest, metadata={"adopted": True}
         )
-        if not store.add_record(parts, encode_record(rec)):
-            rejected[n] = "already has a record"
+        refused = (
+            store.add_record(parts, encode_record(rec), seen=seen)
+            if seen is not None
+            else "changed while it was checked (not adopted)"
+        )
+        if refused is not None:
+            rejected[n] = refused
             continue
         adopted.append(n)
     return AdoptReport(tuple(adopted), rejected)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from commitstore._check import scan_records
 from commitstore.backends import Backend, PendingUpload
 from commitstore.layout import Parts, is_staging_part
 
@@ -32,28 +33,46 @@ class GcReport:
     dry_run: bool
 
 
-def _staging_roots(backend: Backend) -> dict[Parts, float | None]:
-    """Each staging file or folder under the root, with the newest mtime of what it holds
-    (None if any mtime is unknown)."""
-    roots: dict[Parts, float | None] = {}
-    unknown: set[Parts] = set()
-    for rel, info in backend.walk(()):
-        for i, part in enumerate(rel):
-            if is_staging_part(part):
-                root = rel[: i + 1]
-                if info.mtime is None:
-                    unknown.add(root)
-                roots[root] = max(roots.get(root) or 0.0, info.mtime or 0.0)
-                break
-    return {root: (None if root in unknown else mtime) for root, mtime in roots.items()}
+def _committed_folders(backend: Backend) -> set[Parts]:
+    """Names of committed folder artifacts, and of every artifact whose record is unreadable (it
+    may be one): nothing inside them is ever a gc candidate, whatever its name."""
+    records, bad = scan_records(backend)
+    out = {tuple(r.name.split("/")) for r in records if r.kind == "dir"}
+    out.update(tuple(b.name.split("/")) for b in bad)
+    return out
+
+
+def _root_of(rel: Parts, committed: set[Parts]) -> Parts | None:
+    """The staging entry ``rel`` belongs to: its first part with a staging name, unless a path
+    before it is a committed folder artifact (then its contents, and never a candidate)."""
+    for i, part in enumerate(rel):
+        if rel[:i] in committed:
+            return None
+        if is_staging_part(part):
+            return rel[: i + 1]
+    return None
+
+
+def staging_roots(backend: Backend) -> set[Parts]:
+    """Each staging file or folder (empty ones included) at the store's level: never anything
+    inside a committed folder artifact, even when named like staging (frameworks write
+    ``.commitstore.tmp.cache`` files of their own)."""
+    if not backend.staging_names:
+        return set()
+    committed = _committed_folders(backend)
+    paths = [rel for rel, _info in backend.walk(())] + backend.walk_folders(())
+    return {root for rel in paths if (root := _root_of(rel, committed)) is not None}
 
 
 def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
     """Remove staging leftovers and unfinished uploads older than ``min_age`` seconds.
 
-    Guarantees: only names with the reserved staging prefix, and only uploads under this store's
-    root, are candidates; committed artifacts and records can never match. Anything younger than
-    ``min_age`` (a live writer may own it) or of unknown age is kept.
+    Guarantees: only entries whose own name has the reserved staging prefix, outside every
+    committed folder artifact (checked against the records), and only uploads under this store's
+    root, are candidates; committed artifacts and records can never match. A staging file is
+    aged by its mtime; a staging folder by the newest mtime and ctime of itself and of
+    everything in it (an empty one by its own). Anything younger than ``min_age`` (a live
+    writer may own it) or of unknown age is kept.
     """
     now = time.time()
     removed: list[GcItem] = []
@@ -70,7 +89,14 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
         removed.append(GcItem(path, kind, age))
         return True
 
-    for root, mtime in sorted(_staging_roots(backend).items()):
+    for root in sorted(staging_roots(backend)):
+        info = backend.stat(root)
+        if info is None:
+            continue  # published or removed by its writer meanwhile
+        # A staging file is written only by commitstore's sinks: every write moves its mtime. A
+        # staging folder is filled by the caller, whose copies may keep old mtimes (copytree):
+        # its own times and those of everything in it count, ctime included.
+        mtime = backend.last_change(root) if info.is_dir else info.mtime
         if judge("/".join(root), "staging", mtime) and not dry_run:
             backend.remove(root)
     uploads: list[PendingUpload] = backend.pending_uploads()

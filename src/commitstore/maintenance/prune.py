@@ -1,15 +1,18 @@
-"""Pruning: gather each target's committed artifacts (one listing each), plan with the pure policy
-of ``retention.py``, delete record-first."""
+"""Pruning: gather each target's committed artifacts (one listing each), hash the newest until one
+verifies, plan with the pure policy of ``retention.py`` over every target at once, delete
+record-first after re-checking each artifact under the publish lock."""
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from commitstore._check import scan_records, sort_key
+from commitstore import _check
+from commitstore._check import read_record, scan_records, sort_key
 from commitstore._commit import Committer
+from commitstore.backends import FileInfo
 from commitstore.errors import NotFoundError
 from commitstore.layout import META_DIR, RECORDS_DIR, record_parts
 from commitstore.maintenance.retention import (
@@ -19,7 +22,7 @@ from commitstore.maintenance.retention import (
     keep_set,
     plan_target,
 )
-from commitstore.records import Record
+from commitstore.records import Record, RecordFormatError
 
 log = logging.getLogger("commitstore")
 
@@ -56,7 +59,15 @@ class PruneReport:
         return self.targets[0].skipped
 
 
-def candidates(store: Committer, pending: set[str]) -> list[Candidate]:
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """One committed artifact of one target, as listed: the policy's view and its record."""
+
+    candidate: Candidate
+    record: Record
+
+
+def candidates(store: Committer, pending: set[str]) -> list[Listed]:
     """Every committed artifact of ``store`` with its mtime and size-level wholeness, from one
     listing of the whole store (records included; on object stores, records come from the record
     cache where their tags match, so no request per artifact)."""
@@ -68,25 +79,96 @@ def candidates(store: Committer, pending: set[str]) -> list[Candidate]:
     )
     out = []
     for rec in records:
-        paths = _data_paths(rec)
-        infos = [listing.get(p) for p in paths]
-        rec_info = listing.get("/".join(record_parts(tuple(rec.name.split("/")))))
-        times = [i.mtime if i is not None else None for i in (*infos, rec_info)]
-        mtime = None if any(t is None or t <= 0 for t in times) else max(t for t in times if t)
+        infos = [listing.get(p) for p in _data_paths(rec)]
+        rec_info = listing.get(_record_path(rec))
         if rec.kind == "file":
             whole = infos[0] is not None and infos[0].size == rec.size
         else:
             whole = all(
                 i is not None and i.size == f.size for i, f in zip(infos, rec.files, strict=True)
             )
-        out.append(Candidate(rec.name, rec.step, sort_key(rec), mtime, whole, rec.name in pending))
+        cand = Candidate(
+            rec.name, rec.step, sort_key(rec), _newest(infos, rec_info), whole, rec.name in pending
+        )
+        out.append(Listed(cand, rec))
     return out
+
+
+def _newest(infos: list[FileInfo | None], rec_info: FileInfo | None) -> float | None:
+    """The newest mtime among data files and record; None if any is missing, unknown or 0."""
+    times = [i.mtime if i is not None else None for i in (*infos, rec_info)]
+    if any(t is None or t <= 0 for t in times):
+        return None
+    return max(t for t in times if t is not None)
 
 
 def _data_paths(rec: Record) -> list[str]:
     if rec.kind == "file":
         return [rec.name]
     return [f"{rec.name}/{f.path}" for f in rec.files]
+
+
+def _record_path(rec: Record) -> str:
+    return "/".join(record_parts(tuple(rec.name.split("/"))))
+
+
+def verify_newest(store: Committer, listed: list[Listed]) -> list[Listed]:
+    """The newest-good guard's evidence: hash artifacts fully, newest first, until one verifies
+    (sizes alone miss bit rot, and on object stores a same-size replacement). Those that fail are
+    marked not whole; older ones keep their size-level answer. Costs reading the few newest."""
+    out = {item.candidate.name: item for item in listed}
+    for item in sorted(listed, key=lambda x: x.candidate.order, reverse=True):
+        if not item.candidate.whole:
+            continue  # fails already by size
+        result = _check.check(store.backend, item.record, "full")
+        if result.status == "ok":
+            break
+        log.warning(
+            "prune: %s on %s fails its check (%s: %s); kept, and not counted as whole",
+            item.record.name,
+            store.url,
+            result.status,
+            result.detail,
+        )
+        out[item.record.name] = Listed(replace(item.candidate, whole=False), item.record)
+    return list(out.values())
+
+
+def still_planned(store: Committer, planned: Record, *, min_age: float) -> str | None:
+    """Re-check, just before a delete (under the publish lock), that the record is still the one
+    planned and the artifact still old enough (fresh stats of data and record). None: go ahead;
+    otherwise why not. ``"gone"``: neither record nor data is there (another prune was first)."""
+    parts = tuple(planned.name.split("/"))
+    backend = store.backend
+    try:
+        found = read_record(backend, parts)
+    except RecordFormatError:
+        return "record changed since the plan (now unreadable)"
+    if found is None:
+        if backend.stat(parts) is None:
+            return "gone"
+        return "record gone since the plan (data left alone)"
+    if found.record != planned:
+        return "record changed since the plan (overwritten)"
+    if planned.kind == "file":
+        infos = [backend.stat(parts)]
+    else:
+        fresh = {"/".join(rel): info for rel, info in backend.walk(parts)}
+        infos = [fresh.get(f.path) for f in planned.files]
+    mtime = _newest(infos, backend.stat(record_parts(parts)))
+    if mtime is None:
+        return "unknown mtime"
+    if time.time() - mtime < min_age:
+        return "modified since the plan (younger than min_age)"
+    return None
+
+
+def _would_delete(per_target: list[list[Listed]], policy: Retention, now: float) -> bool:
+    keep = keep_set([item.candidate for listed in per_target for item in listed], policy)
+    return any(
+        plan_target([i.candidate for i in listed], keep, min_age=policy.min_age, now=now).delete
+        for listed in per_target
+    )
 
 
 def prune(
@@ -97,22 +179,39 @@ def prune(
     dry_run: bool,
     now: float | None = None,
 ) -> PruneReport:
-    """Plan once from the first target's (the primary's) committed steps; apply to every target.
-    ``pending``: per target URL, artifacts whose replication there is queued (never deleted)."""
+    """One keep-set over the whole artifacts of every target (the union of names, so a fresh or
+    damaged primary never shrinks a mirror's history); each target then keeps its own newest
+    fully verifying artifact and what is newer. Every delete re-checks its record and age under
+    the publish lock. ``pending``: per target URL, artifacts whose replication there is queued
+    (never deleted)."""
     now = time.time() if now is None else now
     per_target = [candidates(t, pending.get(t.url, set())) for t in targets]
-    keep = keep_set(per_target[0], policy)
+    if _would_delete(per_target, policy, now):
+        # Hashing can only protect more than the size-level plan (a name that fails is either
+        # whole elsewhere or newer than the newest that verifies), so it is needed only when
+        # something would be deleted.
+        per_target = [verify_newest(t, ls) for t, ls in zip(targets, per_target, strict=True)]
+    keep = keep_set([item.candidate for listed in per_target for item in listed], policy)
     out = []
-    for store, cands in zip(targets, per_target, strict=True):
+    for store, listed in zip(targets, per_target, strict=True):
+        cands = [item.candidate for item in listed]
+        records = {item.record.name: item.record for item in listed}
         plan: TargetPlan = plan_target(cands, keep, min_age=policy.min_age, now=now)
-        deleted = []
+        deleted, skipped = [], dict(plan.skipped)
         for name in plan.delete:
             if dry_run:
                 deleted.append(name)
                 continue
-            with contextlib.suppress(NotFoundError):  # another prune got there first
-                store.delete(name)
-            deleted.append(name)
-            log.info("prune: deleted %s on %s", name, store.url)
-        out.append(TargetPrune(store.url, tuple(deleted), plan.keep, dict(plan.skipped)))
+            recheck = functools.partial(still_planned, store, records[name], min_age=policy.min_age)
+            try:
+                reason = store.delete_if(name, recheck)
+            except NotFoundError:  # another prune got there first
+                reason = None
+            if reason is None or reason == "gone":
+                deleted.append(name)
+                log.info("prune: deleted %s on %s", name, store.url)
+            else:
+                skipped[name] = reason
+                log.info("prune: kept %s on %s: %s", name, store.url, reason)
+        out.append(TargetPrune(store.url, tuple(deleted), plan.keep, skipped))
     return PruneReport(tuple(out), dry_run)

@@ -1,16 +1,18 @@
 """Retention: which committed artifacts to delete, as a pure function of records (no I/O).
 
-The keep-set is computed once, from the primary's committed artifacts, and applied to every target
-(primary and mirrors), so all end with the same set. Guards then protect, on each target: anything
-modified less than ``min_age`` seconds ago (a copy may be in flight), anything whose modification
-time is unknown or zero ("unknown" is not "old"), the newest artifact that verifies there, and
-anything whose replication to that target is pending.
+The keep-set is computed once, over the whole artifacts of every target (the union of names across
+primary and mirrors, ordered by their records' sort key), and applied to every target, so a fresh or
+damaged primary never shrinks a mirror below the policy. Guards then protect, on each target:
+anything modified less than ``min_age`` seconds ago (a copy may be in flight), anything whose
+modification time is unknown or zero ("unknown" is not "old"), the newest artifact that verifies
+there, everything newer than it (damaged copies, left for inspection or ``sync``/``restore``; a
+target where nothing verifies loses nothing), and anything whose replication there is pending.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from commitstore.errors import ConfigurationError
@@ -65,7 +67,8 @@ class Candidate:
     mtime: float | None
     """Newest modification time among its data files and record; None if any is unknown or 0."""
     whole: bool
-    """Whether it verified (at the plan's level) on this target."""
+    """Whether it verifies on this target at the strongest level checked there (prune hashes the
+    newest ones fully, newest first, until one verifies; older ones are checked by size)."""
     pending: bool = False
     """Replication to this target is queued or in progress."""
 
@@ -80,9 +83,16 @@ class TargetPlan:
     """Outside the keep-set but protected, with the reason."""
 
 
-def keep_set(primary: Sequence[Candidate], policy: Retention) -> frozenset[str]:
-    """Names to keep, from the primary's committed artifacts (oldest to newest)."""
-    ordered = sorted(primary, key=lambda c: c.order)
+def keep_set(candidates: Iterable[Candidate], policy: Retention) -> frozenset[str]:
+    """Names to keep, over the whole artifacts of every target: ``candidates`` from all targets
+    together; a name counts once, if it is whole on any target."""
+    everything: dict[str, Candidate] = {}
+    whole: dict[str, Candidate] = {}
+    for c in candidates:
+        everything.setdefault(c.name, c)
+        if c.whole:
+            whole.setdefault(c.name, c)
+    ordered = sorted(whole.values(), key=lambda c: c.order)
     keep = set(policy.keep)
     if policy.keep_last:
         keep.update(c.name for c in ordered[-policy.keep_last :])
@@ -91,7 +101,7 @@ def keep_set(primary: Sequence[Candidate], policy: Retention) -> frozenset[str]:
             c.name for c in ordered if c.step is not None and c.step % policy.keep_every == 0
         )
     if policy.keep_last is None and policy.keep_every is None and not policy.keep:
-        keep.update(c.name for c in ordered)  # no policy: keep everything
+        keep.update(everything)  # no policy: keep everything
     return frozenset(keep)
 
 
@@ -100,13 +110,17 @@ def plan_target(
 ) -> TargetPlan:
     """Apply the keep-set and the guards to one target's committed artifacts."""
     items = sorted(candidates, key=lambda c: c.order)
-    newest_whole = next((c.name for c in reversed(items) if c.whole), None)
+    good = next((i for i in range(len(items) - 1, -1, -1) if items[i].whole), None)
     delete, kept, skipped = [], [], {}
-    for c in items:
+    for i, c in enumerate(items):
         if c.name in keep:
             kept.append(c.name)
-        elif c.name == newest_whole:
-            skipped[c.name] = "newest whole artifact on this target"
+        elif good is None:
+            skipped[c.name] = "nothing verifies on this target"
+        elif i == good:
+            skipped[c.name] = "newest verifying artifact on this target"
+        elif i > good:
+            skipped[c.name] = "newer than the newest verifying artifact (fails its check)"
         elif c.pending:
             skipped[c.name] = "replication pending"
         elif c.mtime is None or c.mtime <= 0:

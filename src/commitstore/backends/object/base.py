@@ -18,6 +18,7 @@ class ObjectBackend(Backend):
 
     scheme: str
     read_concurrency = 16
+    staging_names = False
 
     def __init__(self, bucket: str, prefix: str, *, conditional_writes: bool | None, reason: str):
         self.bucket = bucket

@@ -240,6 +240,55 @@ class LocalBackend(RenameBackend[int, Staging]):
             os.close(topfd)
         return out
 
+    def walk_folders(self, parts: Parts) -> list[Parts]:
+        try:
+            topfd = self.open_dir(parts, create=False)
+        except (FileNotFoundError, NotADirectoryError, InvalidNameError):
+            return []
+        out: list[Parts] = []
+        try:
+            for dirpath, dirnames, _files, dfd in os.fwalk(".", dir_fd=topfd):
+                rel = tuple(p for p in dirpath.split("/") if p not in ("", "."))
+                for entry in dirnames:
+                    try:
+                        st = os.stat(entry, dir_fd=dfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if statmod.S_ISDIR(st.st_mode):
+                        out.append((*rel, entry))
+        finally:
+            os.close(topfd)
+        return out
+
+    def last_change(self, parts: Parts) -> float | None:
+        """Newest of mtime and ctime of ``parts`` and everything below it (``lstat``, no link
+        followed); None if it is gone or any mtime is 0."""
+        try:
+            dirfd = self.open_dir(parts[:-1], create=False)
+        except (FileNotFoundError, NotADirectoryError, InvalidNameError):
+            return None
+        try:
+            stats = [os.stat(parts[-1], dir_fd=dirfd, follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        finally:
+            os.close(dirfd)
+        if statmod.S_ISDIR(stats[0].st_mode):
+            try:
+                topfd = self.open_dir(parts, create=False)
+            except (FileNotFoundError, NotADirectoryError, InvalidNameError):
+                return None
+            try:
+                for _dirpath, dirnames, filenames, dfd in os.fwalk(".", dir_fd=topfd):
+                    for entry in (*dirnames, *filenames):
+                        with contextlib.suppress(FileNotFoundError):
+                            stats.append(os.stat(entry, dir_fd=dfd, follow_symlinks=False))
+            finally:
+                os.close(topfd)
+        if any(st.st_mtime <= 0 for st in stats):
+            return None
+        return max(max(st.st_mtime, st.st_ctime) for st in stats)
+
     def remove(self, parts: Parts) -> bool:
         try:
             dirfd = self.open_dir(parts[:-1], create=False)

@@ -250,6 +250,12 @@ class SmbBackend(RenameBackend[Parts, Any]):
         except NotFoundError:
             return []
 
+    def walk_folders(self, parts: Parts) -> list[Parts]:
+        try:
+            return self._tree(parts)[1]
+        except NotFoundError:
+            return []
+
     def remove(self, parts: Parts) -> bool:
         info = self.stat(parts)
         if info is None:
