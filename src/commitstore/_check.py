@@ -26,6 +26,7 @@ from commitstore.layout import (
     META_DIR,
     RECORDS_DIR,
     Parts,
+    intent_parts,
     is_record_leaf,
     is_staging_part,
     name_from_record_parts,
@@ -127,6 +128,31 @@ def read_record(backend: Backend, parts: Parts) -> StoredRecord | None:
     return StoredRecord(raw, record)
 
 
+def read_intent(backend: Backend, parts: Parts) -> StoredRecord | None:
+    """The pending record a commit of ``parts`` left (written before its data was published,
+    removed after its record was), None if there is none or it is unreadable: a pending record
+    only ever adds a candidate version, so a damaged one is as good as none."""
+    try:
+        raw = backend.read_small(intent_parts(parts))
+        record = decode_record(raw)
+    except (NotFoundError, RecordFormatError):
+        return None
+    except CommitStoreError:
+        return None
+    if record.name != "/".join(parts):
+        return None
+    return StoredRecord(raw, record)
+
+
+def pending_version(backend: Backend, record: Record) -> Record | None:
+    """The version a commit in flight (or interrupted after its data step) is publishing over
+    ``record``: its pending record, when there is one that differs from ``record``."""
+    found = read_intent(backend, tuple(record.name.split("/")))
+    if found is None or found.record == record:
+        return None
+    return found.record
+
+
 def record_of(backend: Backend, url: str, name: str) -> StoredRecord:
     """The committed record of ``name``, for callers that need one.
 
@@ -145,7 +171,29 @@ def record_of(backend: Backend, url: str, name: str) -> StoredRecord:
 
 # -- checks of one artifact ------------------------------------------------------------------
 def check(backend: Backend, record: Record, level: str) -> VerifyResult:
-    """Compare the stored artifact with ``record`` at ``level`` (``"size"`` or ``"full"``)."""
+    """Compare the stored artifact with ``record`` at ``level`` (``"size"`` or ``"full"``).
+
+    When it does not match, a pending record of the same name (a commit whose data was
+    published but whose record was not, see ``_commit``) is tried too: the name then verifies
+    as that new version (the detail says so). Never both a mismatch and a match: old or new.
+    """
+    return resolve(backend, record, level)[0]
+
+
+def resolve(backend: Backend, record: Record, level: str) -> tuple[VerifyResult, Record]:
+    """:func:`check`, plus the version that passed it: ``record``, or the pending version."""
+    result = check_exact(backend, record, level)
+    if result.status == "ok":
+        return result, record
+    pending = pending_version(backend, record)
+    if pending is not None and check_exact(backend, pending, level).status == "ok":
+        note = "the new version of a commit whose record is pending"
+        return VerifyResult(record.name, "ok", note), pending
+    return result, record
+
+
+def check_exact(backend: Backend, record: Record, level: str) -> VerifyResult:
+    """:func:`check` against ``record`` alone (no pending version considered)."""
     parts = tuple(record.name.split("/"))
     if record.kind == "dir":
         return _check_dir(backend, parts, record, level)
@@ -232,16 +280,26 @@ def verify(backend: Backend, name: str | None, level: str) -> VerifyReport:
             return VerifyReport((VerifyResult(name, "bad_record", str(exc)),))
         if found is None:
             if backend.stat(parts) is not None:
-                return VerifyReport((VerifyResult(name, "no_record", "data without a record"),))
+                return VerifyReport((VerifyResult(name, "no_record", _unrecorded(backend, name)),))
             return VerifyReport((VerifyResult(name, "missing", "nothing under this name"),))
         return VerifyReport((check(backend, found.record, level),))
     records, bad = scan_records(backend)
     results = [check(backend, r, level) for r in records] + bad
     results += [
-        VerifyResult(n, "no_record", "data without a record")
+        VerifyResult(n, "no_record", _unrecorded(backend, n))
         for n in unrecorded(backend, records, bad)
     ]
     return VerifyReport(tuple(sorted(results, key=lambda r: r.name)))
+
+
+def _unrecorded(backend: Backend, name: str) -> str:
+    try:
+        pending = read_intent(backend, validate_name(name))
+    except InvalidNameError:
+        pending = None
+    if pending is None:
+        return "data without a record"
+    return "data without a record; a commit of it stopped after its data step (gc completes it)"
 
 
 def latest(backend: Backend, level: str) -> Record | None:
@@ -250,9 +308,9 @@ def latest(backend: Backend, level: str) -> Record | None:
     for b in bad:
         log.warning("latest: skipping %s: bad_record (%s)", b.name, b.detail)
     for rec in sorted(records, key=sort_key, reverse=True):
-        result = check(backend, rec, level)
+        result, version = resolve(backend, rec, level)
         if result.status == "ok":
-            return rec
+            return version
         log.warning("latest: skipping %s: %s (%s)", rec.name, result.status, result.detail)
     return None
 

@@ -9,6 +9,7 @@ absence of both record and data is checked under the backend's publish lock.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -16,8 +17,14 @@ from typing import Any
 
 from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
 from commitstore.digest import digest_bytes
-from commitstore.errors import AlreadyExistsError, InsufficientSpaceError, NotFoundError
-from commitstore.layout import Parts, infer_step, record_parts, validate_name
+from commitstore.errors import (
+    AlreadyExistsError,
+    CommitError,
+    CommitStoreError,
+    InsufficientSpaceError,
+    NotFoundError,
+)
+from commitstore.layout import Parts, infer_step, intent_parts, record_parts, validate_name
 from commitstore.records import Record, encode_record
 
 log = logging.getLogger("commitstore")
@@ -117,20 +124,53 @@ class Committer:
         mode: PutMode,
         publish_data: Callable[[], Record],
         *,
+        intent: Record | None = None,
         body: bytes | None = None,
     ) -> Record:
         """Under the publish lock: publish the data (``publish_data`` returns its record), then
         the record with the same mode (``body``: the exact record bytes, for mirror copies).
 
+        ``intent``: the record the data will have, when it is known before the data is
+        published. It is then written first, as the name's pending record (``intent_parts``):
+        a crash or failure after the data step leaves a pending record that the data matches,
+        so the name verifies as the new version (readers resolve it; gc makes it the record),
+        and one before it leaves a pending record the data does not match (the old version
+        stands; gc removes it). Without ``intent`` the record is published last, as before.
+
         With ``CREATE`` on storage without an atomic create-only publish, the absence of record
         and data is checked first, under the lock.
+
+        Raises:
+            CommitError: the data was published but its record could not be (the message says
+                so; the pending record makes the name verify as the new version).
         """
         with self.backend.publish_lock():
             if mode is PutMode.CREATE and not self.backend.capabilities.exclusive_create:
                 self.check_absent(parts)
-            record = publish_data()
+            pending = None
+            if intent is not None:
+                pending = body if body is not None else encode_record(intent)
+                put_small(self.backend, intent_parts(parts), pending, PutMode.REPLACE)
+            try:
+                record = publish_data()
+            except AlreadyExistsError:
+                if pending is not None:  # nothing of ours was published: drop our intent
+                    with contextlib.suppress(CommitStoreError):
+                        self.backend.remove(intent_parts(parts))
+                raise
             body = body if body is not None else encode_record(record)
-            self.note(put_small(self.backend, record_parts(parts), body, mode), record.name)
+            try:
+                self.note(put_small(self.backend, record_parts(parts), body, mode), record.name)
+            except CommitStoreError as exc:
+                if pending is None or pending != body:
+                    raise
+                raise CommitError(
+                    f"{record.name}: the new data is published but its record could not be "
+                    f"written ({exc}); its pending record makes it verify as the new version"
+                ) from exc
+            if pending is not None:
+                with contextlib.suppress(CommitStoreError):  # a leftover only costs a lookup
+                    self.backend.remove(intent_parts(parts))
         log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
         return record
 
@@ -173,6 +213,7 @@ class Committer:
             if reason is not None:
                 return reason
             had_record = self.backend.remove(record_parts(parts))
+            self.backend.remove(intent_parts(parts))
             had_data = self.backend.remove(parts)
         if not (had_record or had_data):
             raise NotFoundError(f"{name} does not exist", name=name)
@@ -181,9 +222,4 @@ class Committer:
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be
         whole. Raises NotFoundError if neither exists."""
-        parts = validate_name(name)
-        with self.backend.publish_lock():
-            had_record = self.backend.remove(record_parts(parts))
-            had_data = self.backend.remove(parts)
-        if not (had_record or had_data):
-            raise NotFoundError(f"{name} does not exist", name=name)
+        self.delete_if(name, lambda: None)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from commitstore._check import compare, read_record, record_of
+from commitstore._check import compare, pending_version, read_record, record_of
 from commitstore.backends import Backend, PutMode
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.digest import copy_hashed, digest_bytes, hash_stream
@@ -54,9 +54,23 @@ def _record_changed(backend: Backend, rec: Record) -> bool:
     return found is None or found.record != rec
 
 
-def _problem(rec: Record, level: str, size: int, digest: str | None) -> IntegrityError | None:
+def _problem(
+    backend: Backend, rec: Record, level: str, size: int, digest: str | None
+) -> IntegrityError | None:
+    """Why the bytes read (``size``, ``digest``) are not ``rec``'s, or None. Bytes that are the
+    pending version of a commit whose record was not written yet (``_commit``) are accepted:
+    they are the new version of the name."""
     found = compare(rec.size, rec.digest, found_size=size, found_digest=digest, level=level)
-    return None if found is None else found.error(rec.name)
+    if found is None:
+        return None
+    pending = pending_version(backend, rec)
+    if pending is not None and pending.kind == "file":
+        again = compare(
+            pending.size, pending.digest, found_size=size, found_digest=digest, level=level
+        )
+        if again is None:
+            return None
+    return found.error(rec.name)
 
 
 def _open_data(backend: Backend, rec: Record) -> BinaryIO:
@@ -79,7 +93,7 @@ def open_verified(backend: Backend, url: str, name: str, level: str) -> Verified
                     size, digest = hash_stream(f)
                 else:
                     size, digest = f.seek(0, os.SEEK_END), None
-                problem = _problem(rec, level, size, digest)
+                problem = _problem(backend, rec, level, size, digest)
             except BaseException:
                 f.close()
                 raise
@@ -99,7 +113,8 @@ def read_verified(backend: Backend, url: str, name: str, level: str) -> bytes:
             rec = _file_record(backend, url, name)
             with _open_data(backend, rec) as f:
                 data = f.read()
-        problem = _problem(rec, level, len(data), digest_bytes(data) if level == "full" else None)
+        digest = digest_bytes(data) if level == "full" else None
+        problem = _problem(backend, rec, level, len(data), digest)
         if problem is None:
             return data
         if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
@@ -132,7 +147,7 @@ def get_verified(
         try:
             with _open_data(backend, rec) as src:
                 size, digest = copy_hashed(src, sink.write, progress=progress)
-            problem = _problem(rec, level, size, digest)
+            problem = _problem(backend, rec, level, size, digest)
             if problem is not None:
                 raise problem
             sink.publish(size=size, digest=digest)

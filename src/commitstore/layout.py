@@ -22,6 +22,8 @@ STAGING_PREFIX = ".commitstore.tmp."
 RECORD_PREFIX = ".commitstore.rec."
 RECORD_HASHED_PREFIX = ".commitstore.rech."
 RECORD_SUFFIX = ".json"
+INTENT_PREFIX = ".commitstore.new."
+INTENT_HASHED_PREFIX = ".commitstore.newh."
 MAX_PART_BYTES = 255
 
 _STEP_RE = re.compile(r"\d+")
@@ -98,6 +100,33 @@ def record_parts(parts: Parts) -> Parts:
     if len(leaf.encode("utf-8")) > MAX_PART_BYTES:
         leaf = f"{RECORD_HASHED_PREFIX}{xxhash.xxh3_128_hexdigest(last.encode())}{RECORD_SUFFIX}"
     return (META_DIR, RECORDS_DIR, *parts[:-1], leaf)
+
+
+def intent_parts(parts: Parts) -> Parts:
+    """Where a commit in progress keeps the record it is about to publish (its intent): beside
+    the record, ``.commitstore.new.<last>.json`` (hashed like the record when too long). Written
+    before the data is published and removed after the record is; see ``_commit``."""
+    *head, leaf = record_parts(parts)
+    if leaf.startswith(RECORD_HASHED_PREFIX):
+        leaf = INTENT_HASHED_PREFIX + leaf[len(RECORD_HASHED_PREFIX) :]
+    else:
+        leaf = INTENT_PREFIX + leaf[len(RECORD_PREFIX) :]
+    return (*head, leaf)
+
+
+def is_intent_leaf(part: str) -> bool:
+    """True for the file names :func:`intent_parts` produces."""
+    return part.endswith(RECORD_SUFFIX) and (
+        part.startswith(INTENT_PREFIX) or part.startswith(INTENT_HASHED_PREFIX)
+    )
+
+
+def record_of_intent(rel: Parts) -> Parts:
+    """The record path (below the records folder) of an intent path (below it too)."""
+    leaf = rel[-1]
+    if leaf.startswith(INTENT_HASHED_PREFIX):
+        return (*rel[:-1], RECORD_HASHED_PREFIX + leaf[len(INTENT_HASHED_PREFIX) :])
+    return (*rel[:-1], RECORD_PREFIX + leaf[len(INTENT_PREFIX) :])
 
 
 def name_from_record_parts(rel: Parts) -> str | None:

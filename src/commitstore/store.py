@@ -19,6 +19,7 @@ from commitstore import _check, _read
 from commitstore._commit import Committer, make_record, mode_of
 from commitstore._stage import Stage
 from commitstore.backends import Backend, CommitInfo, FileSink
+from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
 from commitstore.errors import CommitError, CommitStoreError, ConfigurationError
 from commitstore.layout import redact_url, validate_name
@@ -175,14 +176,15 @@ class CommitStore:
         sink = self.committer.open_file(parts, mode)
 
         def finish(s: FileSink, size: int, digest: str) -> tuple[Record, CommitInfo]:
+            record = make_record(name, step, metadata, size=size, digest=digest)
             infos: list[CommitInfo] = []
 
             def publish_data() -> Record:
                 infos.append(s.publish(size=size, digest=digest))
                 self.committer.note(infos[0], name)
-                return make_record(name, step, metadata, size=size, digest=digest)
+                return record
 
-            return self.committer.commit(parts, mode, publish_data), infos[0]
+            return self.committer.commit(parts, mode, publish_data, intent=record), infos[0]
 
         return Stage(name, sink, finish, after=self._after_commit)
 
@@ -208,22 +210,34 @@ class CommitStore:
             sink.abort()
             raise
 
-        def publish_data() -> Record:
-            info = sink.publish()
-            self.committer.note(info, name)
-            files = tuple(FileRecord(p, size, d) for p, size, d in info.files)
+        def dir_record(files: list[tuple[str, int, str]]) -> Record:
+            entries = tuple(FileRecord(p, size, d) for p, size, d in files)
             return make_record(
                 name,
                 step,
                 metadata,
-                size=sum(f.size for f in files),
-                digest=manifest_digest(info.files),
-                files=files,
+                size=sum(f.size for f in entries),
+                digest=manifest_digest(files),
+                files=entries,
                 kind="dir",
             )
 
         try:
-            record = self.committer.commit(parts, mode, publish_data)
+            # Hashed once before anything is published, so the record is known first (the
+            # commit's pending record); the sink hashes again as it publishes.
+            intent = dir_record(hash_and_sync_tree(sink.local_path))
+
+            def publish_data() -> Record:
+                info = sink.publish()
+                self.committer.note(info, name)
+                return (
+                    intent
+                    if sorted(info.files)
+                    == sorted((f.path, f.size, f.digest) for f in intent.files)
+                    else dir_record(info.files)
+                )
+
+            record = self.committer.commit(parts, mode, publish_data, intent=intent)
         except BaseException:
             sink.abort()
             raise

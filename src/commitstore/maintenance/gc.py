@@ -5,9 +5,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from commitstore._check import scan_records
-from commitstore.backends import Backend, PendingUpload
-from commitstore.layout import Parts, is_staging_part
+from commitstore._check import check_exact, read_record, scan_records
+from commitstore._commit import put_small
+from commitstore.backends import Backend, PendingUpload, PutMode
+from commitstore.errors import InvalidNameError, NotFoundError
+from commitstore.layout import (
+    META_DIR,
+    RECORDS_DIR,
+    Parts,
+    intent_parts,
+    is_intent_leaf,
+    is_staging_part,
+    record_parts,
+    validate_name,
+)
+from commitstore.records import RecordFormatError, decode_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +29,9 @@ class GcItem:
     path: str
     """Relative to the store root (for uploads: the object key the upload would have created)."""
     kind: str
-    """``"staging"`` (a staging file or folder) or ``"upload"`` (an unfinished multipart upload)."""
+    """``"staging"`` (a staging file or folder), ``"upload"`` (an unfinished multipart upload) or
+    ``"pending"`` (the pending record of an interrupted commit: made the record if the data is
+    the new version, dropped if it is the old one)."""
     age: float | None
     """Seconds since it was last modified (started, for uploads); None when unknown."""
     reason: str = ""
@@ -103,4 +117,51 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
     for up in uploads:
         if judge(up.key, "upload", up.started) and not dry_run:
             backend.abort_upload(up)
+    for rel, info in backend.walk((META_DIR, RECORDS_DIR)):
+        if not is_intent_leaf(rel[-1]):
+            continue
+        path = "/".join((META_DIR, RECORDS_DIR, *rel))
+        if judge(path, "pending", info.mtime):
+            outcome = _settle(backend, (META_DIR, RECORDS_DIR, *rel), dry_run=dry_run)
+            if outcome is not None:  # neither version stands: kept for a person to look at
+                done = removed.pop()
+                kept.append(GcItem(done.path, done.kind, done.age, outcome))
     return GcReport(tuple(removed), tuple(kept), dry_run)
+
+
+def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
+    """Finish or drop one pending record older than min_age, under the publish lock.
+
+    The data matches it: the commit stopped after its data step, so it becomes the record (roll
+    forward). The data matches the record instead, or there is neither data nor record: the
+    commit stopped before its data step, so it is dropped (roll back). Otherwise (neither
+    version verifies) it is kept and the reason returned.
+    """
+    with backend.publish_lock():
+        try:
+            raw = backend.read_small(intent)
+            pending = decode_record(raw)
+            parts = validate_name(pending.name)
+        except (NotFoundError, RecordFormatError, InvalidNameError):
+            if not dry_run:
+                backend.remove(intent)
+            return None
+        if intent_parts(parts) != intent:
+            return "names another artifact"
+        try:
+            found = read_record(backend, parts)
+        except RecordFormatError:
+            found = None
+        if found is not None and found.raw == raw:
+            pass  # the record was published: the leftover is only the pending copy
+        elif check_exact(backend, pending, "full").status == "ok":
+            if not dry_run:
+                put_small(backend, record_parts(parts), raw, PutMode.REPLACE)
+        elif not (
+            (found is not None and check_exact(backend, found.record, "full").status == "ok")
+            or (found is None and backend.stat(parts) is None)
+        ):
+            return "neither its record nor its pending record matches the data"
+        if not dry_run:
+            backend.remove(intent)
+    return None

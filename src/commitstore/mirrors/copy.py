@@ -113,7 +113,7 @@ def copy_artifact(
 
     try:
         with publish_slots if publish_slots is not None else contextlib.nullcontext():
-            return dst.commit(parts, PutMode.REPLACE, publish, body=stored.raw)
+            return dst.commit(parts, PutMode.REPLACE, publish, intent=rec, body=stored.raw)
     except BaseException:
         if not started:  # the publish lock (or the wait for a slot) failed: nothing published
             abort()
