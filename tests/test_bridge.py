@@ -154,7 +154,8 @@ def test_fsync_eio_is_fatal(bridge: Target, fault_mount: FaultMount) -> None:
 
 def test_rename_eacces_clears_after_two_tries(bridge: Target, fault_mount: FaultMount) -> None:
     _earlier(bridge)
-    fault_mount.set(rename_errno={"match": "step_0002", "errno": "EACCES", "times": 2})
+    # the data rename (its destination), not the pending record's rename before it
+    fault_mount.set(rename_errno={"match": "/step_0002.pt", "errno": "EACCES", "times": 2})
     st = bridge.store.stage("step_0002.pt", overwrite=True)
     st.write(b"new" * 1000)
     rec = st.commit()
