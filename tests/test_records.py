@@ -11,6 +11,7 @@ import pytest
 
 import commitstore
 from commitstore import FileRecord, Record, open_store
+from commitstore.digest import manifest_digest
 from commitstore.layout import infer_step, record_parts, validate_name
 from commitstore.records import RecordFormatError, decode_record, encode_record
 
@@ -20,7 +21,7 @@ def test_roundtrip_is_exact() -> None:
         name="a/step_1",
         step=1,
         size=3,
-        digest="xxh3_128:" + "0" * 32,
+        digest=manifest_digest([("x", 3, "xxh3_128:" + "1" * 32)]),
         files=(FileRecord("x", 3, "xxh3_128:" + "1" * 32),),
         created=datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc),
         metadata={"k": [1, "two", None]},

@@ -34,12 +34,17 @@ from commitstore.layout import (
     validate_name,
 )
 from commitstore.records import (
+    MAX_RECORD_BYTES,
     Record,
     RecordFormatError,
     VerifyReport,
     VerifyResult,
     decode_record,
 )
+
+NOT_REGULAR = "not a regular file"
+"""The detail of a ``size_mismatch`` for a symlink, FIFO, socket or device at an artifact's name
+(or inside a folder artifact), and of a ``bad_record`` for one at a record's path."""
 
 log = logging.getLogger("commitstore")
 
@@ -116,12 +121,15 @@ def read_record(backend: Backend, parts: Parts) -> StoredRecord | None:
     """The record of artifact ``parts``, None if there is none.
 
     Raises:
-        RecordFormatError: the record exists but is unreadable or names another artifact.
+        RecordFormatError: the record exists but is unreadable (not a regular file, too large,
+            not valid by the schema) or names another artifact.
     """
     try:
         raw = backend.read_small(record_parts(parts))
     except NotFoundError:
         return None
+    except (IntegrityError, InvalidNameError) as exc:  # a symlink, FIFO... where a record goes
+        raise RecordFormatError(f"{NOT_REGULAR}: {exc}") from exc
     record = decode_record(raw)
     if record.name != "/".join(parts):
         raise RecordFormatError(f"record names {record.name!r}, expected {'/'.join(parts)!r}")
@@ -204,18 +212,28 @@ def check_exact(backend: Backend, record: Record, level: str) -> VerifyResult:
         return VerifyResult(
             record.name, "size_mismatch", "a folder stands where a file was recorded"
         )
+    if not info.regular:
+        return VerifyResult(record.name, "size_mismatch", NOT_REGULAR)
     problem = _compare_file(backend, parts, (record.size, record.digest), info, level)
-    if isinstance(problem, str):
-        return VerifyResult(record.name, "missing", problem)
-    if problem is not None:
+    if problem == MISSING:
+        return VerifyResult(record.name, "missing", "no data under this name")
+    if problem == NOT_A_FILE:
+        return VerifyResult(record.name, "size_mismatch", NOT_REGULAR)
+    if isinstance(problem, Mismatch):
         return VerifyResult(record.name, problem.status, problem.detail)
     return VerifyResult(record.name, "ok")
+
+
+MISSING, NOT_A_FILE = "missing", "not a file"
+"""What :func:`_compare_file` returns when the bytes could not be read: gone since the listing,
+or replaced by a symlink or special file since then."""
 
 
 def _compare_file(
     backend: Backend, parts: Parts, expected: tuple[int, str], info: FileInfo, level: str
 ) -> Mismatch | str | None:
-    """Sizes from ``info`` first; at ``"full"`` the bytes are read and hashed. A str: missing."""
+    """Sizes from ``info`` first; at ``"full"`` the bytes are read and hashed. A str: MISSING
+    or NOT_A_FILE."""
     size, digest = expected
     problem = compare(size, digest, found_size=info.size, found_digest=None, level=level)
     if problem is not None or level != "full":
@@ -224,7 +242,9 @@ def _compare_file(
         with backend.open_read(parts) as f:
             found_size, found_digest = hash_stream(f)
     except NotFoundError:
-        return "no data under this name"
+        return MISSING
+    except (IntegrityError, InvalidNameError):  # replaced by a symlink or FIFO since the stat
+        return NOT_A_FILE
     return compare(size, digest, found_size=found_size, found_digest=found_digest, level=level)
 
 
@@ -236,9 +256,14 @@ def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> Ve
         return VerifyResult(record.name, "missing", "no folder under this name")
     if not info.is_dir:
         return VerifyResult(
-            record.name, "size_mismatch", "a file stands where a folder was recorded"
+            record.name,
+            "size_mismatch",
+            NOT_REGULAR if not info.regular else "a file stands where a folder was recorded",
         )
     found = {"/".join(rel): fi for rel, fi in backend.walk(parts)}
+    odd = sorted(path for path, fi in found.items() if not fi.regular)
+    if odd:
+        return VerifyResult(record.name, "size_mismatch", f"{odd[0]}: {NOT_REGULAR}")
     infos = {}
     for entry in record.files:
         fi = found.pop(entry.path, None)
@@ -256,9 +281,11 @@ def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> Ve
             problem = _compare_file(
                 backend, fparts, (entry.size, entry.digest), infos[entry.path], current
             )
-            if isinstance(problem, str):
+            if problem == MISSING:
                 return VerifyResult(record.name, "missing", f"file {entry.path!r} is missing")
-            if problem is not None:
+            if problem == NOT_A_FILE:
+                return VerifyResult(record.name, "size_mismatch", f"{entry.path}: {NOT_REGULAR}")
+            if isinstance(problem, Mismatch):
                 return VerifyResult(record.name, problem.status, f"{entry.path}: {problem.detail}")
     return VerifyResult(record.name, "ok")
 
@@ -356,6 +383,12 @@ def scan_records(
         rel, info = leaf
         where = "/".join((META_DIR, RECORDS_DIR, *rel))
         shown = name_from_record_parts(rel) or where
+        if not info.regular:
+            return VerifyResult(shown, "bad_record", f"{where}: {NOT_REGULAR}")
+        if info.size > MAX_RECORD_BYTES:
+            return VerifyResult(
+                shown, "bad_record", f"{where} is {info.size} bytes, more than {MAX_RECORD_BYTES}"
+            )
         try:
             record = decode_record(fetch(rel, info))
             parts = validate_name(record.name)
@@ -365,7 +398,9 @@ def scan_records(
             return VerifyResult(shown, "bad_record", str(exc))
         except NotFoundError:
             return None
-        except CommitStoreError as exc:
+        except IntegrityError as exc:  # replaced by a symlink or FIFO since the listing
+            return VerifyResult(shown, "bad_record", f"{NOT_REGULAR}: {exc}")
+        except (CommitStoreError, OSError) as exc:
             return VerifyResult(shown, "bad_record", f"unreadable: {exc}")
         return record
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,7 +25,7 @@ from commitstore.errors import (
     NotFoundError,
 )
 from commitstore.layout import Parts, infer_step, intent_parts, record_parts, validate_name
-from commitstore.records import Record, encode_record
+from commitstore.records import Record, encode_record, new_fields
 
 log = logging.getLogger("commitstore")
 
@@ -50,15 +50,31 @@ def put_small(backend: Backend, parts: Parts, body: bytes, mode: PutMode) -> Com
     return sink.publish(size=len(body), digest=digest_bytes(body))
 
 
-def make_record(
-    name: str, step: int | None, metadata: Mapping[str, Any] | None, **kw: Any
-) -> Record:
-    """A new record of ``name``, committed now (the step inferred from the name if not given)."""
+def check_new(
+    name: str, step: object, metadata: object
+) -> tuple[Parts, int | None, dict[str, Any]]:
+    """Check what a new record of ``name`` will hold, before any I/O: the name's parts, the
+    step and a private deep copy of the metadata (so a caller changing its dict later cannot
+    break the record after the data is published).
+
+    Raises:
+        InvalidNameError: the name. ConfigurationError: ``step`` or ``metadata``
+            (``records.new_fields``).
+    """
+    parts = validate_name(name)
+    checked, meta = new_fields(step, metadata)
+    return parts, checked, meta
+
+
+def make_record(name: str, step: object, metadata: object, **kw: Any) -> Record:
+    """A new record of ``name``, committed now (the step inferred from the name if not given).
+    ``step`` and ``metadata`` are checked as by :func:`check_new` (ConfigurationError)."""
+    checked, meta = new_fields(step, metadata)
     return Record(
         name=name,
-        step=step if step is not None else infer_step(name),
+        step=checked if checked is not None else infer_step(name),
         created=datetime.now(timezone.utc),
-        metadata=dict(metadata or {}),
+        metadata=meta,
         **kw,
     )
 

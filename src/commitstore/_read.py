@@ -16,6 +16,7 @@ from commitstore.errors import (
     ConfigurationError,
     InsufficientSpaceError,
     IntegrityError,
+    InvalidNameError,
     NotFoundError,
 )
 from commitstore.layout import validate_name
@@ -73,12 +74,20 @@ def _problem(
     return found.error(rec.name)
 
 
-def _open_data(backend: Backend, rec: Record) -> BinaryIO:
+def _open_data(backend: Backend, rec: Record, where: str = "") -> BinaryIO:
+    """Open the data of ``rec`` (``where``: a file inside a folder artifact). Never blocks and
+    never follows a link: a symlink or special file there is an IntegrityError."""
+    parts = validate_name(rec.name)
+    shown = f"{rec.name}/{where}" if where else rec.name
     try:
-        return backend.open_read(validate_name(rec.name))
+        return backend.open_read((*parts, *where.split("/")) if where else parts)
     except NotFoundError as exc:
         raise IntegrityError(
-            f"{rec.name}: recorded, but its data is missing", name=rec.name, status="missing"
+            f"{shown}: recorded, but its data is missing", name=rec.name, status="missing"
+        ) from exc
+    except (IntegrityError, InvalidNameError) as exc:
+        raise IntegrityError(
+            f"{shown}: not a regular file ({exc})", name=rec.name, status="size_mismatch"
         ) from exc
 
 
@@ -157,15 +166,11 @@ def get_verified(
         return
     dsink = target.open_dir_sink((dest.name,), mode=PutMode.REPLACE)
     try:
-        parts = validate_name(rec.name)
         done = 0
         for entry in rec.files:
             out = dsink.local_path.joinpath(*entry.path.split("/"))
             out.parent.mkdir(parents=True, exist_ok=True)
-            with (
-                backend.open_read((*parts, *entry.path.split("/"))) as src,
-                out.open("wb") as dst,
-            ):
+            with _open_data(backend, rec, entry.path) as src, out.open("wb") as dst:
                 size, digest = copy_hashed(src, dst.write, progress=progress, start=done)
             done += size
             found = compare(

@@ -71,10 +71,18 @@ def validate_name(name: object) -> Parts:
     return parts
 
 
+MAX_STEP = 2**63 - 1
+"""Steps are ``0 <= step <= MAX_STEP`` (``docs/format.md``)."""
+
+
 def infer_step(name: str) -> int | None:
-    """The last integer in ``name`` (``step_0810.pt`` -> 810), or None."""
+    """The last integer in ``name`` (``step_0810.pt`` -> 810), or None (also when that integer
+    is larger than :data:`MAX_STEP`: such a name has no inferred step)."""
     found = _STEP_RE.findall(name)
-    return int(found[-1]) if found else None
+    if not found or len(found[-1]) > 64:
+        return None
+    step = int(found[-1])
+    return step if step <= MAX_STEP else None
 
 
 def staging_part(final_part: str) -> str:

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from commitstore import _check, _read
-from commitstore._commit import Committer, make_record, mode_of
+from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._stage import Stage
 from commitstore.backends import Backend, CommitInfo, FileSink
 from commitstore.backends.localtree import hash_and_sync_tree
@@ -167,16 +167,18 @@ class CommitStore:
         atomic for readers.
 
         Raises:
-            InvalidNameError: before any I/O.
+            InvalidNameError: a bad name, before any I/O.
+            ConfigurationError: ``step`` or ``metadata`` cannot be recorded (not an int in
+                [0, 2**63), not JSON, too deep or too large: ``docs/format.md``), before any I/O.
             AlreadyExistsError: ``overwrite=False`` and the name is taken (checked now and again,
                 atomically, at commit).
         """
-        parts = validate_name(name)
+        parts, step, meta = check_new(name, step, metadata)
         mode = mode_of(overwrite)
         sink = self.committer.open_file(parts, mode)
 
         def finish(s: FileSink, size: int, digest: str) -> tuple[Record, CommitInfo]:
-            record = make_record(name, step, metadata, size=size, digest=digest)
+            record = make_record(name, step, meta, size=size, digest=digest)
             infos: list[CommitInfo] = []
 
             def publish_data() -> Record:
@@ -199,9 +201,12 @@ class CommitStore:
     ) -> Iterator[Path]:
         """Yield a local folder to fill; a clean exit publishes it whole, as one artifact.
 
-        The record lists every file (path, size, digest). An exception publishes nothing.
+        The record lists every file (path, size, digest). An exception publishes nothing; so
+        does a file that cannot be stored (a symlink, FIFO or device, a name that breaks the
+        naming rules: CommitError). Same checks of ``name``, ``step`` and ``metadata`` as
+        :meth:`stage`, before any I/O.
         """
-        parts = validate_name(name)
+        parts, step, meta = check_new(name, step, metadata)
         mode = mode_of(overwrite)
         sink = self.committer.open_dir(parts, mode)
         try:
@@ -215,7 +220,7 @@ class CommitStore:
             return make_record(
                 name,
                 step,
-                metadata,
+                meta,
                 size=sum(f.size for f in entries),
                 digest=manifest_digest(files),
                 files=entries,
@@ -245,7 +250,8 @@ class CommitStore:
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
         """Commit ``data`` as ``name`` (same protocol as :meth:`stage`); checks free space first."""
-        self.committer.check_free(validate_name(name), memoryview(data).nbytes)
+        parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
+        self.committer.check_free(parts, memoryview(data).nbytes)
         with self.stage(name, **kw) as st:
             st.write(data)
         assert st.record is not None
@@ -264,7 +270,7 @@ class CommitStore:
         Raises:
             CommitError: the source changed size while it was copied (nothing published).
         """
-        parts = validate_name(name)
+        parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
         with open(local_path, "rb") as src:
             size = os.fstat(src.fileno()).st_size
             self.committer.check_free(parts, size)

@@ -44,6 +44,10 @@ class FileInfo:
     tag: str | None = None
     """The stored version's tag from a listing (S3/Azure ETag, GCS generation): it changes whenever
     the content is replaced. None where the storage has none (file systems)."""
+    regular: bool = True
+    """False for what is neither a regular file nor a folder: a symlink (never followed; ``size``
+    is then the link's own), a FIFO, a socket, a device. Never read as an artifact or a record.
+    Object stores hold only regular objects."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +149,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def open_read(self, parts: Parts) -> BinaryIO:
-        """Open a stored file for reading (seekable). Raises NotFoundError."""
+        """Open a stored file for reading (seekable). Raises NotFoundError; IntegrityError
+        (``status="size_mismatch"``) for a symlink or special file (never blocks on a FIFO)."""
 
     @abc.abstractmethod
     def stat(self, parts: Parts) -> FileInfo | None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from commitstore.backends.base import CommitInfo
 from commitstore.digest import hash_stream
-from commitstore.errors import CommitError
+from commitstore.errors import CommitError, InvalidNameError
+from commitstore.layout import validate_name
 
 
 def fsync_dir(
@@ -47,35 +48,63 @@ def hash_and_sync_tree(
 ) -> list[tuple[str, int, str]]:
     """fsync every file under ``top``, then hash it (past the page cache when ``uncached``);
     fsync every folder bottom-up (``tolerated`` errors mark ``info`` durability unconfirmed).
-    Refuses symlinks and special files (CommitError). Returns (path, size, digest), sorted."""
+    Returns (path, size, digest), sorted by path.
+
+    Raises CommitError, before anything is published, for what a record cannot hold: a symlink,
+    FIFO, socket or device (opened ``O_NONBLOCK|O_NOFOLLOW`` and checked with ``fstat`` before
+    any read, so nothing blocks), a path that breaks the artifact-name rules, or a folder that
+    cannot be listed (never skipped: the record would miss its files).
+    """
     files: list[tuple[str, int, str]] = []
     dirs: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(top):
+
+    def failed(exc: OSError) -> None:
+        raise CommitError(f"{exc.filename}: cannot be listed ({exc.strerror})") from exc
+
+    for dirpath, dirnames, filenames in os.walk(top, onerror=failed):
         dirs.append(dirpath)
         for d in dirnames:
             if os.path.islink(os.path.join(dirpath, d)):
                 raise CommitError(f"{os.path.join(dirpath, d)}: symlinks are not stored")
+            _storable(top, os.path.join(dirpath, d))
         for fname in filenames:
             full = os.path.join(dirpath, fname)
+            rel = _storable(top, full)
             try:
-                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = os.open(full, _READ_FLAGS)
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
                     raise CommitError(f"{full}: symlinks are not stored") from exc
+                if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
+                    raise CommitError(f"{full}: only regular files can be stored") from exc
                 raise
             try:
                 if not statmod.S_ISREG(os.fstat(fd).st_mode):
                     raise CommitError(f"{full}: only regular files can be stored")
+                os.set_blocking(fd, True)
                 os.fsync(fd)
                 size, digest = hash_fd(fd, uncached=uncached)
             finally:
                 os.close(fd)
-            rel = os.path.relpath(full, top).replace(os.sep, "/")
             files.append((rel, size, digest))
     for d in reversed(dirs):
-        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             fsync_dir(dfd, info or CommitInfo(0), tolerated)
         finally:
             os.close(dfd)
     return sorted(files)
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+
+
+def _storable(top: Path, full: str) -> str:
+    """The record path of ``full`` (relative to ``top``, ``/``-separated), if it follows the
+    artifact-name rules a record's file paths are held to; else CommitError."""
+    rel = os.path.relpath(full, top).replace(os.sep, "/")
+    try:
+        validate_name(rel)
+    except InvalidNameError as exc:
+        raise CommitError(f"{full}: cannot be stored in a folder artifact: {exc}") from exc
+    return rel

@@ -90,7 +90,7 @@ class MemoryBackend(Backend):
         with _LOCK:
             entry = self.fs.store.get(key)
             if entry is not None:
-                return FileInfo(size=entry.size, mtime=_mtime(entry))
+                return FileInfo(size=entry.size, mtime=_mtime(entry), regular=True)
             if key in self.fs.pseudo_dirs or self._has_children(key):
                 return FileInfo(size=0, mtime=None, is_dir=True)
         return None

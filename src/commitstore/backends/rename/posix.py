@@ -33,10 +33,16 @@ from commitstore.backends.rename.mounts import Mount, mount_of
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK
-from commitstore.errors import ConfigurationError, InvalidNameError, NotFoundError
+from commitstore.errors import (
+    ConfigurationError,
+    IntegrityError,
+    InvalidNameError,
+    NotFoundError,
+)
 from commitstore.layout import META_DIR, Parts
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 WRITEBACK_EVERY = 16 * 1024 * 1024
@@ -188,23 +194,37 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     # -- Backend API -------------------------------------------------------------------
     def open_read(self, parts: Parts) -> BinaryIO:
+        """Open a regular file for reading. Opened ``O_NONBLOCK|O_NOFOLLOW`` and checked with
+        ``fstat`` before anything is read, so a FIFO never blocks and a symlink is never
+        followed: both (and sockets, devices, symlinked folders on the way) raise IntegrityError."""
         try:
             dirfd = self.open_dir(parts[:-1], create=False)
         except (FileNotFoundError, NotADirectoryError) as exc:
             raise NotFoundError(f"{self.path_of(parts)} does not exist") from exc
+        except InvalidNameError as exc:
+            raise _not_regular(self.path_of(parts), "a folder on its path is a symlink") from exc
         try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+            fd = os.open(parts[-1], _READ_FLAGS, dir_fd=dirfd)
         except FileNotFoundError as exc:
             raise NotFoundError(f"{self.path_of(parts)} does not exist") from exc
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise InvalidNameError(f"{self.path_of(parts)} is a symlink; not followed") from exc
+                raise _not_regular(self.path_of(parts), "a symlink; not followed") from exc
+            if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
+                raise _not_regular(self.path_of(parts), "a socket or device") from exc
             raise
         finally:
             os.close(dirfd)
-        if statmod.S_ISDIR(os.fstat(fd).st_mode):
+        try:
+            mode = os.fstat(fd).st_mode
+            if statmod.S_ISDIR(mode):
+                raise NotFoundError(f"{self.path_of(parts)} is a folder, not a file")
+            if not statmod.S_ISREG(mode):
+                raise _not_regular(self.path_of(parts), _kind(mode))
+            os.set_blocking(fd, True)
+        except BaseException:
             os.close(fd)
-            raise NotFoundError(f"{self.path_of(parts)} is a folder, not a file")
+            raise
         return os.fdopen(fd, "rb", buffering=READ_CHUNK)
 
     def stat(self, parts: Parts) -> FileInfo | None:
@@ -375,7 +395,31 @@ class BridgeBackend(LocalBackend):
 
 def _info(st: os.stat_result) -> FileInfo:
     mtime = st.st_mtime if st.st_mtime > 0 else None
-    return FileInfo(size=st.st_size, mtime=mtime, is_dir=statmod.S_ISDIR(st.st_mode))
+    is_dir = statmod.S_ISDIR(st.st_mode)
+    return FileInfo(
+        size=st.st_size,
+        mtime=mtime,
+        is_dir=is_dir,
+        regular=is_dir or statmod.S_ISREG(st.st_mode),
+    )
+
+
+def _kind(mode: int) -> str:
+    for test, what in (
+        (statmod.S_ISLNK, "a symlink"),
+        (statmod.S_ISFIFO, "a FIFO"),
+        (statmod.S_ISSOCK, "a socket"),
+        (statmod.S_ISCHR, "a character device"),
+        (statmod.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _not_regular(path: str, what: str) -> IntegrityError:
+    """The error for reading something that is not a regular file (never read, never followed)."""
+    return IntegrityError(f"{path}: not a regular file ({what})", status="size_mismatch")
 
 
 def factory(url: str, options: dict[str, Any]) -> Backend:
