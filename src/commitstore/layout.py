@@ -31,8 +31,12 @@ _STEP_RE = re.compile(r"\d+")
 Parts = tuple[str, ...]
 
 
-def validate_name(name: object) -> Parts:
+def validate_name(name: object, *, inside_folder: bool = False) -> Parts:
     """Check ``name`` against the naming rules and return its parts.
+
+    ``inside_folder``: ``name`` is the path of a file inside a folder artifact, which the store
+    never interprets: it may use the reserved ``.commitstore`` prefix (frameworks write files
+    such as ``.commitstore.tmp.cache`` of their own; the folder's record covers them).
 
     Raises:
         InvalidNameError: with the reason, before any I/O.
@@ -63,7 +67,7 @@ def validate_name(name: object) -> Parts:
             raise InvalidNameError(
                 f"artifact name part is {len(encoded)} bytes, more than {MAX_PART_BYTES}: {name!r}"
             )
-        if part.startswith(RESERVED_PREFIX):
+        if part.startswith(RESERVED_PREFIX) and not inside_folder:
             raise InvalidNameError(
                 f"artifact name parts must not start with {RESERVED_PREFIX!r} "
                 f"(reserved for records and staging): {name!r}"

@@ -174,7 +174,7 @@ def check_files(files: tuple[FileRecord, ...]) -> None:
         if not isinstance(f.path, str):
             raise RecordFormatError("record file entry path is not a string")
         try:
-            validate_name(f.path)
+            validate_name(f.path, inside_folder=True)
         except InvalidNameError as exc:
             raise RecordFormatError(f"record file entry path is not allowed: {exc}") from exc
         if previous is not None and f.path <= previous:

@@ -104,7 +104,7 @@ def _storable(top: Path, full: str) -> str:
     artifact-name rules a record's file paths are held to; else CommitError."""
     rel = os.path.relpath(full, top).replace(os.sep, "/")
     try:
-        validate_name(rel)
+        validate_name(rel, inside_folder=True)
     except InvalidNameError as exc:
         raise CommitError(f"{full}: cannot be stored in a folder artifact: {exc}") from exc
     return rel
