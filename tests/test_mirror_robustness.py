@@ -82,11 +82,12 @@ EXIT_SCRIPT = """
 import os, sys, time
 import commitstore.mirrors.replicator as r
 from commitstore import open_store
-real = r.copy_artifact
+import commitstore.mirrors.copy as c
+real = c.copy_artifact
 def slow(src, dst, name, **kw):
     time.sleep(float(sys.argv[3]))
     return real(src, dst, name, **kw)
-r.copy_artifact = slow
+c.copy_artifact = r.copy_artifact = slow
 store = open_store(sys.argv[1], mirrors=[sys.argv[2]])
 for i in range(3):
     store.put_bytes(f"step_{i}.pt", bytes([i]) * 50_000)
@@ -178,7 +179,7 @@ def test_a_failure_in_bookkeeping_does_not_stop_the_worker(
     def broken(w: Any, name: str) -> None:
         if not once:
             once.append(1)
-            w.failed = None  # type: ignore[assignment]  # bookkeeping breaks, then heals
+            w.failed = None  # bookkeeping breaks, then heals
             try:
                 real(w, name)
             finally:
