@@ -194,7 +194,7 @@ class Replicator:
                     log.exception("mirror %s: replication of %s", w.mirror.url, name)
         except BaseException as exc:  # SystemExit/KeyboardInterrupt in a copy: the thread ends
             w.died = f"replication thread stopped: {exc!r}"
-            raise
+            log.warning("mirror %s: %s", w.mirror.url, w.died)
         finally:
             if w.died is not None:
                 self._fail_all(w, w.died)
