@@ -409,3 +409,34 @@ def test_object_folder_replace_failing_after_k_files_deletes_no_old_file(
     assert door.read(record_path("hf/ck")) == old_record  # the old record still stands
     report = open_store(store.url, **moto.options()).verify("hf/ck")
     assert report.ok == (k == 0)  # a mix is reported, never hidden
+
+
+# -- SMB folder replace: a failed rename-in puts the old folder back ------------------------------
+def test_smb_folder_replace_failing_rename_keeps_the_old_folder(tmp_path: Path) -> None:
+    from .helpers.samba import PASSWORD, SambaServer
+
+    samba = SambaServer(tmp_path / "samba")
+    try:
+        store = open_store(samba.url("run"), password=PASSWORD)
+        with store.stage_dir("hf/ck") as d:
+            _fill(d, OLD)
+        backend: Any = store.backend
+        original = backend._move
+        moves: list[tuple[str, str]] = []
+
+        def failing(folder: Any, src: str, dst: str, *, replace: bool) -> Any:
+            moves.append((src, dst))
+            if len(moves) == 2:  # the old folder is aside; the new one fails to move in
+                raise BackendUnavailableError("connection dropped")
+            return original(folder, src, dst, replace=replace)
+
+        backend._move = failing
+        with pytest.raises(BackendUnavailableError), store.stage_dir("hf/ck", overwrite=True) as d:
+            _fill(d, NEW)
+        assert len(moves) >= 3  # aside, failed rename-in, moved back
+        door = LocalBackdoor(samba.share_dir / "run")
+        for rel, data in OLD.items():
+            assert door.read(f"hf/ck/{rel}") == data
+        assert open_store(samba.url("run"), password=PASSWORD).verify("hf/ck").ok
+    finally:
+        samba.stop()
