@@ -133,12 +133,24 @@ class CommitStore:
         self.flush()
         return sync_mirrors(self.committer, [m.committer for m in self._mirrors], repair=repair)
 
-    def restore(self, name: str, *, source: CommitStore | None = None) -> Record:
+    def restore(
+        self, name: str, *, source: CommitStore | None = None, overwrite: bool = False
+    ) -> Record:
         """Copy a verified mirror copy of ``name`` (from ``source``, or the first mirror that
-        has a whole one) back to the primary, through the primary's commit protocol."""
+        has a whole one) back to the primary, through the primary's commit protocol.
+
+        Copies only where nothing is lost: the primary's copy is missing or fails its full
+        check, or its record is byte-identical to the mirror's. A different primary version
+        that verifies is kept unless ``overwrite=True``.
+
+        Raises:
+            NotFoundError: no mirror holds a whole copy.
+            AlreadyExistsError: the primary holds a different version that verifies (the message
+                says which is newer by record ``created``), or one was committed meanwhile.
+        """
         validate_name(name)
         sources = [source] if source is not None else self._mirrors
-        return restore(self.committer, [m.committer for m in sources], name)
+        return restore(self.committer, [m.committer for m in sources], name, overwrite=overwrite)
 
     def _after_commit(self, record: Record) -> None:
         """After a successful (durable) commit: replicate, then apply automatic retention."""

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 
 from commitstore._check import compare, record_of
 from commitstore._commit import Committer
 from commitstore.backends import PutMode
 from commitstore.digest import copy_hashed
-from commitstore.errors import IntegrityError
+from commitstore.errors import CommitStoreError, IntegrityError
 from commitstore.layout import validate_name
 from commitstore.records import Record
+
+RETRIES = 3
+"""Attempts per artifact and mirror (background replication and ``sync`` alike) before it is
+reported failed; only errors that say they are ``retryable`` are tried again."""
+RETRY_DELAY = 0.2
+"""Seconds before the first retry; doubled before each next one."""
 
 
 class SourceMismatch(IntegrityError):
@@ -46,11 +53,14 @@ def copy_artifact(
     name: str,
     *,
     publish_slots: threading.Semaphore | None = None,
+    guard: Callable[[], None] | None = None,
 ) -> Record:
     """Copy committed ``name`` from ``src`` to ``dst`` (replacing what ``dst`` has under it).
 
     ``publish_slots``: held while publishing (not while reading and staging), so a caller running
     more copies than slots stages the next artifact while others publish.
+    ``guard``: called under ``dst``'s publish lock just before anything is published there; if
+    it raises, nothing is published (``restore`` uses it to refuse a primary that changed).
 
     Raises:
         NotFoundError: not committed on ``src``.
@@ -108,6 +118,8 @@ def copy_artifact(
 
     def publish() -> Record:
         nonlocal started
+        if guard is not None:
+            guard()
         started = True  # from here the sink cleans up after itself
         return publish_data()
 
@@ -118,3 +130,25 @@ def copy_artifact(
         if not started:  # the publish lock (or the wait for a slot) failed: nothing published
             abort()
         raise
+
+
+def copy_with_retries(
+    src: Committer,
+    dst: Committer,
+    name: str,
+    *,
+    publish_slots: threading.Semaphore | None = None,
+    guard: Callable[[], None] | None = None,
+) -> Record:
+    """:func:`copy_artifact`, tried up to :data:`RETRIES` times while the error is
+    ``retryable`` (a :class:`CommitStoreError` saying so); any other error is raised at once."""
+    delay = RETRY_DELAY
+    for attempt in range(1, RETRIES + 1):
+        try:
+            return copy_artifact(src, dst, name, publish_slots=publish_slots, guard=guard)
+        except Exception as exc:
+            if attempt == RETRIES or not (isinstance(exc, CommitStoreError) and exc.retryable):
+                raise
+        time.sleep(delay)
+        delay *= 2
+    raise AssertionError("unreachable")  # pragma: no cover

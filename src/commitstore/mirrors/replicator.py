@@ -3,26 +3,30 @@ returns, with bounded queues (back-pressure), retries, status, and required/best
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import queue
 import threading
 import time
+import warnings
+import weakref
 from dataclasses import dataclass, field
 
 from commitstore._check import list_records
 from commitstore._commit import Committer
-from commitstore.errors import CommitStoreError, ConfigurationError, MirrorError
-from commitstore.mirrors.copy import copy_artifact
+from commitstore.errors import CommitError, ConfigurationError, MirrorError
+from commitstore.mirrors.copy import copy_with_retries
 
 log = logging.getLogger("commitstore")
 
 MODES = ("background", "sync")
 POLICIES = ("best_effort", "required")
-RETRIES = 3
-"""Attempts per artifact and mirror before it is marked failed (sync() repairs it later); only
-errors that say they are ``retryable`` are tried again."""
+
+
+class MirrorStopped(CommitError):
+    """The mirror's replication thread is no longer running: the artifact was not copied."""
 
 
 def check_mirror_options(mode: str, policy: str, queue_size: int) -> None:
@@ -60,10 +64,63 @@ class _Worker:
     last_error: str | None = None
     unreported: list[Exception] = field(default_factory=list)
     thread: threading.Thread | None = None
+    died: str | None = None
+    """Why the worker thread ended without being stopped (None while it runs)."""
+
+    def dead(self) -> bool:
+        return self.thread is not None and not self.thread.is_alive()
+
+
+EXIT_FLUSH_SECONDS = 60.0
+"""Default of ``COMMITSTORE_EXIT_FLUSH_SECONDS``: how long interpreter exit waits for background
+replication of a store that was never closed."""
+
+POLL = 0.5
+"""Seconds between checks that a worker thread is still alive while waiting on it."""
+
+
+def exit_flush_seconds() -> float:
+    raw = os.environ.get("COMMITSTORE_EXIT_FLUSH_SECONDS")
+    if raw is None:
+        return EXIT_FLUSH_SECONDS
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        log.warning("COMMITSTORE_EXIT_FLUSH_SECONDS=%r is not a number; using 60", raw)
+        return EXIT_FLUSH_SECONDS
+
+
+class _ExitFlush:
+    """The interpreter-exit hook of one Replicator, holding it only through a weak reference
+    (unregistered by ``close``; does nothing once the replicator is collected)."""
+
+    def __init__(self, replicator: Replicator) -> None:
+        self.ref = weakref.ref(replicator)
+
+    def __call__(self) -> None:
+        rep = self.ref()
+        if rep is not None:
+            rep.exit_flush(exit_flush_seconds())
+
+
+_hooks: weakref.WeakKeyDictionary[Replicator, _ExitFlush] = weakref.WeakKeyDictionary()
+
+
+def _live_replicators() -> list[Replicator]:
+    """Replicators with an exit hook registered (not closed, not collected)."""
+    return list(_hooks.keys())
 
 
 class Replicator:
-    """Owns the mirrors of one primary store."""
+    """Owns the mirrors of one primary store.
+
+    Background workers survive any failure of one copy (it becomes that artifact's failure). If a
+    worker thread ends anyway (SystemExit, KeyboardInterrupt raised inside it), what it still
+    owed is marked failed and later submissions to it fail at once: ``flush()``, ``close()`` and
+    commits never wait on a dead thread. At interpreter exit, a replicator that was never closed
+    waits up to ``COMMITSTORE_EXIT_FLUSH_SECONDS`` (default 60) for its copies, then warns
+    (log and ``warnings.warn``) which artifacts did not reach which mirror.
+    """
 
     def __init__(
         self,
@@ -80,6 +137,7 @@ class Replicator:
         self.policy = policy
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._closed = False
         self.workers = [_Worker(m, queue.Queue(maxsize=queue_size)) for m in mirrors]
         if mode == "background":
             for w in self.workers:
@@ -90,46 +148,95 @@ class Replicator:
                     daemon=True,
                 )
                 w.thread.start()
+            hook = _ExitFlush(self)
+            _hooks[self] = hook
+            atexit.register(hook)
 
     # -- replication ------------------------------------------------------------------------
+    def _fail(self, w: _Worker, name: str, exc: Exception) -> None:
+        """Record that ``name`` did not reach ``w``'s mirror (caller holds no lock)."""
+        with self._lock:
+            w.failed[name] = str(exc)
+            w.last_error = str(exc)
+            w.unreported.append(exc)
+        log.warning("mirror %s: %s not replicated: %s", w.mirror.url, name, exc)
+
     def _copy(self, w: _Worker, name: str) -> None:
         """Copy with bounded retries; record the outcome in the worker's state."""
-        delay = 0.2
-        for attempt in range(RETRIES):
-            try:
-                copy_artifact(self.primary, w.mirror, name)
-            except Exception as exc:  # any failure is this artifact's, never the thread's
-                retryable = isinstance(exc, CommitStoreError) and exc.retryable
-                if attempt + 1 < RETRIES and retryable:
-                    time.sleep(delay)
-                    delay *= 2
-                    continue
-                with self._lock:
-                    w.failed[name] = str(exc)
-                    w.last_error = str(exc)
-                    w.unreported.append(exc)
-                log.warning("mirror %s: %s not replicated: %s", w.mirror.url, name, exc)
-                return
-            with self._lock:
-                w.failed.pop(name, None)
+        try:
+            copy_with_retries(self.primary, w.mirror, name)
+        except Exception as exc:  # any failure is this artifact's, never the thread's
+            self._fail(w, name, exc)
             return
+        with self._lock:
+            w.failed.pop(name, None)
+
+    def _done(self, w: _Worker, name: str) -> None:
+        with self._lock:
+            with contextlib.suppress(ValueError):
+                w.pending.remove(name)
+            self._idle.notify_all()
 
     def _run(self, w: _Worker) -> None:
         # Replication is background work: yield the CPU to the training thread.
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        while True:
-            name = w.jobs.get()
-            if name is None:
-                w.jobs.task_done()
-                return
+        try:
+            while True:
+                name = w.jobs.get()
+                if name is None:
+                    return
+                try:
+                    self._run_one(w, name)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException:  # bookkeeping broke after the copy: the loop goes on
+                    log.exception("mirror %s: replication of %s", w.mirror.url, name)
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt in a copy: the thread ends
+            w.died = f"replication thread stopped: {exc!r}"
+            log.warning("mirror %s: %s", w.mirror.url, w.died)
+        finally:
+            if w.died is not None:
+                self._fail_all(w, w.died)
+
+    def _run_one(self, w: _Worker, name: str) -> None:
+        """One job: nothing but SystemExit or KeyboardInterrupt gets out of here."""
+        try:
             try:
                 self._copy(w, name)
-            finally:
-                with self._lock:
-                    w.pending.remove(name)
-                    self._idle.notify_all()
-                w.jobs.task_done()
+            except (SystemExit, KeyboardInterrupt) as exc:
+                self._fail(w, name, CommitError(f"{name}: copy interrupted: {exc!r}"))
+                raise
+            except BaseException as exc:  # a failure in bookkeeping, or a stray BaseException
+                failure = CommitError(f"{name}: replication failed: {exc!r}")
+                failure.__cause__ = exc
+                with self._lock:  # bookkeeping may be what broke: start it afresh if needed
+                    if not isinstance(w.failed, dict):
+                        w.failed = {}
+                    if not isinstance(w.unreported, list):
+                        w.unreported = []
+                self._fail(w, name, failure)
+        finally:
+            self._done(w, name)
+
+    def _fail_all(self, w: _Worker, why: str) -> None:
+        """A dead worker: everything it still owed fails, with ``why``."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                w.jobs.get_nowait()
+        with self._lock:
+            owed = list(dict.fromkeys(w.pending))
+        for name in owed:
+            self._fail(w, name, MirrorStopped(f"{name} not replicated to {w.mirror.url}: {why}"))
+        with self._lock:
+            w.pending.clear()
+            self._idle.notify_all()
+
+    def _check_workers(self) -> None:
+        """Fail what dead workers still owe (their own cleanup normally did it already)."""
+        for w in self.workers:
+            if w.dead() and w.pending:
+                self._fail_all(w, w.died or "replication thread stopped")
 
     def _raise_unreported(self) -> None:
         with self._lock:
@@ -141,8 +248,9 @@ class Replicator:
 
     def submit(self, name: str) -> None:
         """Replicate a just-committed artifact. Background: enqueue (waits while a mirror's
-        queue is full). Sync: copy now. Under ``required``, failures raise MirrorError here
-        (background: failures of earlier artifacts, at the next commit or flush)."""
+        queue is full; a mirror whose worker stopped fails the artifact at once). Sync: copy now.
+        Under ``required``, failures raise MirrorError here (background: failures of earlier
+        artifacts, at the next commit or flush)."""
         if self.mode == "sync":
             for w in self.workers:
                 self._copy(w, name)
@@ -152,29 +260,74 @@ class Replicator:
         for w in self.workers:
             with self._lock:
                 w.pending.append(name)
-            w.jobs.put(name)  # blocks when full: back-pressure, never unbounded buffering
+            while True:
+                if w.dead():
+                    why = w.died or "replication thread stopped"
+                    failure = MirrorStopped(f"{name} not replicated to {w.mirror.url}: {why}")
+                    self._fail(w, name, failure)
+                    self._done(w, name)
+                    break
+                try:  # blocks when full: back-pressure, never unbounded buffering
+                    w.jobs.put(name, timeout=POLL)
+                except queue.Full:
+                    continue
+                break
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued artifact was replicated or failed; raise MirrorError under
-        ``required`` if any failed. Raises TimeoutError if ``timeout`` passes first."""
+        ``required`` if any failed. Raises TimeoutError if ``timeout`` passes first. Returns even
+        if a worker thread stopped (what it owed is then marked failed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            while any(w.pending for w in self.workers):
+        while True:
+            self._check_workers()
+            with self._lock:
+                if not any(w.pending for w in self.workers):
+                    break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError("mirror replication still pending")
-                self._idle.wait(left)
+                self._idle.wait(POLL if left is None else min(left, POLL))
         self._raise_unreported()
 
     def close(self) -> None:
         """Flush, then stop the workers. Idempotent."""
+        self._closed = True
+        hook = _hooks.pop(self, None)
+        if hook is not None:
+            atexit.unregister(hook)
         try:
             self.flush()
         finally:
             for w in self.workers:
-                if w.thread is not None and w.thread.is_alive():
-                    w.jobs.put(None)
+                while w.thread is not None and w.thread.is_alive():
+                    try:
+                        w.jobs.put(None, timeout=POLL)
+                    except queue.Full:
+                        continue
                     w.thread.join()
+
+    def exit_flush(self, seconds: float) -> None:
+        """At interpreter exit: wait up to ``seconds`` for pending copies, then warn (log and
+        ``warnings.warn``) about every artifact that did not reach a mirror. Never raises."""
+        if self._closed:
+            return
+        try:
+            self.flush(seconds)
+        except (TimeoutError, MirrorError):
+            pass
+        except Exception as exc:  # exit must go on
+            log.warning("mirror flush at exit failed: %s", exc)
+        with self._lock:
+            missing = {w.mirror.url: sorted(set(w.pending) | set(w.failed)) for w in self.workers}
+        lines = [f"{url}: {', '.join(names)}" for url, names in missing.items() if names]
+        if lines:
+            msg = (
+                "commitstore: the store was not closed and these artifacts did not reach their "
+                f"mirror before exit (waited up to {seconds:g}s; run sync() to complete them): "
+                + "; ".join(lines)
+            )
+            log.warning("%s", msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=1)
 
     def pending(self) -> dict[str, set[str]]:
         """Per mirror URL: the artifacts queued or being copied there (prune keeps them)."""

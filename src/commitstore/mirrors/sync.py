@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from commitstore._check import StoredRecord, check, list_records, read_record, sort_key, verify
 from commitstore._commit import Committer
-from commitstore.errors import CommitStoreError, IntegrityError, NotFoundError
+from commitstore.errors import AlreadyExistsError, IntegrityError, NotFoundError
 from commitstore.layout import (
     META_DIR,
     RECORDS_DIR,
@@ -19,7 +19,7 @@ from commitstore.layout import (
     record_parts,
     validate_name,
 )
-from commitstore.mirrors.copy import SourceMismatch, copy_artifact
+from commitstore.mirrors.copy import SourceMismatch, copy_with_retries
 from commitstore.records import Record, RecordFormatError
 
 log = logging.getLogger("commitstore")
@@ -172,13 +172,18 @@ def _sync_one(
             return "failed", "mirror copy fails verification (repair=False)"
         return "skipped", ""
     try:
-        copy_artifact(primary, mirror, rec.name, publish_slots=ctx.publish_slots)
+        copy_with_retries(primary, mirror, rec.name, publish_slots=ctx.publish_slots)
     except SourceMismatch as exc:
         checks.note(rec.name, False, f"{exc.status}: {exc}")
         return "skipped", ""
-    except CommitStoreError as exc:
-        if checks.whole(rec):  # else the primary's copy is gone or bad: reported there
-            return "failed", str(exc)
+    except Exception as exc:  # any failure is this artifact's, reported like replication's
+        log.warning("sync: %s not copied to %s: %s", rec.name, mirror.url, exc)
+        try:
+            whole = checks.whole(rec)
+        except Exception:  # the primary cannot even be checked: still this artifact's failure
+            whole = True
+        if whole:  # else the primary's copy is gone or bad: reported there
+            return "failed", str(exc) or repr(exc)
         return "skipped", ""
     checks.note(rec.name, True)
     return ("copied" if state == "missing" else "repaired"), ""
@@ -217,9 +222,49 @@ def _stored(store: Committer, name: str) -> StoredRecord | None:
         raise IntegrityError(f"{name}: bad record: {exc}", name=name, status="bad_record") from exc
 
 
-def restore(primary: Committer, sources: Sequence[Committer], name: str) -> Record:
+def _primary_state(primary: Committer, name: str) -> tuple[bytes | None, Record | None, str]:
+    """What the primary holds under ``name``: (record bytes or None, its record if the artifact
+    passes its full check, else None, and why not)."""
+    try:
+        mine = _stored(primary, name)
+    except IntegrityError as exc:
+        return b"unreadable", None, str(exc)
+    if mine is None:
+        return None, None, "missing"
+    result = check(primary.backend, mine.record, "full")
+    if result.status != "ok":
+        return mine.raw, None, result.status
+    return mine.raw, mine.record, "ok"
+
+
+def _refusal(name: str, primary: Committer, mine: Record, theirs: Record, src: str) -> str:
+    if mine.created > theirs.created:
+        which = "the primary's is newer"
+    elif mine.created < theirs.created:
+        which = f"the copy on {src} is newer"
+    else:
+        which = "both were created at the same time"
+    return (
+        f"{name}: {primary.url} holds a different version that verifies (created "
+        f"{mine.created.isoformat()}) than {src} (created {theirs.created.isoformat()}): {which}; "
+        "not restored (pass overwrite=True to replace the primary's)"
+    )
+
+
+def restore(
+    primary: Committer, sources: Sequence[Committer], name: str, *, overwrite: bool = False
+) -> Record:
     """Copy a verified copy of ``name`` from the first of ``sources`` holding a whole one back to
-    the primary."""
+    the primary, only where that loses nothing: the primary's copy is missing, fails its full
+    check, or has a byte-identical record. A different primary version that verifies is kept
+    (AlreadyExistsError) unless ``overwrite``. The decision is re-checked under the primary's
+    publish lock: a version committed meanwhile is never replaced (unless ``overwrite``).
+
+    Raises:
+        NotFoundError: no source holds a whole copy.
+        AlreadyExistsError: the primary holds a different whole version (``overwrite=False``),
+            or a new version was committed on the primary while restoring.
+    """
     errors = []
     for mirror in sources:
         try:
@@ -233,7 +278,31 @@ def restore(primary: Committer, sources: Sequence[Committer], name: str) -> Reco
         if result.status != "ok":
             errors.append(f"{mirror.url}: {result.status}")
             continue
-        return copy_artifact(mirror, primary, name)
+        seen, mine, why = _primary_state(primary, name)
+        if mine is not None and seen != found.raw and not overwrite:
+            raise AlreadyExistsError(
+                _refusal(name, primary, mine, found.record, mirror.url), name=name
+            )
+        if mine is None:
+            log.info("restore: %s on %s is %s; copying from %s", name, primary.url, why, mirror.url)
+
+        def unchanged(seen: bytes | None = seen) -> None:
+            if overwrite:
+                return
+            try:
+                now = _stored(primary, name)
+            except IntegrityError:
+                now_raw: bytes | None = b"unreadable"
+            else:
+                now_raw = None if now is None else now.raw
+            if now_raw != seen:
+                raise AlreadyExistsError(
+                    f"{name}: a new version was committed on {primary.url} while it was being "
+                    "restored; kept (pass overwrite=True to replace it)",
+                    name=name,
+                )
+
+        return copy_with_retries(mirror, primary, name, guard=unchanged)
     raise NotFoundError(
         f"no mirror holds a whole copy of {name}" + (f" ({'; '.join(errors)})" if errors else ""),
         name=name,

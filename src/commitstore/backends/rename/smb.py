@@ -141,12 +141,18 @@ class SmbBackend(RenameBackend[Parts, Any]):
         self, folder: Parts, src: str, dst: str, *, mode: PutMode, is_dir: bool, info: CommitInfo
     ) -> None:
         """Files: ``rename`` (fails if ``dst`` exists) or ``replace``. Folders replace by moving
-        the old one aside under a staging name, renaming the new one in, removing the old."""
+        the old one aside under a staging name, renaming the new one in, removing the old. If
+        the new one cannot be renamed in, the old one is moved back (never left aside)."""
         replace = mode is PutMode.REPLACE
         if is_dir and replace and self.stat((*folder, dst)) is not None:
             old = staging_part(dst)
             self._move(folder, dst, old, replace=False)
-            self._move(folder, src, dst, replace=False)
+            try:
+                self._move(folder, src, dst, replace=False)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._move(folder, old, dst, replace=False)
+                raise
             self.remove((*folder, old))
         else:
             self._move(folder, src, dst, replace=replace and not is_dir)
