@@ -425,6 +425,8 @@ def test_smb_folder_replace_failing_rename_keeps_the_old_folder(tmp_path: Path) 
         moves: list[tuple[str, str]] = []
 
         def failing(folder: Any, src: str, dst: str, *, replace: bool) -> Any:
+            if dst.startswith((".commitstore.new.", ".commitstore.rec")):  # (pending) records
+                return original(folder, src, dst, replace=replace)
             moves.append((src, dst))
             if len(moves) == 2:  # the old folder is aside; the new one fails to move in
                 raise BackendUnavailableError("connection dropped")
