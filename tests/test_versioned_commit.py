@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from commitstore import CommitError, InsufficientSpaceError, open_store
+from commitstore import AlreadyExistsError, CommitError, InsufficientSpaceError, open_store
 from commitstore import _commit as commit_module
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target, record_path, xxh
 
@@ -228,3 +228,23 @@ def test_sigkill_at_each_step_leaves_old_or_new(tmp_path: Path, when: str) -> No
     assert t.door.read(pending_path("step_50.pt")) is None
     assert fresh.record("step_50.pt").digest == xxh(expected)
     assert fresh.verify().ok
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_no_artifact_is_committed_inside_a_committed_folder(
+    where: str, tmp_path: Path, moto: MotoServer
+) -> None:
+    t = local(tmp_path) if where == "local" else s3(moto)
+    with t.store.stage_dir("ckpt-100") as d:
+        (d / "model.bin").write_bytes(OLD)
+    for overwrite in (False, True):
+        with pytest.raises(AlreadyExistsError, match="inside the committed artifact ckpt-100"):
+            t.store.put_bytes("ckpt-100/notes.txt", b"notes", overwrite=overwrite)
+        with (
+            pytest.raises(AlreadyExistsError),
+            t.store.stage_dir("ckpt-100/sub", overwrite=overwrite),
+        ):
+            pass
+    assert t.door.read("ckpt-100/notes.txt") is None
+    assert t.reopen().verify().ok
+    assert [r.name for r in t.reopen().list()] == ["ckpt-100"]

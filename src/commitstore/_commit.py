@@ -119,16 +119,36 @@ class Committer:
                 name=name,
             )
 
+    def check_outside_folders(self, parts: Parts) -> None:
+        """Raise AlreadyExistsError if a leading part of ``parts`` is a committed artifact: a new
+        artifact inside a committed folder artifact would change that folder's files under its
+        record (one record read per leading part)."""
+        for i in range(1, len(parts)):
+            try:
+                if self.backend.stat(record_parts(parts[:i])) is None:
+                    continue
+            except CommitStoreError:
+                continue
+            outer, name = "/".join(parts[:i]), "/".join(parts)
+            raise AlreadyExistsError(
+                f"{name} would be inside the committed artifact {outer}; commit the folder "
+                "again with the file in it (stage_dir(..., overwrite=True)) instead",
+                name=name,
+            )
+
     # -- staging -------------------------------------------------------------------------------
     def open_file(self, parts: Parts, mode: PutMode) -> FileSink:
         """Start staging a file artifact. With ``CREATE`` a taken name fails now, before any
-        bytes are sent (and again, atomically, at publish)."""
+        bytes are sent (and again, atomically, at publish). A name inside a committed artifact
+        (``ckpt-100/notes.txt`` when ``ckpt-100`` is a committed folder) is refused."""
+        self.check_outside_folders(parts)
         if mode is PutMode.CREATE:
             self.check_absent(parts)
         return self.backend.open_sink(parts, mode=mode)
 
     def open_dir(self, parts: Parts, mode: PutMode) -> DirSink:
-        """Start staging a folder artifact (same early check as :meth:`open_file`)."""
+        """Start staging a folder artifact (same early checks as :meth:`open_file`)."""
+        self.check_outside_folders(parts)
         if mode is PutMode.CREATE:
             self.check_absent(parts)
         return self.backend.open_dir_sink(parts, mode=mode)
