@@ -1,3 +1,22 @@
-"""Shared fixtures: the built-in targets come from commitstore's own pytest plugin."""
+"""Shared fixtures: the built-in targets come from commitstore's own pytest plugin; servers that
+several test modules use are started once per module here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .helpers.s3servers import MotoServer
 
 pytest_plugins = ["commitstore.testing.plugin"]
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A moto S3 server (one request at a time), stopped by PID after the module."""
+    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.stop()

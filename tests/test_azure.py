@@ -12,7 +12,7 @@ import pytest
 from commitstore import open_store
 from commitstore.testing import StoreConformance, Target, xxh
 
-from .helpers.azurite import AzureBackdoor, Azurite
+from .helpers.azurite import Azurite, azure_backdoor
 from .helpers.faultproxy import (
     FaultProxy,
     check_persistent_fault,
@@ -38,7 +38,7 @@ def make_target(server: Azurite, **options: object) -> Target:
     opts = {**server.options(), "block_size": 1 * MiB, **options}
     url = server.url(prefix)
     return Target(
-        open_store(url, **opts), AzureBackdoor(server, prefix), lambda: open_store(url, **opts)
+        open_store(url, **opts), azure_backdoor(server, prefix), lambda: open_store(url, **opts)
     )
 
 
@@ -108,7 +108,7 @@ def test_sigkill_mid_upload_publishes_nothing(azurite: Azurite) -> None:
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
-    blob = AzureBackdoor(azurite, t.store.url.rsplit("/", 1)[1]).container.get_blob_client(
+    blob = azure_backdoor(azurite, t.store.url.rsplit("/", 1)[1]).container.get_blob_client(
         t.store.url.rsplit("/", 1)[1] + "/step_0002.pt"
     )
     deadline = time.monotonic() + 30
@@ -150,7 +150,9 @@ def proxied(azurite: Azurite) -> Iterator[tuple[Target, FaultProxy]]:
         }
         url = azurite.url(prefix)
         return Target(
-            open_store(url, **opts), AzureBackdoor(azurite, prefix), lambda: open_store(url, **opts)
+            open_store(url, **opts),
+            azure_backdoor(azurite, prefix),
+            lambda: open_store(url, **opts),
         )
 
     with through_proxy(azurite.port, target) as pair:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from commitstore import open_store
-from commitstore.testing import StoreConformance, Target, xxh
+from commitstore.testing import GcsBackdoor, StoreConformance, Target, xxh
 
 from .helpers.faultproxy import (
     FaultProxy,
@@ -17,7 +17,8 @@ from .helpers.faultproxy import (
     check_transient_fault,
     through_proxy,
 )
-from .helpers.gcsserver import FakeGcs, GcsBackdoor
+from .helpers.gcsserver import BUCKET as GCS_BUCKET
+from .helpers.gcsserver import FakeGcs
 from .helpers.recordcache import check_record_cache
 
 MiB = 1024 * 1024
@@ -37,7 +38,9 @@ def make_target(server: FakeGcs, **options: object) -> Target:
     opts = {**server.options(), "chunk_size": 1 * MiB, **options}
     url = server.url(prefix)
     return Target(
-        open_store(url, **opts), GcsBackdoor(server, prefix), lambda: open_store(url, **opts)
+        open_store(url, **opts),
+        GcsBackdoor(server.endpoint, GCS_BUCKET, prefix),
+        lambda: open_store(url, **opts),
     )
 
 
@@ -144,7 +147,9 @@ def proxied(gcs: FakeGcs) -> Iterator[tuple[Target, FaultProxy]]:
         }
         url = gcs.url(prefix)
         return Target(
-            open_store(url, **opts), GcsBackdoor(gcs, prefix), lambda: open_store(url, **opts)
+            open_store(url, **opts),
+            GcsBackdoor(gcs.endpoint, GCS_BUCKET, prefix),
+            lambda: open_store(url, **opts),
         )
 
     with through_proxy(gcs.port, target) as pair:

@@ -87,15 +87,6 @@ def _unblock() -> Iterator[None]:
     _FIFOS.clear()
 
 
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    server = MotoServer(tmp_path_factory.mktemp("moto"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def _local(root: Path) -> Target:
     return Target(open_store(str(root)), LocalBackdoor(root), lambda: open_store(str(root)))
 

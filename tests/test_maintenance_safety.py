@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,6 @@ def _rot(path: Path) -> None:
     st = path.stat()
     path.write_bytes(bytes(data))
     os.utime(path, (st.st_atime, st.st_mtime))
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    server = MotoServer(tmp_path_factory.mktemp("moto"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _s3(moto: MotoServer) -> tuple[Any, S3Backdoor, str]:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -337,15 +336,6 @@ def test_restore_racing_a_new_primary_commit_does_not_overwrite_it(tmp_path: Pat
 
 
 # -- 3. replacing a folder on an object store never loses an old file ------------------------------
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    server = MotoServer(tmp_path_factory.mktemp("moto"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 OLD = {"a.bin": b"old-a", "b.bin": b"old-b", "c.bin": b"old-c", "sub/d.bin": b"old-d"}
 NEW = {"a.bin": b"new-a", "b.bin": b"new-b", "c.bin": b"new-c", "e.bin": b"new-e"}
 

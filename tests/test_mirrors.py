@@ -23,6 +23,7 @@ import pytest
 from commitstore import CommitStore, MirrorError, open_store
 from commitstore.testing import (
     Backdoor,
+    GcsBackdoor,
     LocalBackdoor,
     S3Backdoor,
     StoreConformance,
@@ -32,7 +33,8 @@ from commitstore.testing import (
 )
 
 from .helpers.fusemount import FaultMount
-from .helpers.gcsserver import FakeGcs, GcsBackdoor
+from .helpers.gcsserver import BUCKET as GCS_BUCKET
+from .helpers.gcsserver import FakeGcs
 from .helpers.s3servers import BUCKET, MotoServer
 from .helpers.samba import PASSWORD, SambaServer
 
@@ -80,7 +82,7 @@ def side(kind: str, servers: dict[str, Any], tmp: Path) -> Side:
         moto: MotoServer = servers["moto"]
         return Side(moto.url(sub), moto.options(), S3Backdoor(moto.client(), BUCKET, sub))
     gcs: FakeGcs = servers["gcs"]
-    return Side(gcs.url(sub), gcs.options(), GcsBackdoor(gcs, sub))
+    return Side(gcs.url(sub), gcs.options(), GcsBackdoor(gcs.endpoint, GCS_BUCKET, sub))
 
 
 PAIRS = [(p, m) for p in KINDS for m in KINDS if p != m] + [("local", "local")]

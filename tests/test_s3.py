@@ -35,15 +35,6 @@ ROOT_DIR = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    server = MotoServer(tmp_path_factory.mktemp("moto"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def rclone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RcloneS3]:
     server = RcloneS3(tmp_path_factory.mktemp("rclone"))
     try:

@@ -23,78 +23,18 @@ from typing import Any
 import pytest
 
 from commitstore import CommitStoreError, open_store
-from commitstore.testing import Backdoor, LocalBackdoor, S3Backdoor, StoreConformance, Target
+from commitstore.testing import (
+    AzureBackdoor,
+    Backdoor,
+    GcsBackdoor,
+    LocalBackdoor,
+    S3Backdoor,
+    StoreConformance,
+    Target,
+)
 
 EXTRA = os.environ["COMMITSTORE_EXTRA"]
 SERVER: dict[str, Any] = json.loads(os.environ["COMMITSTORE_EXTRA_SERVER"])
-
-
-class AzureBlobBackdoor:
-    """azure-storage-blob calls on a container prefix."""
-
-    def __init__(self, connection_string: str, container: str, prefix: str) -> None:
-        from azure.storage.blob import ContainerClient
-
-        self.container = ContainerClient.from_connection_string(connection_string, container)
-        self.prefix = prefix
-
-    def _k(self, rel: str) -> str:
-        return f"{self.prefix}/{rel}"
-
-    def read(self, rel: str) -> bytes | None:
-        from azure.core.exceptions import ResourceNotFoundError
-
-        try:
-            data: bytes = self.container.get_blob_client(self._k(rel)).download_blob().readall()
-        except ResourceNotFoundError:
-            return None
-        return data
-
-    def write(self, rel: str, data: bytes) -> None:
-        self.container.get_blob_client(self._k(rel)).upload_blob(data, overwrite=True)
-
-    def remove(self, rel: str) -> None:
-        self.container.get_blob_client(self._k(rel)).delete_blob()
-
-    def files(self) -> list[str]:
-        n = len(self.prefix) + 1
-        names = self.container.list_blobs(name_starts_with=self.prefix + "/")
-        return sorted(b.name[n:] for b in names if not b.name.endswith("/"))
-
-    def is_dir(self, rel: str) -> bool:
-        return any(True for _ in self.container.list_blobs(name_starts_with=self._k(rel) + "/"))
-
-
-class GcsBackdoor:
-    """gcsfs calls on a bucket prefix: a fresh filesystem, listings never cached."""
-
-    def __init__(self, endpoint: str, bucket: str, prefix: str) -> None:
-        import gcsfs
-
-        self.fs = gcsfs.GCSFileSystem(
-            endpoint_url=endpoint, token="anon", project="test", skip_instance_cache=True,
-            use_listings_cache=False,
-        )  # fmt: skip
-        self.root = f"{bucket}/{prefix}"
-
-    def read(self, rel: str) -> bytes | None:
-        try:
-            return bytes(self.fs.cat_file(f"{self.root}/{rel}"))
-        except FileNotFoundError:
-            return None
-
-    def write(self, rel: str, data: bytes) -> None:
-        self.fs.pipe_file(f"{self.root}/{rel}", data)
-
-    def remove(self, rel: str) -> None:
-        self.fs.rm_file(f"{self.root}/{rel}")
-
-    def files(self) -> list[str]:
-        n = len(self.root) + 1
-        return sorted(p[n:] for p in self.fs.find(self.root) if not p.endswith("/"))
-
-    def is_dir(self, rel: str) -> bool:
-        return bool(self.fs.isdir(f"{self.root}/{rel}"))
 
 
 def botocore_client() -> Any:
@@ -122,8 +62,11 @@ def backdoor(prefix: str) -> Backdoor:
     if EXTRA == "gcs":
         return GcsBackdoor(SERVER["endpoint"], SERVER["bucket"], prefix)
     if EXTRA == "azure":
-        return AzureBlobBackdoor(
-            SERVER["options"]["connection_string"], SERVER["container"], prefix
+        from azure.storage.blob import ContainerClient
+
+        conn = SERVER["options"]["connection_string"]
+        return AzureBackdoor(
+            ContainerClient.from_connection_string(conn, SERVER["container"]), prefix
         )
     raise AssertionError(f"unknown extra {EXTRA!r}")
 

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from commitstore.testing import AzureBackdoor
+
 from .samba import free_port
 
 ACCOUNT = "devstoreaccount1"
@@ -99,35 +101,6 @@ class Azurite:
                 self.proc.wait()
 
 
-class AzureBackdoor:
-    """azure-storage-blob calls (the service's own client), independent of commitstore."""
-
-    def __init__(self, server: Azurite, prefix: str) -> None:
-        self.container = server.service().get_container_client(CONTAINER)
-        self.prefix = prefix
-
-    def _k(self, rel: str) -> str:
-        return f"{self.prefix}/{rel}"
-
-    def read(self, rel: str) -> bytes | None:
-        from azure.core.exceptions import ResourceNotFoundError
-
-        try:
-            data: bytes = self.container.get_blob_client(self._k(rel)).download_blob().readall()
-        except ResourceNotFoundError:
-            return None
-        return data
-
-    def write(self, rel: str, data: bytes) -> None:
-        self.container.get_blob_client(self._k(rel)).upload_blob(data, overwrite=True)
-
-    def remove(self, rel: str) -> None:
-        self.container.get_blob_client(self._k(rel)).delete_blob()
-
-    def files(self) -> list[str]:
-        n = len(self.prefix) + 1
-        names = self.container.list_blobs(name_starts_with=self.prefix + "/")
-        return sorted(b.name[n:] for b in names if not b.name.endswith("/"))
-
-    def is_dir(self, rel: str) -> bool:
-        return any(True for _ in self.container.list_blobs(name_starts_with=self._k(rel) + "/"))
+def azure_backdoor(server: Azurite, prefix: str) -> AzureBackdoor:
+    """The package's Azure backdoor on ``prefix`` of the test container."""
+    return AzureBackdoor(server.service().get_container_client(CONTAINER), prefix)

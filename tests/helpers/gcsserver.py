@@ -9,7 +9,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from .samba import free_port
 
@@ -83,53 +82,3 @@ class FakeGcs:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-class GcsBackdoor:
-    """Raw JSON-API calls over urllib: independent of gcsfs and commitstore."""
-
-    def __init__(self, server: FakeGcs, prefix: str) -> None:
-        self.server = server
-        self.prefix = prefix
-
-    def _k(self, rel: str) -> str:
-        return quote(f"{self.prefix}/{rel}", safe="")
-
-    def read(self, rel: str) -> bytes | None:
-        try:
-            return self.server.request("GET", f"/storage/v1/b/{BUCKET}/o/{self._k(rel)}?alt=media")
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
-
-    def write(self, rel: str, data: bytes) -> None:
-        req = urllib.request.Request(
-            f"{self.server.endpoint}/upload/storage/v1/b/{BUCKET}/o?uploadType=media"
-            f"&name={self._k(rel)}",
-            data=data,
-            method="POST",
-        )
-        req.add_header("Content-Type", "application/octet-stream")
-        urllib.request.urlopen(req, timeout=30).close()
-
-    def remove(self, rel: str) -> None:
-        self.server.request("DELETE", f"/storage/v1/b/{BUCKET}/o/{self._k(rel)}")
-
-    def files(self) -> list[str]:
-        out: list[str] = []
-        token = ""
-        while True:
-            q = f"prefix={quote(self.prefix + '/', safe='')}" + (
-                f"&pageToken={token}" if token else ""
-            )
-            doc = json.loads(self.server.request("GET", f"/storage/v1/b/{BUCKET}/o?{q}"))
-            out += [i["name"][len(self.prefix) + 1 :] for i in doc.get("items", [])]
-            token = doc.get("nextPageToken", "")
-            if not token:
-                return sorted(f for f in out if not f.endswith("/"))
-
-    def is_dir(self, rel: str) -> bool:
-        q = f"prefix={quote(f'{self.prefix}/{rel}/', safe='')}&maxResults=1"
-        doc = json.loads(self.server.request("GET", f"/storage/v1/b/{BUCKET}/o?{q}"))
-        return bool(doc.get("items"))

@@ -1,7 +1,8 @@
 """Test helpers for commitstore and for third-party backends.
 
 - :class:`StoreConformance`: the conformance suite; subclass it with a ``target`` fixture.
-- :class:`LocalBackdoor`, :class:`FsspecBackdoor`: raw access to a target, for assertions.
+- :class:`LocalBackdoor`, :class:`FsspecBackdoor`, :class:`S3Backdoor`, :class:`GcsBackdoor`,
+  :class:`AzureBackdoor`: raw access to a target, not through commitstore, for assertions.
 - ``commitstore.testing.plugin``: pytest fixtures (``local_target``, ``memory_target``); enable
   with ``pytest_plugins = ["commitstore.testing.plugin"]``.
 
@@ -10,13 +11,22 @@ Needs the ``test`` extra (pytest, hypothesis).
 
 from __future__ import annotations
 
-from commitstore.testing.backdoor import Backdoor, FsspecBackdoor, LocalBackdoor, S3Backdoor
+from commitstore.testing.backdoor import (
+    AzureBackdoor,
+    Backdoor,
+    FsspecBackdoor,
+    GcsBackdoor,
+    LocalBackdoor,
+    S3Backdoor,
+)
 from commitstore.testing.conformance import StoreConformance
 from commitstore.testing.target import Target, record_path, xxh
 
 __all__ = [
+    "AzureBackdoor",
     "Backdoor",
     "FsspecBackdoor",
+    "GcsBackdoor",
     "LocalBackdoor",
     "S3Backdoor",
     "StoreConformance",

@@ -156,3 +156,102 @@ class S3Backdoor:
         rel = f"{self.prefix}/{key}" if self.prefix and not key.startswith(self.prefix) else key
         res = self.client.list_parts(Bucket=self.bucket, Key=rel, UploadId=upload_id)
         return len(res.get("Parts", []))
+
+
+class GcsBackdoor:
+    """Raw GCS JSON-API calls over ``urllib`` (independent of gcsfs and of commitstore) on a
+    bucket prefix of a GCS-compatible endpoint without authentication (fake-gcs-server)."""
+
+    def __init__(self, endpoint: str, bucket: str, prefix: str) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.bucket = bucket
+        self.prefix = prefix
+
+    def _request(self, method: str, path: str, body: bytes | None = None) -> bytes:
+        import urllib.request
+
+        req = urllib.request.Request(self.endpoint + path, data=body, method=method)
+        if body is not None:
+            req.add_header("Content-Type", "application/octet-stream")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            data: bytes = resp.read()
+            return data
+
+    def _k(self, rel: str) -> str:
+        from urllib.parse import quote
+
+        return quote(f"{self.prefix}/{rel}", safe="")
+
+    def _list(self, prefix: str, extra: str = "") -> list[dict[str, Any]]:
+        import json
+        from urllib.parse import quote
+
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            q = f"prefix={quote(prefix, safe='')}{extra}" + (f"&pageToken={token}" if token else "")
+            doc = json.loads(self._request("GET", f"/storage/v1/b/{self.bucket}/o?{q}"))
+            items += doc.get("items", [])
+            token = doc.get("nextPageToken", "")
+            if not token or extra:
+                return items
+
+    def read(self, rel: str) -> bytes | None:
+        import urllib.error
+
+        try:
+            return self._request("GET", f"/storage/v1/b/{self.bucket}/o/{self._k(rel)}?alt=media")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def write(self, rel: str, data: bytes) -> None:
+        path = f"/upload/storage/v1/b/{self.bucket}/o?uploadType=media&name={self._k(rel)}"
+        self._request("POST", path, data)
+
+    def remove(self, rel: str) -> None:
+        self._request("DELETE", f"/storage/v1/b/{self.bucket}/o/{self._k(rel)}")
+
+    def files(self) -> list[str]:
+        n = len(self.prefix) + 1
+        names = [i["name"][n:] for i in self._list(self.prefix + "/")]
+        return sorted(f for f in names if not f.endswith("/"))
+
+    def is_dir(self, rel: str) -> bool:
+        return bool(self._list(f"{self.prefix}/{rel}/", "&maxResults=1"))
+
+
+class AzureBackdoor:
+    """azure-storage-blob calls (the service's own client, independent of commitstore) on a
+    prefix of one container (``ContainerClient``)."""
+
+    def __init__(self, container: Any, prefix: str) -> None:
+        self.container = container
+        self.prefix = prefix
+
+    def _k(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}"
+
+    def read(self, rel: str) -> bytes | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            data: bytes = self.container.get_blob_client(self._k(rel)).download_blob().readall()
+        except ResourceNotFoundError:
+            return None
+        return data
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.container.get_blob_client(self._k(rel)).upload_blob(data, overwrite=True)
+
+    def remove(self, rel: str) -> None:
+        self.container.get_blob_client(self._k(rel)).delete_blob()
+
+    def files(self) -> list[str]:
+        n = len(self.prefix) + 1
+        names = self.container.list_blobs(name_starts_with=self.prefix + "/")
+        return sorted(b.name[n:] for b in names if not b.name.endswith("/"))
+
+    def is_dir(self, rel: str) -> bool:
+        return any(True for _ in self.container.list_blobs(name_starts_with=self._k(rel) + "/"))
