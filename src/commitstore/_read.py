@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from commitstore._check import compare, pending_version, read_record, record_of
+from commitstore._check import compare, pending_version, record_of
+from commitstore._scan import read_record
 from commitstore.backends import Backend, PutMode
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.digest import copy_hashed, digest_bytes, hash_stream

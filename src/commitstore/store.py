@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from commitstore import _check, _read
+from commitstore import _check, _read, _scan
 from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._stage import Stage
 from commitstore.backends import Backend, CommitInfo, FileSink
@@ -372,7 +372,7 @@ class CommitStore:
 
     def list(self) -> list[Record]:
         """Committed artifacts (valid records only), oldest to newest by step."""
-        return _check.list_records(self.backend)
+        return _scan.list_records(self.backend)
 
     def verify(self, name: str | None = None, *, level: str = "full") -> VerifyReport:
         """Check one artifact or all against their records; never raises for a bad artifact.

@@ -13,8 +13,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from commitstore._check import scan_records, unrecorded
 from commitstore._commit import Committer
+from commitstore._scan import scan_records, unrecorded
 from commitstore.digest import hash_stream
 from commitstore.layout import infer_step, validate_name
 from commitstore.records import Record, encode_record

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from commitstore._check import check_exact, read_record, scan_records
+from commitstore._check import check_exact
 from commitstore._commit import put_small
+from commitstore._scan import read_record, scan_records
 from commitstore.backends import Backend, PendingUpload, PutMode
 from commitstore.errors import InvalidNameError, NotFoundError
 from commitstore.layout import (

@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 from commitstore import _check
-from commitstore._check import read_record, scan_records, sort_key
 from commitstore._commit import Committer
+from commitstore._scan import read_record, scan_records, sort_key
 from commitstore.backends import FileInfo
 from commitstore.errors import NotFoundError
 from commitstore.layout import META_DIR, RECORDS_DIR, record_parts

@@ -14,8 +14,8 @@ import warnings
 import weakref
 from dataclasses import dataclass, field
 
-from commitstore._check import list_records
 from commitstore._commit import Committer
+from commitstore._scan import list_records
 from commitstore.errors import CommitError, ConfigurationError, MirrorError
 from commitstore.mirrors.copy import copy_with_retries
 

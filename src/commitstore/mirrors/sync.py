@@ -8,8 +8,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from commitstore._check import StoredRecord, check, list_records, read_record, sort_key, verify
+from commitstore._check import check, verify
 from commitstore._commit import Committer
+from commitstore._scan import StoredRecord, list_records, read_record, sort_key
 from commitstore.errors import AlreadyExistsError, IntegrityError, NotFoundError
 from commitstore.layout import (
     META_DIR,

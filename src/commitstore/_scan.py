@@ -1,0 +1,199 @@
+"""Reading a store's records: the one record reader (and a name's pending record), and the scan
+of every record with its cache. Nothing here raises for a bad record: a scan reports it as
+``bad_record``; a single read raises RecordFormatError for the caller to report.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass
+
+from commitstore import _recordcache
+from commitstore.backends import Backend, FileInfo
+from commitstore.errors import CommitStoreError, IntegrityError, InvalidNameError, NotFoundError
+from commitstore.layout import (
+    META_DIR,
+    RECORDS_DIR,
+    Parts,
+    intent_parts,
+    is_record_leaf,
+    is_staging_part,
+    name_from_record_parts,
+    record_parts,
+    validate_name,
+)
+from commitstore.records import (
+    MAX_RECORD_BYTES,
+    Record,
+    RecordFormatError,
+    VerifyResult,
+    decode_record,
+)
+
+NOT_REGULAR = "not a regular file"
+"""The detail of a ``size_mismatch`` for a symlink, FIFO, socket or device at an artifact's name
+(or inside a folder artifact), and of a ``bad_record`` for one at a record's path."""
+
+
+# -- the one record reader -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record as stored: its exact bytes (copied byte for byte to mirrors) and their decoding."""
+
+    raw: bytes
+    record: Record
+
+
+def read_record(backend: Backend, parts: Parts) -> StoredRecord | None:
+    """The record of artifact ``parts``, None if there is none.
+
+    Raises:
+        RecordFormatError: the record exists but is unreadable (not a regular file, too large,
+            not valid by the schema) or names another artifact.
+    """
+    try:
+        raw = backend.read_small(record_parts(parts))
+    except NotFoundError:
+        return None
+    except (IntegrityError, InvalidNameError) as exc:  # a symlink, FIFO... where a record goes
+        raise RecordFormatError(f"{NOT_REGULAR}: {exc}") from exc
+    record = decode_record(raw)
+    if record.name != "/".join(parts):
+        raise RecordFormatError(f"record names {record.name!r}, expected {'/'.join(parts)!r}")
+    return StoredRecord(raw, record)
+
+
+def read_intent(backend: Backend, parts: Parts) -> StoredRecord | None:
+    """The pending record a commit of ``parts`` left (written before its data was published,
+    removed after its record was), None if there is none or it is unreadable: a pending record
+    only ever adds a candidate version, so a damaged one is as good as none."""
+    try:
+        raw = backend.read_small(intent_parts(parts))
+        record = decode_record(raw)
+    except (NotFoundError, RecordFormatError):
+        return None
+    except CommitStoreError:
+        return None
+    if record.name != "/".join(parts):
+        return None
+    return StoredRecord(raw, record)
+
+
+def list_records(backend: Backend) -> list[Record]:
+    """Committed artifacts (valid records only), oldest to newest."""
+    records, _bad = scan_records(backend)
+    return sorted(records, key=sort_key)
+
+
+def sort_key(record: Record) -> tuple[bool, int, float, str]:
+    """Oldest to newest: unstepped artifacts (by commit time) before stepped ones (by step)."""
+    return (record.step is not None, record.step or 0, record.created.timestamp(), record.name)
+
+
+def scan_records(
+    backend: Backend, listing: list[tuple[Parts, FileInfo]] | None = None
+) -> tuple[list[Record], list[VerifyResult]]:
+    """Every valid record in the store, and a ``bad_record`` result for every unreadable one.
+
+    One listing of the records folder; on storage whose listing carries version tags, records whose
+    tag matches the record cache (``_recordcache``) are not fetched again. A record deleted between
+    the listing and its read (a concurrent prune) is left out, not reported as bad. ``listing``:
+    a fresh walk of the records folder the caller already made (relative to that folder).
+    """
+    if listing is None:
+        listing = backend.walk((META_DIR, RECORDS_DIR))
+    leaves = [
+        (rel, info)
+        for rel, info in listing
+        if not is_staging_part(rel[-1]) and is_record_leaf(rel[-1])
+    ]
+    tagged = bool(leaves) and all(info.tag for _rel, info in leaves)
+    cached = _recordcache.load(backend) if tagged else {}
+    fresh: _recordcache.Entries = {}
+
+    def fetch(rel: Parts, info: FileInfo) -> bytes:
+        key = "/".join(rel)
+        hit = cached.get(key)
+        if hit is not None and hit[0] == _recordcache.norm(info.tag):
+            return hit[1]
+        raw, got = backend.read_small_tagged((META_DIR, RECORDS_DIR, *rel))
+        tag = _recordcache.norm(got)
+        if tagged and tag and _recordcache.cacheable(raw):
+            fresh[key] = (tag, raw)
+        return raw
+
+    def load(leaf: tuple[Parts, FileInfo]) -> Record | VerifyResult | None:
+        rel, info = leaf
+        where = "/".join((META_DIR, RECORDS_DIR, *rel))
+        shown = name_from_record_parts(rel) or where
+        if not info.regular:
+            return VerifyResult(shown, "bad_record", f"{where}: {NOT_REGULAR}")
+        if info.size > MAX_RECORD_BYTES:
+            return VerifyResult(
+                shown, "bad_record", f"{where} is {info.size} bytes, more than {MAX_RECORD_BYTES}"
+            )
+        try:
+            record = decode_record(fetch(rel, info))
+            parts = validate_name(record.name)
+            if record_parts(parts) != (META_DIR, RECORDS_DIR, *rel):
+                raise RecordFormatError(f"record names {record.name!r} but is stored at {where}")
+        except (RecordFormatError, InvalidNameError) as exc:
+            return VerifyResult(shown, "bad_record", str(exc))
+        except NotFoundError:
+            return None
+        except IntegrityError as exc:  # replaced by a symlink or FIFO since the listing
+            return VerifyResult(shown, "bad_record", f"{NOT_REGULAR}: {exc}")
+        except (CommitStoreError, OSError) as exc:
+            return VerifyResult(shown, "bad_record", f"unreadable: {exc}")
+        return record
+
+    if backend.read_concurrency > 1 and len(leaves) > 1:
+        with concurrent.futures.ThreadPoolExecutor(backend.read_concurrency) as pool:
+            loaded = list(pool.map(load, leaves))
+    else:
+        loaded = [load(leaf) for leaf in leaves]
+    if tagged:
+        _refresh_cache(backend, leaves, cached, fresh)
+    good = [r for r in loaded if isinstance(r, Record)]
+    bad = [r for r in loaded if isinstance(r, VerifyResult)]
+    return good, bad
+
+
+def _refresh_cache(
+    backend: Backend,
+    leaves: list[tuple[Parts, FileInfo]],
+    cached: _recordcache.Entries,
+    fresh: _recordcache.Entries,
+) -> None:
+    """Rewrite the record cache when enough of it was missing or stale."""
+    entries: _recordcache.Entries = {}
+    for rel, info in leaves:
+        key = "/".join(rel)
+        hit = cached.get(key)
+        if hit is not None and hit[0] == _recordcache.norm(info.tag):
+            entries[key] = hit
+        elif key in fresh:
+            entries[key] = fresh[key]
+    dropped = len(cached) - (len(entries) - len(fresh))
+    if len(fresh) + max(dropped, 0) >= _recordcache.REWRITE_AFTER:
+        _recordcache.save(backend, entries)
+
+
+def unrecorded(backend: Backend, records: list[Record], bad: list[VerifyResult]) -> list[str]:
+    """Data files under the root that no record (good or bad) covers; staging is skipped."""
+    files = {r.name for r in records if r.kind == "file"}
+    dirs = {r.name for r in records if r.kind == "dir"}
+    claimed = {b.name for b in bad}
+    out = []
+    for rel, _info in backend.walk(()):
+        if rel[0] == META_DIR or any(is_staging_part(p) for p in rel):
+            continue
+        name = "/".join(rel)
+        if name in files or name in claimed:
+            continue
+        if any(
+            "/".join(rel[:i]) in dirs or "/".join(rel[:i]) in claimed for i in range(1, len(rel))
+        ):
+            continue
+        out.append(name)
+    return sorted(out)
