@@ -34,6 +34,10 @@ venv() {
         fi
     fi
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    if [ "$extras" != "" ] && ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+        # The CPU build first, so that the extras' "torch>=2.1" takes nothing bigger.
+        "$VENV/bin/python" -m pip install -q "${COMMITSTORE_TORCH:-torch==2.13.0}"
+    fi
     "$VENV/bin/python" -m pip install -q -e ".${extras}"
 }
 

@@ -5,6 +5,7 @@ Python versions and extras are read from pyproject.toml.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -15,6 +16,8 @@ PYPROJECT = tomllib.loads(Path("pyproject.toml").read_text())
 _MIN = re.search(r"3\.(\d+)", PYPROJECT["project"]["requires-python"])
 PYTHONS = [f"3.{m}" for m in range(int(_MIN.group(1)) if _MIN else 10, 14)]
 EXTRAS = PYPROJECT["project"]["optional-dependencies"]
+TORCH = os.environ.get("COMMITSTORE_TORCH", "torch==2.13.0")
+"""Installed before ``.[test]``, so that its ``torch>=2.1`` takes this CPU build."""
 
 nox.options.sessions = ["tests", "lint", "typecheck", "docs"]
 nox.options.error_on_missing_interpreters = False
@@ -23,6 +26,7 @@ nox.options.error_on_missing_interpreters = False
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The full test-suite (the README's test command runs the same in .venv)."""
+    session.install(TORCH)
     session.install("-e", ".[test]")
     session.env["COMMITSTORE_REQUIRE_SERVERS"] = "1"
     session.run("pytest", *session.posargs)
@@ -99,7 +103,17 @@ def extras(session: nox.Session, extra: str) -> None:
 
 
 @nox.session(default=False)
+def soak(session: nox.Session) -> None:
+    """Long runs left out of the default test run (tests marked ``soak``)."""
+    session.install(TORCH)
+    session.install("-e", ".[test]")
+    session.env["COMMITSTORE_REQUIRE_SERVERS"] = "1"
+    session.run("pytest", "-p", "no:cacheprovider", "-m", "soak", *session.posargs)
+
+
+@nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks (ratios against same-run baselines); not part of the default run."""
+    session.install(TORCH)
     session.install("-e", ".[test]")
     session.run("python", "-m", "benchmarks", *session.posargs)
