@@ -3,6 +3,8 @@
 - The example record in docs/format.md parses with the real decoder and round-trips.
 - Every public name of ``commitstore`` is mentioned in the README or docs.
 - The layout paths in docs/format.md match what the code computes.
+- docs/benchmarks.md's tables are what ``benchmarks/results/*.json`` renders to, and no measured
+  figure appears on that page outside them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from commitstore.layout import record_parts, validate_name
 from commitstore.records import decode_record
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import render as bench_render  # noqa: E402
 
 
 def main() -> int:
@@ -37,6 +42,15 @@ def main() -> int:
     for name in commitstore.__all__:
         if name != "__version__" and name not in text:
             problems.append(f"public name {name} is not documented")
+    bench = (ROOT / "docs" / "benchmarks.md").read_text()
+    if bench_render.render(bench) != bench:
+        problems.append(
+            "benchmarks.md: tables differ from benchmarks/results (python -m benchmarks.render)"
+        )
+    problems += [
+        f"benchmarks.md: figure outside a results table: {line}"
+        for line in bench_render.stray_figures(bench)
+    ]
     for p in problems:
         print(f"docs: {p}", file=sys.stderr)
     print("docs: ok" if not problems else f"docs: {len(problems)} problem(s)")
