@@ -235,7 +235,8 @@ def test_chained_s3_with_a_root(moto: MotoServer, s3: tuple[str, S3Backdoor]) ->
 
 
 def test_pandas_parquet_round_trip(moto: MotoServer, s3: tuple[str, S3Backdoor]) -> None:
-    pd = pytest.importorskip("pandas")
+    import pandas as pd
+
     base, door = s3
     url = f"commit::s3://{base}/table.parquet"
     df = pd.DataFrame({"step": list(range(100)), "loss": [1.0 / (i + 1) for i in range(100)]})
@@ -248,7 +249,8 @@ def test_pandas_parquet_round_trip(moto: MotoServer, s3: tuple[str, S3Backdoor])
 
 
 def test_torch_save_and_load_through_fsspec(root: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     state = {"w": torch.arange(12.0).reshape(3, 4), "step": 5}
     with fsspec.open(f"commit://{root}/model.pt", "wb") as f:
         torch.save(state, f)
