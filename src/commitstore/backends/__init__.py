@@ -25,6 +25,16 @@ URL                        strategy             commit point
 ``az://container/prefix``  ``azure-blocklist``  ``commit_block_list`` of blocks staged under
                                                 writer-unique IDs
 ``memory://name``          ``memory-swap``      one swap into the store under a lock
+``sftp://[u@]host/path``   ``fsspec-checked``   sshfs: fsync@openssh.com, fresh-stat size
+                                                check, optional read-back digest, SFTP rename
+                                                (create-only) / posix-rename (atomic replace,
+                                                probed)
+``webdav+https://h/path``  ``fsspec-checked``   webdav4: the staged body PUT, fresh-stat size
+                                                check, MOVE Overwrite F / T (replace declared
+                                                not atomic)
+any other fsspec scheme,   ``fsspec-checked``   the filesystem's own ``mv`` (copy-then-delete
+or ``strategy="fsspec"``                        filesystems refused unless allow_copy_move);
+                                                replace moves the old entry aside first
 =========================  ===================  ==============================================
 
 Other schemes come from third-party packages: :func:`register` at run time, or an entry point in
@@ -99,8 +109,18 @@ _BUILTIN: dict[str, _Builtin] = {
     "gcs": _Builtin("commitstore.backends.object.gcs:factory", "gcs"),
     "az": _Builtin("commitstore.backends.object.azure:factory", "azure"),
     "abfs": _Builtin("commitstore.backends.object.azure:factory", "azure"),
+    "sftp": _Builtin("commitstore.backends.rename.fsspecurls:sftp_factory", "sftp"),
+    "ssh": _Builtin("commitstore.backends.rename.fsspecurls:sftp_factory", "sftp"),
+    "webdav": _Builtin("commitstore.backends.rename.fsspecurls:webdav_factory", "webdav"),
+    "webdav+http": _Builtin("commitstore.backends.rename.fsspecurls:webdav_factory", "webdav"),
+    "webdav+https": _Builtin("commitstore.backends.rename.fsspecurls:webdav_factory", "webdav"),
+    "dav": _Builtin("commitstore.backends.rename.fsspecurls:webdav_factory", "webdav"),
 }
 """The built-in schemes (the table above)."""
+
+_GENERIC = "commitstore.backends.rename.fsspecurls:generic_factory"
+"""The ``fsspec-checked`` strategy over any fsspec filesystem: schemes fsspec knows that have
+no strategy here, and any URL opened with ``strategy="fsspec"``."""
 
 _registered: dict[str, Factory] = {}
 _lock = threading.Lock()
@@ -162,6 +182,31 @@ def _missing_extra(scheme: str, spec: _Builtin) -> str:
     return f"{scheme}:// needs the {spec.extra} extra: pip install 'commitstore[{spec.extra}]'"
 
 
+def _generic(scheme: str, forced: bool) -> Factory | None:
+    """The generic fsspec factory, if forced or if fsspec knows ``scheme``."""
+    if not forced:
+        from fsspec.registry import known_implementations, registry
+
+        if scheme not in known_implementations and scheme not in registry:
+            return None
+    module, _, attr = _GENERIC.partition(":")
+    loaded: Factory = getattr(importlib.import_module(module), attr)
+    return loaded
+
+
+def _forced(options: dict[str, Any]) -> bool:
+    """Pop the ``strategy`` option: ``"fsspec"`` forces the generic fsspec strategy."""
+    strategy = options.pop("strategy", None)
+    if strategy is None:
+        return False
+    if strategy != "fsspec":
+        raise ConfigurationError(
+            f"strategy={strategy!r} cannot be forced (only strategy='fsspec'; the others are "
+            "chosen by the URL)"
+        )
+    return True
+
+
 def schemes() -> list[str]:
     """Every scheme a URL may use: built-in, registered and installed through entry points."""
     names = set(_BUILTIN) | set(_registered)
@@ -170,7 +215,9 @@ def schemes() -> list[str]:
 
 
 def resolve(url: str | os.PathLike[str], options: dict[str, Any]) -> Backend:
-    """The backend for ``url``: registered first, then built-in, then entry points.
+    """The backend for ``url``: registered first, then built-in, then entry points, then the
+    generic ``fsspec-checked`` strategy for a scheme fsspec knows (``strategy="fsspec"`` in
+    ``options`` forces that one).
 
     Raises:
         ConfigurationError: unknown scheme (with the known ones), a missing extra (with the pip
@@ -178,16 +225,20 @@ def resolve(url: str | os.PathLike[str], options: dict[str, Any]) -> Backend:
     """
     text = os.fspath(url)
     scheme = text.split("://", 1)[0].lower() if "://" in text else ""
+    options = dict(options)
+    forced = _forced(options)
     with _lock:
-        factory = _registered.get(scheme)
-    if factory is None:
+        factory = None if forced else _registered.get(scheme)
+    if factory is None and not forced:
         factory = _builtin(scheme) or _entry_point(scheme)
+    if factory is None:
+        factory = _generic(scheme, forced)
     if factory is None:
         known = ", ".join(f"{s}://" for s in schemes())
         raise ConfigurationError(f"no commit strategy for {scheme}:// URLs (known: {known})")
-    spec = _BUILTIN.get(scheme)
+    spec = None if forced else _BUILTIN.get(scheme)
     try:
-        return factory(text, dict(options))
+        return factory(text, options)
     except CommitStoreError:
         raise
     except ImportError as exc:  # a dependency imported by the factory itself
