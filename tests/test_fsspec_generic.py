@@ -37,9 +37,12 @@ def test_copy_moves_are_refused_unless_asked(tmp_path: Path) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_only_fsspec_can_be_forced(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="strategy='fsspec'"):
-        open_store(str(tmp_path), strategy="local-rename")
+def test_other_strategy_options_stay_the_backends(tmp_path: Path) -> None:
+    """Only ``strategy="fsspec"`` is taken by the registry; the local factory's own values
+    still reach it."""
+    assert open_store(str(tmp_path), strategy="bridge").describe()["strategy"] == "bridge-checked"
+    with pytest.raises(ConfigurationError, match="'auto', 'local' or 'bridge'"):
+        open_store(str(tmp_path), strategy="nonsense")
     assert open_store(str(tmp_path)).describe()["strategy"] == "local-rename"
 
 

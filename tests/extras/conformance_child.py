@@ -2,9 +2,9 @@
 
 Imports only commitstore, pytest, hypothesis, the standard library and the extra's own client
 library (its backdoor is written against that library, or is the ``os`` one for SMB). The parent
-test starts the server and describes it in ``COMMITSTORE_EXTRA`` (smb, s3, gcs or azure) and
-``COMMITSTORE_EXTRA_SERVER`` (JSON: ``url`` of the bucket/share, store ``options``, and what the
-backdoor needs).
+test starts the server and describes it in ``COMMITSTORE_EXTRA`` (smb, s3, gcs, azure, sftp
+or webdav) and ``COMMITSTORE_EXTRA_SERVER`` (JSON: ``url`` of the bucket/share, store
+``options``, and what the backdoor needs).
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def botocore_client() -> Any:
 def backdoor(prefix: str) -> Backdoor:
     if EXTRA == "smb":
         return LocalBackdoor(Path(SERVER["share_dir"]) / prefix)
+    if EXTRA in ("sftp", "webdav"):  # the server's folder on this machine's disk
+        return LocalBackdoor(Path(SERVER["root"]) / prefix)
     if EXTRA == "s3":
         return S3Backdoor(botocore_client(), SERVER["bucket"], prefix)
     if EXTRA == "gcs":
@@ -134,5 +136,5 @@ def _refused_request_is_a_commitstore_error() -> None:
             store.put_bytes("step_0001.pt", b"never published")
 
 
-if EXTRA != "smb":  # object stores only: an SMB share answers no HTTP
+if EXTRA in ("s3", "gcs", "azure"):  # object stores only: the endpoint_url option
     test_refused_request_is_a_commitstore_error = _refused_request_is_a_commitstore_error

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import pytest
 
 from commitstore import BackendUnavailableError, CommitStore, ConfigurationError, open_store
-from commitstore.testing import LocalBackdoor, Target, record_path
+from commitstore.testing import Backdoor, LocalBackdoor, Target, record_path
 
 from .payload import chunks
 
@@ -77,7 +77,7 @@ def mirrored(tmp: Path, mirror: Remote) -> Iterator[Target]:
             assert mdoor.read(record_path(rec.name)) == door.read(record_path(rec.name))
 
 
-def staging_left(door: LocalBackdoor, hint: str) -> list[str]:
+def staging_left(door: Backdoor, hint: str) -> list[str]:
     left = [f for f in door.files() if hint in f]
     assert all(STAGING in f for f in left), left
     return left

@@ -195,15 +195,11 @@ def _generic(scheme: str, forced: bool) -> Factory | None:
 
 
 def _forced(options: dict[str, Any]) -> bool:
-    """Pop the ``strategy`` option: ``"fsspec"`` forces the generic fsspec strategy."""
-    strategy = options.pop("strategy", None)
-    if strategy is None:
+    """Pop ``strategy="fsspec"`` (force the generic fsspec strategy); any other ``strategy``
+    option is the backend's own (the local factory takes ``"local"`` / ``"bridge"``)."""
+    if options.get("strategy") != "fsspec":
         return False
-    if strategy != "fsspec":
-        raise ConfigurationError(
-            f"strategy={strategy!r} cannot be forced (only strategy='fsspec'; the others are "
-            "chosen by the URL)"
-        )
+    del options["strategy"]
     return True
 
 
