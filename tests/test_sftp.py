@@ -125,8 +125,9 @@ def test_credentials_never_leak(sftp: SftpServer, caplog: pytest.LogCaptureFixtu
 
 def test_unknown_host_key_refused_by_default(sftp: SftpServer) -> None:
     """Without ``known_hosts=None`` the server's key must be known (asyncssh's default)."""
-    with pytest.raises(BackendUnavailableError):
+    with pytest.raises(BackendUnavailableError, match="known_hosts") as info:
         open_store(sftp.url("srv/hostkey"), password=PASSWORD)
+    assert not info.value.retryable
 
 
 def test_bad_options_before_io() -> None:

@@ -16,5 +16,7 @@ backend writes only two things:
 2. Its factory: ``factory(url, options) -> Backend``, registered in ``commitstore.backends``;
    option and URL problems raise ConfigurationError before any I/O.
 
-``posix.py`` (local disks and mounted bridges) and ``smb.py`` are the two examples.
+``posix.py`` (local disks and mounted bridges) and ``smb.py`` are the two examples;
+``fsspecfs.py`` does the same over any fsspec filesystem (SFTP, WebDAV, ...), its one
+filesystem-specific primitive, the move, chosen per filesystem in ``_fsspec_moves.py``.
 """

@@ -55,6 +55,13 @@ def _connect(what: str, shown: str, fn: Any) -> Any:
         denied.retryable = False
         raise denied from exc
     except Exception as exc:
+        if type(exc).__name__ == "HostKeyNotVerifiable":
+            untrusted = BackendUnavailableError(
+                f"{what} {shown}: the server's host key is not in known_hosts (pass "
+                "known_hosts=<file> or known_hosts=None to accept any key)"
+            )
+            untrusted.retryable = False
+            raise untrusted from exc
         raise translate(exc, what, shown) from exc
 
 
