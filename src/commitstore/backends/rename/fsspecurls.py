@@ -160,9 +160,21 @@ def webdav_factory(url: str, options: dict[str, Any]) -> Backend:
             retry=False,
             skip_instance_cache=True,
         )
-        dav = fs.client.options("")
+        resp = fs.client.http.request("OPTIONS", fs.client.join_url(""))
+        if resp.status_code in (401, 403):
+            denied = BackendUnavailableError(
+                f"connecting to {shown}: authentication failed (HTTP {resp.status_code})"
+            )
+            denied.retryable = False
+            raise denied
+        if resp.status_code >= 500:
+            raise BackendUnavailableError(f"connecting to {shown}: HTTP {resp.status_code}")
+        dav = {c.strip() for c in resp.headers.get("DAV", "").split(",") if c.strip()}
         if "1" not in dav:
-            raise ConfigurationError(f"{shown}: the server does not speak WebDAV (DAV: {dav})")
+            raise ConfigurationError(
+                f"{shown}: the server does not speak WebDAV (no DAV class 1 in its OPTIONS "
+                f"answer, HTTP {resp.status_code})"
+            )
         if root:
             fs.makedirs(root, exist_ok=True)
         backend = FsspecBackend(
