@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from commitstore import BackendUnavailableError, ConfigurationError, open_store
+from commitstore import (
+    AlreadyExistsError,
+    BackendUnavailableError,
+    ConfigurationError,
+    open_store,
+)
+from commitstore.backends import CommitInfo, PutMode
 from commitstore.testing import LocalBackdoor, StoreConformance, Target
 
 from .helpers import remote_fs
@@ -61,6 +67,21 @@ def test_declared_capabilities_are_probed(rem: Remote) -> None:
     assert caps["free_space"] is True
     assert caps["exclusive_create"] is False  # the server checks, then renames
     assert rem.open().backend.free_space(()) is not None
+
+
+def test_no_replace_move_is_refused_by_the_server(rem: Remote) -> None:
+    """The create-only move is SFTP RENAME: the server refuses an existing destination, and
+    the refusal is AlreadyExistsError; both files stay as they were."""
+    backend: Any = rem.open().backend
+    door = LocalBackdoor(rem.disk)
+    door.write("a.bin", b"1")
+    door.write("b.bin", b"2")
+    with pytest.raises(Exception) as info:
+        backend.rename(
+            backend.root, "a.bin", "b.bin", mode=PutMode.CREATE, is_dir=False, info=CommitInfo(0)
+        )
+    assert isinstance(backend.error(info.value, "renaming", "b.bin"), AlreadyExistsError)
+    assert (door.read("a.bin"), door.read("b.bin")) == (b"1", b"2")
 
 
 def test_replace_is_atomic_for_a_concurrent_reader(rem: Remote) -> None:

@@ -66,7 +66,8 @@ def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
         return InsufficientSpaceError(f"no space left while {what} {shown}", path=shown)
     if isinstance(exc, FileNotFoundError) or names & _NOT_FOUND or status == 404:
         return NotFoundError(f"{shown} does not exist")
-    if isinstance(exc, FileExistsError) or names & _EXISTS or status == 412:
+    exists_text = "SFTPFailure" in names and "already exists" in str(exc).lower()  # SFTP v3
+    if isinstance(exc, FileExistsError) or names & _EXISTS or status == 412 or exists_text:
         return AlreadyExistsError(f"{shown} already exists")
     if is_unreachable(exc):
         return BackendUnavailableError(f"{what} {shown}: server unreachable ({type(exc).__name__})")
