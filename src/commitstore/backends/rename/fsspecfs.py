@@ -179,15 +179,29 @@ class FsspecBackend(RenameBackend[str, Any]):
         :meth:`create_staging`)."""
         path = self.path(parts)
         if path not in self._folders:
-            self.fs.makedirs(path, exist_ok=True)
+            self._makedirs(path)
             self._folders.add(path)
         return path
+
+    def _makedirs(self, path: str) -> None:
+        """``makedirs`` that tolerates a racing writer creating the same folders (some
+        servers answer the loser's MKCOL with an error, wsgidav with 500)."""
+        for attempt in range(3):
+            try:
+                self.fs.makedirs(path, exist_ok=True)
+                return
+            except Exception:
+                raw = self._raw_info(path)
+                if raw is not None and raw.get("type") == "directory":
+                    return
+                if attempt == 2:
+                    raise
 
     def create_staging(self, folder: str, name: str) -> Any:
         try:
             return self.fs.open(self._at(folder, name), self.mover.staging_mode)
         except FileNotFoundError:  # the folder was removed since open_folder saw it
-            self.fs.makedirs(folder, exist_ok=True)
+            self._makedirs(folder)
             return self.fs.open(self._at(folder, name), self.mover.staging_mode)
 
     def write(self, handle: Any, data: memoryview) -> int:
@@ -266,9 +280,9 @@ class FsspecBackend(RenameBackend[str, Any]):
     def upload(self, folder: str, name: str, local: Path | None) -> None:
         path = self._at(folder, name)
         if local is None:
-            self.fs.makedirs(path, exist_ok=True)
+            self._makedirs(path)
             return
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        self._makedirs(path.rsplit("/", 1)[0])
         self.fs.put_file(str(local), path)
 
     def error(self, exc: Exception, what: str, shown: str) -> Exception:
