@@ -108,6 +108,7 @@ def soak(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-e", ".[test]")
     session.env["COMMITSTORE_REQUIRE_SERVERS"] = "1"
+    session.env["COMMITSTORE_SOAK"] = "1"
     session.run("pytest", "-p", "no:cacheprovider", "-m", "soak", *session.posargs)
 
 
