@@ -150,8 +150,8 @@ def _folder_writes(
         except (NotFoundError, InvalidNameError, ValueError, KeyError, TypeError):
             parts = None
         times = [info.mtime]
-        if parts is not None and backend.stat(parts) is not None:
-            times.append(backend.last_change(parts))
+        if parts is not None:
+            times += [i.mtime for _rel, i in backend.walk(parts)]
         mtime = None if any(t is None for t in times) else max(t for t in times if t is not None)
         shown = "/".join(parts) if parts is not None else "/".join(marker)
         if not judge(shown, "folder", mtime) or dry_run:
