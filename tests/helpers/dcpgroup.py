@@ -1,7 +1,7 @@
 """A real ``torch.distributed`` gloo group on CPU for the DCP tests: one process per rank, forked
 from the (warm) test process so no interpreter starts; rendezvous through a file.
 
-Each rank runs ``fn(rank, world, *args)``; an exception is written to ``<base>/err.<rank>`` and
+Each rank runs ``fn(rank, world, args)``; an exception is written to ``<base>/err.<rank>`` and
 makes the rank exit 1. :func:`run_group` returns the exit codes (``-9`` for a rank killed with
 SIGKILL); ranks still alive once a killed rank was seen are killed by PID.
 """
@@ -12,15 +12,15 @@ import multiprocessing as mp
 import os
 import signal
 import traceback
-from multiprocessing.connection import wait
 from collections.abc import Callable
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint  # noqa: F401  (imported before the fork: warm children)
-import torch.distributed.checkpoint.state_dict  # noqa: F401
+import torch.distributed.checkpoint  # imported before the fork: warm children
+import torch.distributed.checkpoint.state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -28,11 +28,15 @@ JOIN_GUARD = 240.0
 """Seconds a group may take before its ranks are killed (a hang guard, never a measurement)."""
 
 
-def _child(rank: int, world: int, rdv: str, base: str, fn: Callable[..., None], args: Any) -> None:
+def _child(
+    rank: int, world: int, where: tuple[str, str], job: tuple[Callable[..., None], Any]
+) -> None:
     torch.set_num_threads(1)
+    rdv, base = where
+    fn, args = job
     try:
         dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world)
-        fn(rank, world, *args)
+        fn(rank, world, args)
         dist.destroy_process_group()
     except BaseException:
         Path(base, f"err.{rank}").write_text(traceback.format_exc())
@@ -41,15 +45,15 @@ def _child(rank: int, world: int, rdv: str, base: str, fn: Callable[..., None], 
 
 
 def run_group(
-    base: Path, world: int, fn: Callable[..., None], *args: Any, crash_ok: bool = False
+    base: Path, world: int, fn: Callable[..., None], args: Any, *, crash_ok: bool = False
 ) -> list[int | None]:
-    """Run ``fn`` on ``world`` ranks; their exit codes. Unless ``crash_ok``, any failed rank
-    fails the caller with its traceback."""
+    """Run ``fn(rank, world, args)`` on ``world`` ranks; their exit codes. Unless
+    ``crash_ok``, any failed rank fails the caller with its traceback."""
     base.mkdir(parents=True, exist_ok=True)
     rdv = base / f"rdv.{os.getpid()}.{len(list(base.iterdir()))}"
     ctx = mp.get_context("fork")
     procs = [
-        ctx.Process(target=_child, args=(r, world, str(rdv), str(base), fn, args))
+        ctx.Process(target=_child, args=(r, world, (str(rdv), str(base)), (fn, args)))
         for r in range(world)
     ]
     for p in procs:
@@ -61,7 +65,7 @@ def run_group(
             if not ready:
                 break  # hung: killed below
             for s in ready:
-                live.pop(s).join()
+                live.pop(s).join()  # type: ignore[arg-type]
             if crash_ok and any(p.exitcode == -signal.SIGKILL for p in procs):
                 break  # a rank died: the others cannot finish their collectives
     finally:
