@@ -286,10 +286,11 @@ class FolderWrite:
         one rename, when the store is a local folder on the same filesystem and nothing was
         written yet; then hash and sync its files and return their records. None (``src``
         untouched) where that is not possible: copy the files instead."""
-        area = self.local_area()
-        if area is None or area.exists():
+        area, backend = self.local_area(), self._c.backend
+        if area is None or area.exists() or not isinstance(backend, LocalBackend):
             return None
         try:
+            os.close(backend.open_dir(self._area()[:-1], create=True))  # never via a symlink
             if os.stat(src).st_dev != os.stat(area.parent).st_dev:
                 return None
             os.rename(src, area)
