@@ -18,7 +18,7 @@ from commitstore import ConfigurationError, open_store  # noqa: E402
 from commitstore.hf import CommitStoreCallback, commit_folder, latest_checkpoint  # noqa: E402
 
 
-class _Data(torch.utils.data.Dataset):  # type: ignore[misc]
+class _Data(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
     def __len__(self) -> int:
         return 64
 
@@ -27,7 +27,7 @@ class _Data(torch.utils.data.Dataset):  # type: ignore[misc]
         return {"input_ids": ids, "labels": ids}
 
 
-class _Seen(transformers.TrainerCallback):  # type: ignore[misc]
+class _Seen(transformers.TrainerCallback):  # type: ignore[misc,name-defined]
     """Placed before the store's callback: what the Trainer wrote, and where training began."""
 
     def __init__(self) -> None:
