@@ -160,14 +160,17 @@ class FolderFile(io.RawIOBase):
             raise ValueError(f"write to {self.path}, which is finished or aborted")
         view = memoryview(b).cast("B")
         self._hasher.update(view)
-        self._buf += view
-        if len(self._buf) >= WRITE_CHUNK:
-            try:
+        if len(self._buf) + view.nbytes < WRITE_CHUNK:
+            self._buf += view  # small writes are gathered
+            return view.nbytes
+        try:
+            if self._buf:
                 self._sink.write(memoryview(self._buf))
-            except BaseException:
-                self.abort()
-                raise
-            self._buf = bytearray()
+                self._buf = bytearray()
+            self._sink.write(view)  # large ones go straight through, never copied
+        except BaseException:
+            self.abort()
+            raise
         return view.nbytes
 
     def finish(self) -> FileRecord:
