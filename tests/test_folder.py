@@ -5,6 +5,8 @@ checks; tokens; what each backend refuses; gc of what dead writers leave."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +119,14 @@ def test_gc_keeps_young_leftovers_and_removes_old_ones(tmp_path: Path, moto: Any
         assert store.gc(min_age=0).removed == ()
         assert store.verify().results == ()
     assert not _staging(root)
+
+
+def test_importing_commitstore_imports_no_framework() -> None:
+    code = (
+        "import sys, commitstore, commitstore._folder; "
+        "print(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
