@@ -17,7 +17,9 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+import s3fs  # noqa: F401  (the S3 client's imports once here, not in every rank)
 import torch
+import torch._dynamo  # fully_shard imports it lazily: seconds per rank unless the parent has it
 import torch.distributed as dist
 import torch.distributed.checkpoint  # imported before the fork: warm children
 import torch.distributed.checkpoint.state_dict
