@@ -130,3 +130,16 @@ def test_importing_commitstore_imports_no_framework() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_mirrors_get_the_folder_only_after_its_commit(tmp_path: Path) -> None:
+    mirror = open_store(str(tmp_path / "mirror"))
+    store = open_store(str(tmp_path / "primary"), mirrors=[mirror], mirror_mode="sync")
+    folder = store.begin_folder("ck/step_3")
+    a = folder.write_bytes("a.bin", b"a" * 100)
+    store.flush()
+    assert mirror.list() == [] and not (tmp_path / "mirror" / "ck").exists()
+    assert store.prune(keep_last=0, min_age=0).deleted == ()  # prune sees nothing of it
+    rec = folder.commit([a])
+    assert mirror.record("ck/step_3") == rec
+    assert mirror.verify(level="full").ok
