@@ -48,7 +48,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from commitstore._commit import check_new
-from commitstore._folder import FolderWrite, read_member
+from commitstore._folder import FolderWrite
+from commitstore._folderfile import read_member
 from commitstore.errors import (
     CommitError,
     CommitStoreError,
