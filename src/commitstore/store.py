@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from commitstore import _check, _read, _scan
+from commitstore import _check, _folder, _read, _scan
 from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._stage import Stage
 from commitstore.backends import Backend, CommitInfo, FileSink
@@ -259,6 +259,32 @@ class CommitStore:
             sink.abort()
             raise
         self._after_commit(record)
+
+    def begin_folder(
+        self,
+        name: str,
+        *,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> _folder.FolderWrite:
+        """Start a folder artifact that several processes (or hosts) write: hand
+        ``.token`` to each, which calls :meth:`join_folder`; each writes its files with
+        ``open_file`` (records come back); one calls ``commit(records)``, the single commit point.
+        Nothing is visible before it; gc removes what dead writers leave (``_folder``).
+
+        Raises:
+            InvalidNameError, ConfigurationError: as :meth:`stage`, before any I/O; also
+                ``overwrite=True`` on an object store. AlreadyExistsError: the name is taken.
+        """
+        return _folder.begin(
+            self.committer, name, step, metadata, overwrite, after=self._after_commit
+        )
+
+    def join_folder(self, token: str) -> _folder.FolderWrite:
+        """Join the folder write a coordinator began (its ``token``), from any process that
+        opened the same store. ConfigurationError for a malformed token or another store's."""
+        return _folder.join(self.committer, token, after=self._after_commit)
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
         """Commit ``data`` as ``name`` (same protocol as :meth:`stage`); checks free space first."""

@@ -21,6 +21,7 @@ from commitstore import (
     InvalidNameError,
     NotFoundError,
 )
+from commitstore.backends import Backend
 from commitstore.testing._faults import FaultConformance
 from commitstore.testing.target import Target, record_path, staging_files, xxh
 
@@ -142,6 +143,30 @@ class StoreConformance(FaultConformance):
             ("sub/opt.bin", xxh(b"o" * 10)),
         }
         assert staging_files(target.door) == []
+
+    def test_folder_written_by_two_handles_commits_once(self, target: Target) -> None:
+        backend = target.store.backend
+        if backend.staging_names and type(backend).publish_folder is Backend.publish_folder:
+            with pytest.raises(commitstore.ConfigurationError, match="no multi-writer folder"):
+                target.store.begin_folder("multi/step_5")  # a strategy without one says so
+            return
+        folder = target.store.begin_folder("multi/step_5", metadata={"ranks": 2})
+        a = target.reopen().join_folder(folder.token).write_bytes("a.bin", b"A" * 1000)
+        b = folder.write_bytes("sub/b.bin", b"B" * 10)
+        assert target.store.list() == []
+        assert target.door.read(record_path("multi/step_5")) is None
+        rec = folder.commit([a, b])
+        assert target.door.read("multi/step_5/a.bin") == b"A" * 1000
+        assert target.door.read("multi/step_5/sub/b.bin") == b"B" * 10
+        doc = json.loads(target.door.read(record_path("multi/step_5")) or b"")
+        assert doc["kind"] == "dir" and doc["step"] == 5 and doc["metadata"] == {"ranks": 2}
+        assert {(f["path"], f["digest"]) for f in doc["files"]} == {
+            ("a.bin", xxh(b"A" * 1000)),
+            ("sub/b.bin", xxh(b"B" * 10)),
+        }
+        assert rec == target.store.record("multi/step_5")
+        assert staging_files(target.door) == []
+        assert target.store.verify(level="full").ok
 
     def test_empty_folder_artifact(self, target: Target) -> None:
         with target.store.stage_dir("empty_7"):

@@ -277,6 +277,27 @@ class StagedDirSink(_Staged[D, H], DirSink):
         self._close_folder()
 
 
+class StagedFolderPublish(_Staged[D, H]):
+    """Publish a staging folder that other sinks filled in place (a multi-writer folder commit,
+    ``commitstore._folder``): make its folders durable, then step 6 and 8 as for
+    :class:`StagedDirSink`. The files are not read again: each was flushed and checked by its own
+    sink. On failure the staging folder stays (its writers' files; gc removes it when old)."""
+
+    def __init__(self, ops: RenameOps[D, H], staging: str, parts: Parts, mode: PutMode) -> None:
+        super().__init__(ops, parts, mode)
+        self._tmp = staging
+
+    def publish(self) -> CommitInfo:
+        info = CommitInfo(0)
+        try:
+            self._step("syncing", self._ops.sync_tree, self._folder, self._tmp, info)
+            self._rename(info, is_dir=True)
+            self._step("syncing the folder of", self._ops.sync_folder, self._folder, info)
+            return info
+        finally:
+            self._close_folder()
+
+
 class RenameBackend(Backend, RenameOps[D, H]):
     """A rename-family backend: the sinks and ``describe`` come from here."""
 
@@ -287,6 +308,11 @@ class RenameBackend(Backend, RenameOps[D, H]):
 
     def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
         return StagedDirSink(self, parts, mode)
+
+    def publish_folder(self, staging: Parts, parts: Parts, *, mode: PutMode) -> CommitInfo:
+        if staging[:-1] != parts[:-1]:
+            raise CommitError(f"{self.shown(staging)}: not a staging folder beside {parts[-1]}")
+        return StagedFolderPublish(self, staging[-1], parts, mode).publish()
 
     def describe_more(self) -> dict[str, Any]:
         """Strategy-specific entries of :meth:`describe` (mount, checks, user)."""
