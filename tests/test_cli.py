@@ -126,7 +126,9 @@ def _run_cli(*args: str, cwd: Path, stderr_tty: bool = False) -> tuple[int, str,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     cmd = [sys.executable, "-m", "commitstore", *args]
     if not stderr_tty:
-        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=120)
+        done = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=120, check=False
+        )
         return done.returncode, done.stdout, done.stderr
     master, slave = os.openpty()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=slave)

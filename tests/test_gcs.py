@@ -258,8 +258,10 @@ def test_gcs_token_never_shown_in_errors_or_cli(gcs: FakeGcs, token: object) -> 
     if not isinstance(token, str):
         return
     done = subprocess.run(
-        [sys.executable, "-m", "commitstore", "ls", gcs.url("tok")]
-        + ["-o", f"endpoint_url={gcs.endpoint}", "-o", f"token={token}", "-o", "project=test"],
+        [
+            *(sys.executable, "-m", "commitstore", "ls", gcs.url("tok")),
+            *("-o", f"endpoint_url={gcs.endpoint}", "-o", f"token={token}", "-o", "project=test"),
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},

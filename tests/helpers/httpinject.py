@@ -30,7 +30,7 @@ class AnswerInjector:
             def _any(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                headers = {k: v for k, v in self.headers.items()}
+                headers = dict(self.headers.items())
                 status = outer.rule(self.command, self.path, headers)
                 if status is not None:
                     outer.injected.append((self.command, self.path, status))
@@ -52,9 +52,11 @@ class AnswerInjector:
                 for k, v in resp.getheaders():
                     if k.lower() in ("content-length", "transfer-encoding", "connection"):
                         continue
-                    if k.lower() == "location":
-                        v = v.replace(f":{outer.upstream_port}", f":{outer.port}")
-                    self.send_header(k, v)
+                    here = f":{outer.port}"
+                    shown = (
+                        v.replace(f":{outer.upstream_port}", here) if k.lower() == "location" else v
+                    )
+                    self.send_header(k, shown)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
