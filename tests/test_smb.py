@@ -138,7 +138,9 @@ def test_sigkill_during_smb_write(smb: Target) -> None:
             if int(line[1]) >= wanted:
                 break
         deadline = time.monotonic() + 10
-        while not any(size > 0 for f, size in _staged_sizes(smb.door, "step_0002.pt").items()):
+        door = smb.door
+        assert isinstance(door, LocalBackdoor)
+        while not any(size > 0 for size in _staged_sizes(door, "step_0002.pt").values()):
             assert time.monotonic() < deadline, "no staging file reached the share"
             time.sleep(0.002)
         assert proc.poll() is None, "the writer finished before it could be killed"

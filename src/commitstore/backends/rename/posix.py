@@ -2,8 +2,8 @@
 itself is ``sink.py``; mounted bridges and the choice between the two are ``bridge.py``.
 
 Every operation walks from the root with directory file descriptors opened ``O_NOFOLLOW``, so no
-symlink inside the tree can redirect a write (or a read) outside the root. The root itself is
-created by the first write, never by opening or reading (a mistyped path stays absent).
+symlink inside the tree can redirect a write (or a read) outside the root. Opening a store
+creates its root folder (the CLI refuses a local path that names no folder before opening it).
 
 Errors: inside the commit recipe every ``OSError`` goes through :meth:`LocalBackend.error`
 (``_localfs.os_error``); every other public method translates through ``_localfs.storage_error``
@@ -33,6 +33,7 @@ from commitstore.backends.rename._localfs import (
     readback_digest,
     rmtree_at,
     stat_info,
+    storage_error,
     translated,
 )
 from commitstore.backends.rename.ops import CommitPolicy
@@ -77,6 +78,10 @@ class LocalBackend(RenameBackend[int, Staging]):
     def __init__(self, root: str | os.PathLike[str], *, reason: str = "local path") -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.reason = reason
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, "creating the store's folder", self.root) from exc
 
     def __repr__(self) -> str:
         return f"LocalBackend({self.root!r})"
@@ -88,9 +93,7 @@ class LocalBackend(RenameBackend[int, Staging]):
     # -- directory walking -------------------------------------------------------------
     def open_dir(self, parts: Parts, *, create: bool) -> int:
         """Open the folder ``parts`` below the root without following symlinks; return its fd.
-        With ``create`` missing folders are made (the root too, on the first write)."""
-        if create and not os.path.isdir(self.root):
-            os.makedirs(self.root, exist_ok=True)
+        With ``create`` missing folders are made."""
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for part in parts:
@@ -359,8 +362,5 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     @translated("checking the free space of")
     def free_space(self, parts: Parts) -> int | None:
-        where = self.root
-        while not os.path.isdir(where) and os.path.dirname(where) != where:
-            where = os.path.dirname(where)  # the root is made by the first write
-        st = os.statvfs(where)
+        st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
