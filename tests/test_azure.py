@@ -183,7 +183,7 @@ def test_reads_are_pinned_to_the_version_opened(azurite: Azurite) -> None:
     from commitstore import IntegrityError
 
     t = make_target(azurite)
-    size = 20 * MiB  # more than one 8 MiB buffered read
+    size = 10 * MiB  # more than one 8 MiB buffered read
     old, new = b"o" * size, b"n" * size
     for verify in ("none", "full"):
         name = f"pin-{verify}.bin"
