@@ -17,6 +17,7 @@ import pytest
 from commitstore import (
     AlreadyExistsError,
     CommitError,
+    ConfigurationError,
     IntegrityError,
     InvalidNameError,
     NotFoundError,
@@ -168,7 +169,7 @@ class StoreConformance(FaultConformance):
     def test_folder_written_by_two_handles_commits_once(self, target: Target) -> None:
         backend = target.store.backend
         if backend.staging_names and type(backend).publish_folder is Backend.publish_folder:
-            with pytest.raises(commitstore.ConfigurationError, match="no multi-writer folder"):
+            with pytest.raises(ConfigurationError, match="no multi-writer folder"):
                 target.store.begin_folder("multi/step_5")  # a strategy without one says so
             return
         folder = target.store.begin_folder("multi/step_5", metadata={"ranks": 2})
