@@ -11,6 +11,8 @@ Targets (time ratios ours/baseline, lower is better):
   copyto`` of the same file to the same server: at least as fast as the fastest baseline (ratio
   <= 1.0 against it); peak RSS < 256 MiB.
 - gcs: the same against fake-gcs-server vs ``gcsfs.put_file``.
+- dcp: a 2-rank ``dcp.save`` through ``commitstore.dcp.StorageWriter`` to a local store vs
+  ``dcp.FileSystemWriter`` to a plain folder on the same disk, <= 1.10x (perf_counter in rank 0).
 - mirrors: time ``stage()``+commit blocks the caller with two background mirrors (local + moto)
   vs none, <= 1.10x; ``sync()`` of 20 x 64 MiB to a local folder and moto vs ``rclone copy
   --checksum`` of the same set to the same targets (one after the other, and both at once), time
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import bridge, gcs, local, mirrors, s3, scale, smb
+from . import bridge, dcp, gcs, local, mirrors, s3, scale, smb
 
 SUITES = {
     "local": local.main,
@@ -31,6 +33,7 @@ SUITES = {
     "gcs": gcs.main,
     "mirrors": mirrors.main,
     "scale": scale.main,
+    "dcp": dcp.main,
 }
 
 

@@ -18,12 +18,18 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-DOC = ROOT / "docs" / "benchmarks.md"
+DOCS = ROOT / "docs"
+DOC = DOCS / "benchmarks.md"
+"""The benchmarks page; other pages may carry results blocks too (``docs/dcp.md``)."""
 BLOCK = re.compile(
     r"(<!-- results: (?P<suite>[a-z0-9_-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S
 )
 FIGURE = re.compile(r"\b\d+(\.\d+)?\s*(x\b|MiB/s|GB/s|GiB/s|ms\b|s\b)")
 """What counts as a measured figure in prose (targets are written as ``<= 1.05`` without a unit)."""
+
+
+def _rss(mib: float | None) -> str:
+    return "not measured" if mib is None else f"{mib:.0f} MiB"
 
 
 def _fmt_s(seconds: float) -> str:
@@ -54,7 +60,7 @@ def _pairs(doc: dict[str, Any]) -> str:
         rows.append(
             f"| {name} | `{r['ours']}` | `{r['baseline']}` | {r['ours_mib_s']:.0f} | "
             f"{r['baseline_mib_s']:.0f} | **{r['ratio']:.3f}**{verdict} | {runs} | {target} | "
-            f"{r['peak_rss_mib']:.0f} / {r.get('baseline_peak_rss_mib', 0):.0f} MiB |"
+            f"{_rss(r.get('peak_rss_mib'))} / {_rss(r.get('baseline_peak_rss_mib'))} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -113,26 +119,33 @@ def stray_figures(text: str) -> list[str]:
     return found
 
 
+def problems() -> list[str]:
+    """Stale blocks on any docs page, and stray figures on the benchmarks page."""
+    found = []
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+        if BLOCK.search(text) and render(text) != text:
+            found.append(f"{page.name}: a results table differs from benchmarks/results")
+    found += [
+        f"benchmarks.md: a figure outside a results table: {line}"
+        for line in stray_figures(DOC.read_text())
+    ]
+    return found
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.render")
-    p.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md is stale")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if stale")
     args = p.parse_args()
-    text = DOC.read_text()
-    new = render(text)
-    stray = stray_figures(new)
-    for line in stray:
-        print(f"docs/benchmarks.md: a figure outside a results block: {line}", file=sys.stderr)
-    if args.check:
-        if new != text:
-            print(
-                "docs/benchmarks.md differs from benchmarks/results: run "
-                "`python -m benchmarks.render`",
-                file=sys.stderr,
-            )
-            return 1
-        return 1 if stray else 0
-    DOC.write_text(new)
-    return 1 if stray else 0
+    if not args.check:
+        for page in sorted(DOCS.glob("*.md")):
+            text = page.read_text()
+            if BLOCK.search(text):
+                page.write_text(render(text))
+    found = problems()
+    for line in found:
+        print(f"docs: {line}", file=sys.stderr)
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -401,3 +401,7 @@ class TestConformanceWithMirrors(StoreConformance):
     @pytest.fixture
     def target(self, mirrored_target: Target) -> Target:
         return mirrored_target
+
+    @pytest.mark.soak  # ~2 s per pair; each backend runs it in the default run without mirrors
+    def test_folder_written_by_two_handles_commits_once(self, target: Target) -> None:
+        super().test_folder_written_by_two_handles_commits_once(target)

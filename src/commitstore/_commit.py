@@ -107,6 +107,12 @@ class Committer:
                 available=free,
             )
 
+    def check_unrecorded(self, parts: Parts) -> None:
+        """Raise AlreadyExistsError if ``parts`` has a record."""
+        name = "/".join(parts)
+        if self.backend.stat(record_parts(parts)) is not None:
+            raise AlreadyExistsError(f"{name} is already committed (overwrite=False)", name=name)
+
     def check_absent(self, parts: Parts) -> None:
         """Raise AlreadyExistsError if ``parts`` has a record, or data without one."""
         name = "/".join(parts)
@@ -162,6 +168,7 @@ class Committer:
         *,
         intent: Record | None = None,
         body: bytes | None = None,
+        data_in_place: bool = False,
     ) -> Record:
         """Under the publish lock: publish the data (``publish_data`` returns its record), then
         the record with the same mode (``body``: the exact record bytes, for mirror copies).
@@ -174,7 +181,9 @@ class Committer:
         stands; gc removes it). Without ``intent`` the record is published last, as before.
 
         With ``CREATE`` on storage without an atomic create-only publish, the absence of record
-        and data is checked first, under the lock.
+        and data is checked first, under the lock. ``data_in_place``: the data under the name
+        is this commit's own (a multi-writer folder on an object store, ``_folder``), so only
+        the record's absence is checked.
 
         Raises:
             CommitError: the data was published but its record could not be (the message says
@@ -182,7 +191,10 @@ class Committer:
         """
         with self.backend.publish_lock():
             if mode is PutMode.CREATE and not self.backend.capabilities.exclusive_create:
-                self.check_absent(parts)
+                if data_in_place:
+                    self.check_unrecorded(parts)
+                else:
+                    self.check_absent(parts)
             pending = None
             if intent is not None:
                 pending = body if body is not None else encode_record(intent)

@@ -24,6 +24,9 @@ RECORD_HASHED_PREFIX = ".commitstore.rech."
 RECORD_SUFFIX = ".json"
 INTENT_PREFIX = ".commitstore.new."
 INTENT_HASHED_PREFIX = ".commitstore.newh."
+FOLDERS_DIR = "folders"
+"""Below ``.commitstore/``: one marker per multi-writer folder commit in progress on storage
+without staging names (object stores), so gc can find what a dead writer uploaded."""
 MAX_PART_BYTES = 255
 
 _STEP_RE = re.compile(r"\d+")
@@ -93,6 +96,12 @@ def staging_part(final_part: str) -> str:
     """A fresh staging name for ``final_part``, unique, hidden from globs, never a valid name."""
     hint = final_part.encode("utf-8")[:64].decode("utf-8", "ignore")
     return f"{STAGING_PREFIX}{secrets.token_hex(8)}.{hint}"
+
+
+def folder_marker_parts(write_id: str) -> Parts:
+    """Where the marker of the multi-writer folder commit ``write_id`` lives (object stores):
+    ``.commitstore/folders/<write_id>.json``."""
+    return (META_DIR, FOLDERS_DIR, f"{write_id}{RECORD_SUFFIX}")
 
 
 def is_staging_part(part: str) -> bool:

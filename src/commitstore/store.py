@@ -15,13 +15,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from commitstore import _check, _read, _scan
+from commitstore import _check, _folder, _read, _scan
 from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._stage import Stage
 from commitstore.backends import Backend, CommitInfo, FileSink
 from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
-from commitstore.errors import CommitError, CommitStoreError, ConfigurationError
+from commitstore.errors import CommitError, ConfigurationError
 from commitstore.layout import redact_url, validate_name
 from commitstore.maintenance.adopt import AdoptReport, adopt
 from commitstore.maintenance.gc import GcReport, collect
@@ -159,8 +159,13 @@ class CommitStore:
         if self.retention is not None:
             try:
                 self._prune(self.retention, dry_run=False)
-            except CommitStoreError as exc:  # the commit stands; retention retries next time
-                log.warning("retention after %s failed: %s", record.name, exc)
+            except Exception as exc:  # whatever it is, the commit stands; retention runs again
+                log.warning(
+                    "retention after %s failed (the commit stands): %s: %s",
+                    record.name,
+                    type(exc).__name__,
+                    exc,
+                )
 
     # -- writing ----------------------------------------------------------------------------
     def stage(
@@ -259,6 +264,32 @@ class CommitStore:
             sink.abort()
             raise
         self._after_commit(record)
+
+    def begin_folder(
+        self,
+        name: str,
+        *,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> _folder.FolderWrite:
+        """Start a folder artifact that several processes (or hosts) write: hand
+        ``.token`` to each, which calls :meth:`join_folder`; each writes its files with
+        ``open_file`` (records come back); one calls ``commit(records)``, the single commit point.
+        Nothing is visible before it; gc removes what dead writers leave (``_folder``).
+
+        Raises:
+            InvalidNameError, ConfigurationError: as :meth:`stage`, before any I/O; also
+                ``overwrite=True`` on an object store. AlreadyExistsError: the name is taken.
+        """
+        return _folder.begin(
+            self.committer, name, step, metadata, overwrite, after=self._after_commit
+        )
+
+    def join_folder(self, token: str) -> _folder.FolderWrite:
+        """Join the folder write a coordinator began (its ``token``), from any process that
+        opened the same store. ConfigurationError for a malformed token or another store's."""
+        return _folder.join(self.committer, token, after=self._after_commit)
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
         """Commit ``data`` as ``name`` (same protocol as :meth:`stage`); checks free space first."""

@@ -176,6 +176,13 @@ class Backend(abc.ABC):
     they run, as the rename family does. Object stores upload to the final key and have none, so
     ``gc`` never looks for staging entries there."""
 
+    def publish_folder(self, staging: Parts, parts: Parts, *, mode: PutMode) -> CommitInfo:
+        """Publish the staging folder ``staging`` (a staging name beside ``parts``, filled in
+        place by other sinks, each file already durable) under ``parts`` in one step per
+        ``mode``, as :meth:`open_dir_sink`'s publish would; the folders are made durable first.
+        Only where :attr:`staging_names` is True. Default: not supported."""
+        raise NotImplementedError(f"{type(self).__name__} cannot publish a staged folder")
+
     def walk_folders(self, parts: Parts) -> list[Parts]:
         """Every folder below ``parts`` (recursively, empty ones included), relative to
         ``parts``. Default: none (storage without real folders)."""

@@ -2,22 +2,29 @@
 
 A torch ``.pt`` (a zip) is whole when its end-of-central-directory record is intact and every
 member's local header and data fit in the file; a ``.safetensors`` file when its JSON header parses
-and every tensor's data offsets fit in the file. Truncated files are reported, never adopted.
-Unknown formats are adopted only with ``trust=True``.
+and every tensor's data offsets fit in the file; a ``.json`` file when it parses. Truncated files
+are reported, never adopted. Unknown formats are adopted only with ``trust=True``.
+
+Folders (a Hugging Face ``checkpoint-N``, a DCP folder) are adopted as one folder artifact: every
+file in it passes its check (a single failing or unknown-format file rejects the whole folder,
+with its path in the reason), and the listing must be the same after hashing as before. With
+``name=None``, unrecorded files below a folder named ``checkpoint-N`` are adopted as that folder.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from commitstore._commit import Committer
 from commitstore._scan import scan_records, unrecorded
-from commitstore.digest import hash_stream
-from commitstore.layout import infer_step, validate_name
-from commitstore.records import Record, encode_record
+from commitstore.digest import hash_stream, manifest_digest
+from commitstore.errors import CommitStoreError
+from commitstore.layout import FOLDERS_DIR, META_DIR, Parts, infer_step, validate_name
+from commitstore.records import FileRecord, Record, encode_record
 
 ZIP_SUFFIXES = (".pt", ".pth", ".ckpt", ".zip", ".bin")
 EOCD = b"PK\x05\x06"
@@ -148,11 +155,23 @@ def check_safetensors(f: BinaryIO) -> str | None:
     return None
 
 
+def check_json(f: BinaryIO) -> str | None:
+    """None if the file is one JSON document."""
+    f.seek(0)
+    try:
+        json.loads(f.read())
+    except (UnicodeDecodeError, ValueError):
+        return "not valid JSON (truncated?)"
+    return None
+
+
 def structure_problem(name: str, f: BinaryIO, *, trust: bool) -> str | None:
     """Why ``name`` must not be adopted, or None."""
     lower = name.lower()
     if lower.endswith(".safetensors"):
         return check_safetensors(f)
+    if lower.endswith(".json"):
+        return check_json(f)
     if lower.endswith(ZIP_SUFFIXES):
         f.seek(0)
         if f.read(4) == b"PK\x03\x04":
@@ -162,15 +181,89 @@ def structure_problem(name: str, f: BinaryIO, *, trust: bool) -> str | None:
     return None if trust else "unknown format (adopt with trust=True)"
 
 
+_CHECKPOINT_DIR = re.compile(r"checkpoint-\d+")
+
+
+def _in_progress(store: Committer) -> set[str]:
+    """Names of multi-writer folder commits still running (their markers, object stores)."""
+    out = set()
+    for rel, _info in store.backend.walk((META_DIR, FOLDERS_DIR)):
+        try:
+            doc = json.loads(store.backend.read_small((META_DIR, FOLDERS_DIR, *rel)))
+            out.add(str(doc["name"]))
+        except (CommitStoreError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _group(names: list[str]) -> list[str]:
+    """Unrecorded files, with those below a ``checkpoint-N`` folder replaced by that folder."""
+    out: dict[str, None] = {}
+    for n in names:
+        parts = n.split("/")
+        at = next((i for i, p in enumerate(parts[:-1]) if _CHECKPOINT_DIR.fullmatch(p)), None)
+        out["/".join(parts[: at + 1]) if at is not None else n] = None
+    return list(out)
+
+
+def _folder_record(store: Committer, name: str, parts: Parts, *, trust: bool) -> Record | str:
+    """The record of the folder ``name`` after every file passed its check, else why not."""
+    backend = store.backend
+    before = sorted(backend.walk(parts))
+    if not before:
+        return "empty folder"
+    files = []
+    for rel, info in before:
+        path = "/".join(rel)
+        if not info.regular:
+            return f"{path}: not a regular file"
+        with backend.open_read((*parts, *rel)) as f:
+            problem = structure_problem(path, f, trust=trust)
+            if problem is not None:
+                return f"{path}: {problem}"
+            f.seek(0)
+            size, digest = hash_stream(f)
+        if size != info.size:
+            return f"{path}: changed while it was checked (not adopted)"
+        files.append(FileRecord(path, size, digest))
+    after = sorted(backend.walk(parts))
+    if [(r, i.size, i.mtime) for r, i in after] != [(r, i.size, i.mtime) for r, i in before]:
+        return "changed while it was checked (not adopted)"
+    return Record(
+        name=name,
+        step=infer_step(name),
+        size=sum(f.size for f in files),
+        digest=manifest_digest((f.path, f.size, f.digest) for f in files),
+        files=tuple(files),
+        metadata={"adopted": True},
+        kind="dir",
+    )
+
+
 def adopt(store: Committer, name: str | None, *, trust: bool) -> AdoptReport:
-    """Write records for unrecorded files that pass their structural check."""
+    """Write records for unrecorded files and folders that pass their structural check."""
     records, bad = scan_records(store.backend)
-    names = [name] if name is not None else unrecorded(store.backend, records, bad)
+    busy = _in_progress(store)
+    names = [name] if name is not None else _group(unrecorded(store.backend, records, bad))
     adopted: list[str] = []
     rejected: dict[str, str] = {}
     for n in names:
         parts = validate_name(n)
+        if any(n == b or n.startswith(b + "/") for b in busy):
+            rejected[n] = "a folder commit is writing it (not adopted)"
+            continue
         seen = store.backend.stat(parts)  # compared again under the lock, before the record
+        if seen is not None and seen.is_dir:
+            found = _folder_record(store, n, parts, trust=trust)
+            if isinstance(found, str):
+                rejected[n] = found
+                continue
+            refused = store.add_record(parts, encode_record(found))
+            if refused is not None:
+                rejected[n] = refused
+            else:
+                adopted.append(n)
+            continue
         with store.backend.open_read(parts) as f:
             problem = structure_problem(n, f, trust=trust)
             if problem is None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from commitstore._check import check_exact
@@ -11,6 +13,7 @@ from commitstore._scan import read_record, scan_records
 from commitstore.backends import Backend, PendingUpload, PutMode
 from commitstore.errors import InvalidNameError, NotFoundError
 from commitstore.layout import (
+    FOLDERS_DIR,
     META_DIR,
     RECORDS_DIR,
     Parts,
@@ -32,7 +35,8 @@ class GcItem:
     kind: str
     """``"staging"`` (a staging file or folder), ``"upload"`` (an unfinished multipart upload) or
     ``"pending"`` (the pending record of an interrupted commit: made the record if the data is
-    the new version, dropped if it is the old one)."""
+    the new version, dropped if it is the old one) or ``"folder"`` (object stores: the files of
+    a multi-writer folder commit that never got its record, with its marker)."""
     age: float | None
     """Seconds since it was last modified (started, for uploads); None when unknown."""
     reason: str = ""
@@ -118,6 +122,7 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
     for up in uploads:
         if judge(up.key, "upload", up.started) and not dry_run:
             backend.abort_upload(up)
+    _folder_writes(backend, judge, dry_run=dry_run)
     for rel, info in backend.walk((META_DIR, RECORDS_DIR)):
         if not is_intent_leaf(rel[-1]):
             continue
@@ -128,6 +133,32 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
                 done = removed.pop()
                 kept.append(GcItem(done.path, done.kind, done.age, outcome))
     return GcReport(tuple(removed), tuple(kept), dry_run)
+
+
+def _folder_writes(
+    backend: Backend, judge: Callable[[str, str, float | None], bool], *, dry_run: bool
+) -> None:
+    """Markers of multi-writer folder commits (``_folder``, object stores). One whose marker and
+    files are all older than min_age: its files go if the folder has no record (a writer died
+    before the commit), then the marker. Aged by the newest of the marker and the files."""
+    for rel, info in backend.walk((META_DIR, FOLDERS_DIR)):
+        marker = (META_DIR, FOLDERS_DIR, *rel)
+        parts: Parts | None = None
+        try:
+            doc = json.loads(backend.read_small(marker))
+            parts = validate_name(doc["name"]) if isinstance(doc, dict) else None
+        except (NotFoundError, InvalidNameError, ValueError, KeyError, TypeError):
+            parts = None
+        times = [info.mtime]
+        if parts is not None:
+            times += [i.mtime for _rel, i in backend.walk(parts)]
+        mtime = None if any(t is None for t in times) else max(t for t in times if t is not None)
+        shown = "/".join(parts) if parts is not None else "/".join(marker)
+        if not judge(shown, "folder", mtime) or dry_run:
+            continue
+        if parts is not None and backend.stat(record_parts(parts)) is None:
+            backend.remove(parts)
+        backend.remove(marker)
 
 
 def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:

@@ -23,6 +23,7 @@ from commitstore.errors import (
     CommitStoreError,
     InsufficientSpaceError,
     NotFoundError,
+    StorageError,
 )
 
 _NOT_FOUND = {"ResourceNotFound", "SFTPNoSuchFile", "SFTPNoSuchPath"}
@@ -77,6 +78,20 @@ def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
         return denied
     text = str(exc).splitlines()[0][:200] if str(exc) else ""
     return CommitError(f"{what} {shown} failed ({type(exc).__name__}: {text})")
+
+
+def storage_error(exc: BaseException, what: str, shown: str) -> CommitStoreError:
+    """Like :func:`translate`, for calls outside the commit recipe (stat, listing, reads,
+    removal): a refusal or failure there is StorageError (errno EACCES for a refused call,
+    else the exception's own errno, else EIO), not CommitError."""
+    err = translate(exc, what, shown)
+    if type(err) is not CommitError:
+        return err
+    code = getattr(exc, "errno", None)
+    if not isinstance(code, int):
+        refused = isinstance(exc, PermissionError) or http_status(exc) in (401, 403)
+        code = errno.EACCES if refused else errno.EIO
+    return StorageError(code, str(err), path=shown)
 
 
 class Mover:

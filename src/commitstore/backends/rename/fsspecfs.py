@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
-from commitstore.backends.rename._fsspec_moves import Mover, translate
+from commitstore.backends.rename._fsspec_moves import Mover, storage_error, translate
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK, hash_stream
@@ -87,7 +87,7 @@ class FsspecReader(io.RawIOBase):
         try:
             data = self._raw.read(want)
         except Exception as exc:
-            raise translate(exc, "reading", self._shown) from exc
+            raise storage_error(exc, "reading", self._shown) from exc
         n = len(data)
         b[:n] = data
         self._pos += n
@@ -97,7 +97,7 @@ class FsspecReader(io.RawIOBase):
         try:
             pos: int = self._raw.seek(offset, whence)
         except Exception as exc:
-            raise translate(exc, "seeking in", self._shown) from exc
+            raise storage_error(exc, "seeking in", self._shown) from exc
         self._pos = pos
         return pos
 
@@ -158,7 +158,7 @@ class FsspecBackend(RenameBackend[str, Any]):
         except CommitStoreError:
             raise
         except Exception as exc:
-            raise translate(exc, what, self.shown(parts)) from exc
+            raise storage_error(exc, what, self.shown(parts)) from exc
 
     def _raw_info(self, path: str) -> dict[str, Any] | None:
         with contextlib.suppress(Exception):

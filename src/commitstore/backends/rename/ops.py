@@ -113,6 +113,11 @@ class RenameOps(abc.ABC, Generic[D, H]):
         caller can fill it in place and return its local path; None when the storage needs a
         local folder uploaded at publish (:meth:`upload`), nothing created yet."""
 
+    def sync_tree(self, folder: D, name: str, info: CommitInfo) -> None:
+        """Make the folder tree ``name`` (filled by other sinks, each file already flushed)
+        durable: every folder in it, bottom-up. Default: nothing to do (storage whose folder
+        entries are durable once created, or that cannot sync them)."""
+
     def upload(self, folder: D, name: str, local: Path | None) -> None:
         """Create folder ``name`` (``local`` None) or copy the local file ``local`` to the new
         file ``name`` (exclusive), creating missing folders. Only where staging_folder is None."""

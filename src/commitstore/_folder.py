@@ -1,0 +1,350 @@
+"""Folder artifacts written by many processes (or hosts): one staging area, one commit point.
+
+The coordinator calls :meth:`CommitStore.begin_folder`, which returns a :class:`FolderWrite` whose
+:attr:`~FolderWrite.token` (a short JSON string) it hands to every other writer; each writer opens
+the same store and calls :meth:`CommitStore.join_folder` with it. Every writer writes its files
+with :meth:`FolderWrite.open_file` (hashed on the way: each returns its :class:`FileRecord`); the
+coordinator gathers the records and calls :meth:`FolderWrite.commit`, the single commit point,
+through the one commit path (``_commit.Committer``: pending record, data, record).
+
+Where the files are staged:
+
+- Storage with staging names (local disks, SMB, FUSE bridges): a staging folder beside the name,
+  ``<parent>/.commitstore.tmp.<id>.<last>`` (``layout.staging_part``), created by the first file.
+  Each file goes through the backend's own file sink into it (staged under a staging name there,
+  flushed, checked per the strategy's policy, renamed in). A killed writer leaves only names
+  under the staging folder; gc removes it once everything in it is older than ``min_age``.
+  ``commit`` renames the folder into place in one step (``overwrite=True``: old or new for
+  readers, as ``stage_dir``).
+- Object stores: each file is uploaded to its final key (no second copy, no server-side copy);
+  the record is the commit, so nothing is listed, verified whole or replicated before it. New
+  names only: ``overwrite=True`` raises ConfigurationError (the old version's files would be
+  replaced one by one before the record). ``begin`` writes a marker
+  ``.commitstore/folders/<id>.json`` naming the folder; gc removes the files of a folder whose
+  marker and files are all older than ``min_age`` and that has no record, then the marker.
+
+What ``commit`` checks before anything is published: every expected file is present in the
+staging area with its recorded size (one listing), and nothing else is there. Digests are the
+writers' own, computed over the bytes as they went to the sink; ``check="full"`` re-reads and
+hashes every file first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from commitstore._commit import Committer, check_new, make_record, mode_of, put_small
+from commitstore._folderfile import FolderFile
+from commitstore.backends import Backend, PutMode
+from commitstore.backends.localtree import hash_and_sync_tree
+from commitstore.backends.rename.posix import LocalBackend
+from commitstore.digest import hash_stream, manifest_digest
+from commitstore.errors import (
+    CommitError,
+    CommitStoreError,
+    ConfigurationError,
+    InvalidNameError,
+)
+from commitstore.layout import (
+    STAGING_PREFIX,
+    Parts,
+    folder_marker_parts,
+    record_parts,
+    validate_name,
+)
+from commitstore.records import FileRecord, Record
+
+TOKEN_VERSION = 1
+_ID = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    id: str
+    name: str
+    overwrite: bool
+    step: int | None
+    metadata: dict[str, Any]
+    store: str
+
+    def dumps(self) -> str:
+        return json.dumps(
+            {
+                "v": TOKEN_VERSION,
+                "id": self.id,
+                "name": self.name,
+                "overwrite": self.overwrite,
+                "step": self.step,
+                "metadata": self.metadata,
+                "store": self.store,
+            },
+            sort_keys=True,
+        )
+
+
+def _parse_token(text: object) -> _Token:
+    """The token a coordinator handed out; ConfigurationError for anything malformed."""
+    if not isinstance(text, str):
+        raise ConfigurationError(f"a folder token is a str, not {type(text).__name__}")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError("not a folder token (not JSON)") from exc
+    if not isinstance(doc, dict) or doc.get("v") != TOKEN_VERSION:
+        raise ConfigurationError("not a folder token of this version")
+    wid, name, over, store = doc.get("id"), doc.get("name"), doc.get("overwrite"), doc.get("store")
+    if not (isinstance(wid, str) and _ID.fullmatch(wid)):
+        raise ConfigurationError("folder token: bad id")
+    if not isinstance(over, bool) or not isinstance(store, str):
+        raise ConfigurationError("folder token: bad fields")
+    try:
+        validate_name(name)
+    except InvalidNameError as exc:
+        raise ConfigurationError(f"folder token: {exc}") from exc
+    assert isinstance(name, str)
+    _, step, meta = check_new(name, doc.get("step"), doc.get("metadata"))
+    return _Token(wid, name, over, step, meta, store)
+
+
+def staging_of(parts: Parts, write_id: str) -> Parts:
+    """The staging folder of write ``write_id`` of ``parts`` (beside it, a staging name)."""
+    hint = parts[-1].encode("utf-8")[:64].decode("utf-8", "ignore")
+    return (*parts[:-1], f"{STAGING_PREFIX}{write_id}.{hint}")
+
+
+def _in_place(backend: Backend) -> bool:
+    """True where files are uploaded to their final names (no staging names: object stores)."""
+    return not backend.staging_names
+
+
+class FolderWrite:
+    """A folder artifact that several processes fill; committed once, by one of them.
+
+    Guarantees: nothing of the folder is listed, verified whole, pruned or replicated before
+    :meth:`commit` returns; a writer that dies leaves only what gc recognises (a staging folder,
+    or on object stores files named by a marker) and the previous artifacts untouched.
+    """
+
+    def __init__(
+        self,
+        committer: Committer,
+        token: _Token,
+        *,
+        after: Callable[[Record], None] | None = None,
+    ) -> None:
+        self._c = committer
+        self._t = token
+        self._parts = validate_name(token.name)
+        self._after = after
+        self.record: Record | None = None
+        """After :meth:`commit`."""
+
+    def __repr__(self) -> str:
+        return f"<FolderWrite {self._t.name!r} {'committed' if self.record else 'open'}>"
+
+    @property
+    def token(self) -> str:
+        """What the other writers pass to :meth:`CommitStore.join_folder` (JSON, no secrets)."""
+        return self._t.dumps()
+
+    @property
+    def name(self) -> str:
+        return self._t.name
+
+    def _area(self) -> Parts:
+        backend = self._c.backend
+        return self._parts if _in_place(backend) else staging_of(self._parts, self._t.id)
+
+    def local_area(self) -> Path | None:
+        """The staging folder's local path where the store is a local folder, else None."""
+        backend = self._c.backend
+        if isinstance(backend, LocalBackend):
+            return Path(backend.path_of(self._area()))
+        return None
+
+    def open_file(self, path: str) -> FolderFile:
+        """Start writing the file ``path`` (relative to the folder, ``/``-separated).
+
+        Raises:
+            InvalidNameError: a bad path, before any I/O.
+        """
+        rel = validate_name(path, inside_folder=True)
+        backend = self._c.backend
+        mode = PutMode.CREATE if backend.capabilities.exclusive_create else PutMode.REPLACE
+        return FolderFile(path, backend.open_sink((*self._area(), *rel), mode=mode))
+
+    def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> FileRecord:
+        """Write the whole file ``path`` at once; its record."""
+        with self.open_file(path) as f:
+            f.write(data)
+        return f.finish()
+
+    def move_in(self, src: Path) -> list[FileRecord] | None:
+        """Move the local folder ``src`` (written by another tool) into the staging area with
+        one rename, when the store is a local folder on the same filesystem and nothing was
+        written yet; then hash and sync its files and return their records. None (``src``
+        untouched) where that is not possible: copy the files instead."""
+        area, backend = self.local_area(), self._c.backend
+        if area is None or area.exists() or not isinstance(backend, LocalBackend):
+            return None
+        try:
+            os.close(backend.open_dir(self._area()[:-1], create=True))  # never via a symlink
+            if os.stat(src).st_dev != os.stat(area.parent).st_dev:
+                return None
+            os.rename(src, area)
+        except OSError:
+            return None
+        try:
+            files = hash_and_sync_tree(area)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.rename(area, src)
+            raise
+        return [FileRecord(p, s, d) for p, s, d in files]
+
+    def commit(self, expected: Iterable[FileRecord], *, check: str = "size") -> Record:
+        """Check the staging area holds exactly ``expected``, then publish the folder and its
+        record through the one commit path. Call it once, on one writer, after every writer
+        finished its files.
+
+        Raises:
+            CommitError: a file is missing, has another size (or, ``check="full"``, another
+                digest), or an unexpected file is there; nothing is published.
+            AlreadyExistsError: the name was committed meanwhile (``overwrite=False``).
+        """
+        if check not in ("size", "full"):
+            raise ConfigurationError(f"check must be 'size' or 'full', not {check!r}")
+        files = _unique(expected)
+        if not files:
+            raise ConfigurationError(f"{self.name}: a folder commit needs at least one file")
+        backend, area = self._c.backend, self._area()
+        self._check_area(backend, area, files, check)
+        record = make_record(
+            self.name,
+            self._t.step,
+            self._t.metadata,
+            size=sum(f.size for f in files),
+            digest=manifest_digest((f.path, f.size, f.digest) for f in files),
+            files=tuple(files),
+            kind="dir",
+        )
+        mode = mode_of(self._t.overwrite)
+
+        def publish_data() -> Record:
+            if not _in_place(backend):
+                self._c.note(backend.publish_folder(area, self._parts, mode=mode), self.name)
+            return record
+
+        self.record = self._c.commit(
+            self._parts, mode, publish_data, intent=record, data_in_place=_in_place(backend)
+        )
+        if _in_place(backend):
+            with contextlib.suppress(CommitStoreError):  # a leftover marker: gc drops it
+                backend.remove(folder_marker_parts(self._t.id))
+        if self._after is not None:
+            self._after(self.record)
+        return self.record
+
+    def _check_area(
+        self, backend: Backend, area: Parts, files: list[FileRecord], check: str
+    ) -> None:
+        found = {"/".join(rel): info for rel, info in backend.walk(area)}
+        problems = []
+        for f in files:
+            info = found.pop(f.path, None)
+            if info is None:
+                problems.append(f"{f.path}: missing")
+            elif not info.regular:
+                problems.append(f"{f.path}: not a regular file")
+            elif info.size != f.size:
+                problems.append(f"{f.path}: {info.size} bytes stored, {f.size} recorded")
+            elif check == "full":
+                with backend.open_read((*area, *f.path.split("/"))) as src:
+                    size, digest = hash_stream(src)
+                if (size, digest) != (f.size, f.digest):
+                    problems.append(f"{f.path}: digest {digest}, {f.digest} recorded")
+        problems += [f"{p}: not expected" for p in sorted(found)]
+        if problems:
+            shown = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
+            raise CommitError(f"{self.name}: folder not committed: {shown}")
+
+    def abort(self) -> None:
+        """Remove what was written (all writers' files). Nothing is published. Idempotent; a
+        no-op after :meth:`commit`."""
+        if self.record is not None:
+            return
+        backend = self._c.backend
+        with contextlib.suppress(CommitStoreError):
+            if not _in_place(backend):
+                backend.remove(self._area())
+            elif backend.stat(record_parts(self._parts)) is None:
+                backend.remove(self._parts)
+                backend.remove(folder_marker_parts(self._t.id))
+
+
+def _unique(expected: Iterable[FileRecord]) -> list[FileRecord]:
+    out: dict[str, FileRecord] = {}
+    for f in expected:
+        if not isinstance(f, FileRecord):
+            raise ConfigurationError(f"expected FileRecords, got {type(f).__name__}")
+        validate_name(f.path, inside_folder=True)
+        if out.setdefault(f.path, f) != f:
+            raise ConfigurationError(f"{f.path}: two different records for one file")
+    return sorted(out.values(), key=lambda f: f.path)
+
+
+def begin(
+    committer: Committer,
+    name: str,
+    step: object,
+    metadata: Mapping[str, Any] | None,
+    overwrite: bool,
+    *,
+    after: Callable[[Record], None] | None = None,
+) -> FolderWrite:
+    """Start a multi-writer folder commit of ``name`` (see the module docstring)."""
+    parts, checked, meta = check_new(name, step, metadata)
+    backend = committer.backend
+    if not isinstance(overwrite, bool):
+        raise ConfigurationError(f"overwrite must be a bool, not {type(overwrite).__name__}")
+    if _in_place(backend) and overwrite:
+        raise ConfigurationError(
+            f"{committer.url}: a folder written by several processes cannot replace a committed "
+            "one on an object store (its files would change before the record); commit it "
+            "under a new name"
+        )
+    if not _in_place(backend) and type(backend).publish_folder is Backend.publish_folder:
+        raise ConfigurationError(
+            f"{committer.url}: the {backend.strategy} strategy has no multi-writer folder commit"
+        )
+    committer.check_outside_folders(parts)
+    if not overwrite:
+        committer.check_absent(parts)
+    token = _Token(secrets.token_hex(8), name, overwrite, checked, meta, committer.url)
+    if _in_place(backend):
+        body = json.dumps({"name": name, "id": token.id}).encode()
+        put_small(backend, folder_marker_parts(token.id), body, PutMode.REPLACE)
+    return FolderWrite(committer, token, after=after)
+
+
+def join(
+    committer: Committer, token: str, *, after: Callable[[Record], None] | None = None
+) -> FolderWrite:
+    """The same folder write, in another process (or on another host) with its own store."""
+    parsed = _parse_token(token)
+    if parsed.store != committer.url:
+        raise ConfigurationError(
+            f"folder token is for {parsed.store}, not for this store ({committer.url})"
+        )
+    return FolderWrite(committer, parsed, after=after)
+
+
+__all__ = ["FolderFile", "FolderWrite", "begin", "join"]

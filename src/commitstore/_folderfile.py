@@ -1,0 +1,148 @@
+"""The files of a multi-writer folder (``_folder``): written hashed on the way, read back checked.
+
+:class:`FolderFile` is what :meth:`FolderWrite.open_file` returns; :func:`read_member` reads one
+file of a committed folder artifact in full and checks it against its entry in the record.
+"""
+
+from __future__ import annotations
+
+import io
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from commitstore._check import compare
+from commitstore._commit import Committer
+from commitstore.backends import FileSink
+from commitstore.digest import Hasher, digest_bytes
+from commitstore.errors import CommitError, IntegrityError, NotFoundError
+from commitstore.layout import validate_name
+from commitstore.records import FileRecord, Record
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+WRITE_CHUNK = 4 * 1024 * 1024
+"""Small writes are gathered up to this size before they reach the storage."""
+
+
+class FolderFile(io.RawIOBase):
+    """One file of a folder being written: a writable binary file that hashes on the way.
+
+    ``finish()`` (or a clean ``with`` exit) makes it durable in the staging area and returns its
+    :class:`FileRecord`; an exception or ``abort()`` removes it. Never visible under the folder's
+    name before the folder's commit."""
+
+    def __init__(self, path: str, sink: FileSink) -> None:
+        super().__init__()
+        self.path = path
+        self._sink: FileSink | None = sink
+        self._hasher = Hasher()
+        self._buf = bytearray()
+        self.record: FileRecord | None = None
+        """After :meth:`finish`."""
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._hasher.count
+
+    def write(self, b: Buffer) -> int:
+        if self._sink is None:
+            raise ValueError(f"write to {self.path}, which is finished or aborted")
+        view = memoryview(b).cast("B")
+        self._hasher.update(view)
+        if len(self._buf) + view.nbytes < WRITE_CHUNK:
+            self._buf += view  # small writes are gathered
+            return view.nbytes
+        try:
+            if self._buf:
+                self._sink.write(memoryview(self._buf))
+                self._buf = bytearray()
+            self._sink.write(view)  # large ones go straight through, never copied
+        except BaseException:
+            self.abort()
+            raise
+        return view.nbytes
+
+    def finish(self) -> FileRecord:
+        """Publish the file into the staging area; its record (path, size, digest)."""
+        if self.record is not None:
+            return self.record
+        if self._sink is None:
+            raise CommitError(f"{self.path}: aborted")
+        sink, self._sink = self._sink, None
+        try:
+            if self._buf:
+                sink.write(memoryview(self._buf))
+                self._buf = bytearray()
+            size, digest = self._hasher.count, self._hasher.digest()
+            if sink.bytes_written != size:
+                raise CommitError(f"{self.path}: {sink.bytes_written} bytes stored, {size} hashed")
+            sink.publish(size=size, digest=digest)
+        except BaseException:
+            sink.abort()
+            raise
+        self.record = FileRecord(self.path, size, digest)
+        super().close()
+        return self.record
+
+    def abort(self) -> None:
+        """Discard the file. Idempotent."""
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            sink.abort()
+        if not self.closed:
+            super().close()
+
+    def close(self) -> None:
+        """Abort unless finished (closing is never a publish)."""
+        if self.record is None:
+            self.abort()
+        elif not self.closed:
+            super().close()
+
+    def __enter__(self) -> FolderFile:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if et is None:
+            self.finish()
+        else:
+            self.abort()
+
+
+def read_member(committer: Committer, record: Record, path: str) -> bytes:
+    """All bytes of the file ``path`` of the committed folder ``record``, read once and checked
+    against its entry (size and full digest).
+
+    Raises:
+        NotFoundError: the record lists no such file. IntegrityError: missing, truncated or
+            changed bytes.
+    """
+    entry = next((f for f in record.files if f.path == path), None)
+    if entry is None:
+        raise NotFoundError(f"{record.name} has no file {path}", name=record.name)
+    parts = (*validate_name(record.name), *validate_name(path, inside_folder=True))
+    try:
+        with committer.backend.open_read(parts) as f:
+            data = f.read()
+    except NotFoundError as exc:
+        raise IntegrityError(
+            f"{record.name}/{path}: recorded, but missing", name=record.name, status="missing"
+        ) from exc
+    problem = compare(
+        entry.size,
+        entry.digest,
+        found_size=len(data),
+        found_digest=digest_bytes(data),
+        level="full",
+    )
+    if problem is not None:
+        raise problem.error(record.name, path)
+    return data
+
+
+__all__ = ["FolderFile", "read_member"]

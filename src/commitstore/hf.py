@@ -1,0 +1,207 @@
+"""Hugging Face ``Trainer`` checkpoints as committed folder artifacts.
+
+:class:`CommitStoreCallback` commits each ``checkpoint-N`` folder after the Trainer wrote it (in
+``on_save``, on the main process only). Where the store is a local folder on the same filesystem
+as ``output_dir``, the folder is moved into the store's staging area with one rename and
+committed there (its files are hashed once, never copied); elsewhere its files are copied through
+``stage_dir`` and the local folder is removed after the commit (``keep_local=True`` keeps it).
+
+``save_total_limit`` is taken over at ``on_init_end``: the Trainer's own rotation is switched off
+(``args.save_total_limit`` set to None), so it never deletes a committed folder behind the store's
+back, and after each commit the store is pruned with ``keep_last=save_total_limit`` over this
+callback's checkpoint folders only (other artifacts in the store, and the best checkpoint, are
+kept; prune's own rules still apply: the newest folder that verifies is never deleted).
+
+:func:`latest_checkpoint` returns the newest ``checkpoint-N`` folder that verifies fully, for
+``trainer.train(resume_from_checkpoint=...)``.
+
+Importing this module imports transformers; importing ``commitstore`` does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from commitstore.backends.rename.posix import LocalBackend
+from commitstore.errors import CommitStoreError, ConfigurationError
+from commitstore.layout import validate_name
+from commitstore.records import Record
+from commitstore.store import CommitStore
+
+__all__ = ["CommitStoreCallback", "commit_folder", "latest_checkpoint"]
+
+log = logging.getLogger("commitstore")
+
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+
+
+def _check_store(store: object) -> CommitStore:
+    if not isinstance(store, CommitStore):
+        raise ConfigurationError(f"store must be a CommitStore, not {type(store).__name__}")
+    return store
+
+
+def _store_path(store: CommitStore, name: str) -> Path | None:
+    backend = store.backend
+    if isinstance(backend, LocalBackend):
+        return Path(backend.path_of(validate_name(name)))
+    return None
+
+
+def commit_folder(
+    store: CommitStore,
+    src: str | Path,
+    name: str,
+    *,
+    step: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    keep_local: bool = False,
+) -> Record:
+    """Commit the local folder ``src`` as the folder artifact ``name``.
+
+    Same filesystem as a local store: ``src`` is renamed into the staging area and committed
+    (no copy; ``src`` is gone afterwards). A ``src`` that already is the artifact's own path
+    (the Trainer writing straight into the store's root) is replaced by itself: committed in
+    place. Otherwise the files are copied through ``stage_dir`` and ``src`` is removed after the
+    commit unless ``keep_local``. A failure publishes nothing and leaves ``src`` where it was.
+    """
+    src = Path(src)
+    if not src.is_dir():
+        raise ConfigurationError(f"{src} is not a folder")
+    own = _store_path(store, name)
+    if own is not None:  # a local store: try one rename into its staging area
+        in_place = own.exists() and own.samefile(src)
+        folder = store.begin_folder(
+            name, step=step, metadata=metadata, overwrite=overwrite or in_place
+        )
+        files = folder.move_in(src)
+        if files is not None:
+            try:
+                return folder.commit(files)
+            except BaseException:
+                area = folder.local_area()
+                if area is not None and area.exists() and not src.exists():
+                    area.rename(src)  # back where the Trainer put it
+                raise
+        folder.abort()
+    with store.stage_dir(name, step=step, metadata=metadata, overwrite=overwrite) as out:
+        shutil.copytree(src, out, dirs_exist_ok=True)
+    record = store.record(name)
+    if not keep_local:
+        shutil.rmtree(src, ignore_errors=True)
+    return record
+
+
+class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
+    """A ``TrainerCallback``: each ``checkpoint-N`` folder becomes one committed folder artifact
+    named ``prefix + "checkpoint-N"`` (step N), and ``save_total_limit`` is applied through
+    prune (``min_age`` seconds, default 0: the callback prunes only folders it committed).
+
+    ``overwrite`` (default True): a run resumed from an earlier step saves the later steps again
+    and replaces them (atomically: readers see the old or the new folder).
+    """
+
+    def __init__(
+        self,
+        store: CommitStore,
+        *,
+        prefix: str = "",
+        overwrite: bool = True,
+        min_age: float = 0.0,
+        keep_local: bool = False,
+    ) -> None:
+        self.store = _check_store(store)
+        if prefix:
+            validate_name(prefix.rstrip("/") + "/checkpoint-0")
+        self.prefix = prefix
+        self.overwrite = overwrite
+        self.min_age = min_age
+        self.keep_local = keep_local
+        self.keep_last: int | None = None
+        """The Trainer's ``save_total_limit``, taken over at ``on_init_end``."""
+        self.committed: list[Record] = []
+        """Every record this callback committed, oldest first."""
+
+    def _take_limit(self, args: Any) -> None:
+        limit = getattr(args, "save_total_limit", None)
+        if limit is not None:
+            self.keep_last = int(limit)
+            args.save_total_limit = None  # the Trainer must not rotate committed folders
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._take_limit(args)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._take_limit(args)
+
+    def _ours(self, name: str) -> bool:
+        return name.startswith(self.prefix) and bool(
+            _CHECKPOINT.fullmatch(name[len(self.prefix) :])
+        )
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        step = int(state.global_step)
+        folder = Path(args.output_dir) / f"checkpoint-{step}"
+        name = f"{self.prefix}checkpoint-{step}"
+        record = commit_folder(
+            self.store,
+            folder,
+            name,
+            step=step,
+            metadata={"global_step": step},
+            overwrite=self.overwrite,
+            keep_local=self.keep_local,
+        )
+        self.committed.append(record)
+        if self.keep_last is not None:
+            self._prune(state)
+
+    def _prune(self, state: Any) -> None:
+        keep = [r.name for r in self.store.list() if not self._ours(r.name)]
+        best = getattr(state, "best_model_checkpoint", None)
+        if best:
+            keep.append(self.prefix + Path(best).name)
+        try:
+            self.store.prune(keep_last=self.keep_last, keep=keep, min_age=self.min_age)
+        except CommitStoreError as exc:  # the checkpoint is committed; prune retries next time
+            log.warning("pruning after %s failed: %s", state.global_step, exc)
+
+
+def latest_checkpoint(
+    store: CommitStore, *, prefix: str = "", local_dir: str | Path | None = None
+) -> Path | None:
+    """The newest ``prefix + checkpoint-N`` folder that verifies fully, as a local folder for
+    ``resume_from_checkpoint``: its path in a local store, else a verified copy fetched into
+    ``local_dir`` (required then). None if there is none; damaged ones are skipped (logged)."""
+    store = _check_store(store)
+    cands = [
+        r
+        for r in store.list()
+        if r.kind == "dir"
+        and r.name.startswith(prefix)
+        and _CHECKPOINT.fullmatch(r.name[len(prefix) :])
+    ]
+    for rec in sorted(cands, key=lambda r: int(r.name.rsplit("-", 1)[1]), reverse=True):
+        report = store.verify(rec.name, level="full")
+        if not report.ok:
+            log.warning("%s fails verification, skipped: %s", rec.name, report.results)
+            continue
+        own = _store_path(store, rec.name)
+        if own is not None:
+            return own
+        if local_dir is None:
+            raise ConfigurationError("local_dir is needed to fetch a checkpoint from this store")
+        dest = Path(local_dir) / Path(rec.name).name
+        store.get_file(rec.name, dest)
+        return dest
+    return None

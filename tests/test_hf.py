@@ -1,0 +1,129 @@
+"""``commitstore.hf`` with a real ``transformers.Trainer`` on a tiny GPT-2 built from a config (no
+download): every kept ``checkpoint-N`` is a committed folder that verifies, ``save_total_limit``
+goes through prune, the folder is moved into the store (same inode, no copy), and training
+resumes from the newest verified checkpoint after the newest one is damaged."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from commitstore import ConfigurationError, open_store  # noqa: E402
+from commitstore.hf import CommitStoreCallback, commit_folder, latest_checkpoint  # noqa: E402
+
+
+class _Data(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        ids = torch.tensor([(i * 7 + k) % 50 for k in range(8)])
+        return {"input_ids": ids, "labels": ids}
+
+
+class _Seen(transformers.TrainerCallback):  # type: ignore[misc,name-defined]
+    """Placed before the store's callback: what the Trainer wrote, and where training began."""
+
+    def __init__(self) -> None:
+        self.inodes: dict[int, int] = {}
+        self.first_step: int | None = None
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self.inodes[state.global_step] = os.stat(folder / "model.safetensors").st_ino
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.first_step is None:
+            self.first_step = state.global_step
+
+
+def _trainer(out: Path, store: Any, max_steps: int, seen: _Seen) -> Any:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
+    args = transformers.TrainingArguments(
+        output_dir=str(out),
+        max_steps=max_steps,
+        save_steps=2,
+        save_total_limit=2,
+        per_device_train_batch_size=4,
+        logging_steps=1000,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    return transformers.Trainer(
+        model=transformers.GPT2LMHeadModel(config),
+        args=args,
+        train_dataset=_Data(),
+        callbacks=[seen, CommitStoreCallback(store)],
+    )
+
+
+def test_trainer_checkpoints_commit_prune_and_resume(tmp_path: Path) -> None:
+    root, out = tmp_path / "store", tmp_path / "out"
+    store = open_store(str(root))
+    seen = _Seen()
+    trainer = _trainer(out, store, 6, seen)
+    assert trainer.args.save_total_limit is None  # rotation is the store's now
+    trainer.train()
+    names = [r.name for r in store.list()]
+    assert names == ["checkpoint-4", "checkpoint-6"]  # save_total_limit=2 through prune
+    for rec in store.list():
+        assert rec.kind == "dir" and rec.step == int(rec.name.split("-")[1])
+        assert "model.safetensors" in [f.path for f in rec.files]
+        assert store.verify(rec.name, level="full").ok
+        # moved, not copied: the Trainer's own file is the committed one
+        assert os.stat(root / rec.name / "model.safetensors").st_ino == seen.inodes[rec.step]
+    assert not list(out.glob("checkpoint-*"))  # nothing left behind in output_dir
+    assert not [p for p in root.iterdir() if p.name.startswith(".commitstore.tmp.")]
+    newest = latest_checkpoint(store)
+    assert newest == root / "checkpoint-6"
+
+    weights = root / "checkpoint-6" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    resume = latest_checkpoint(store)
+    assert resume == root / "checkpoint-4"
+
+    seen2 = _Seen()
+    trainer2 = _trainer(out, store, 8, seen2)
+    trainer2.train(resume_from_checkpoint=str(resume))
+    assert seen2.first_step == 4 and trainer2.state.global_step == 8
+    assert [r.name for r in store.list()] == ["checkpoint-6", "checkpoint-8"]
+    assert store.verify(level="full").ok  # the damaged checkpoint-6 was saved again, whole
+
+
+def test_output_dir_inside_the_store_commits_in_place(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = open_store(str(root))
+    seen = _Seen()
+    _trainer(root, store, 4, seen).train()
+    assert [r.name for r in store.list()] == ["checkpoint-2", "checkpoint-4"]
+    assert store.verify(level="full").ok
+
+
+def test_commit_folder_copies_across_stores_and_checks_arguments(tmp_path: Path, moto: Any) -> None:
+    src = tmp_path / "checkpoint-3"
+    (src / "sub").mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "sub" / "w.bin").write_bytes(b"\0" * 100)
+    s3 = open_store(moto.url("hf"), **moto.options())
+    rec = commit_folder(s3, src, "checkpoint-3", step=3)
+    assert [f.path for f in rec.files] == ["config.json", "sub/w.bin"]
+    assert not src.exists()
+    assert s3.verify(level="full").ok
+    got = latest_checkpoint(s3, local_dir=tmp_path / "fetched")
+    assert got == tmp_path / "fetched" / "checkpoint-3"
+    assert (got / "sub" / "w.bin").read_bytes() == b"\0" * 100
+    with pytest.raises(ConfigurationError):
+        latest_checkpoint(s3)
+    with pytest.raises(ConfigurationError):
+        CommitStoreCallback("nope")  # type: ignore[arg-type]
