@@ -21,7 +21,8 @@ class TestGenericLocalConformance(StoreConformance):
         info = store.describe()
         assert info["strategy"] == "fsspec-checked" and info["move"] == "fsspec mv"
         assert info["capabilities"]["atomic_replace"] is False
-        return Target(store, LocalBackdoor(root), lambda: open_store(str(root), strategy="fsspec"))
+        url = f"file://{root}"
+        return Target(store, LocalBackdoor(root), lambda: open_store(url, strategy="fsspec"))
 
 
 def test_scheme_known_to_fsspec_gets_the_generic_strategy() -> None:

@@ -35,6 +35,7 @@ STRATEGIES = frozenset(
         "gcs-resumable",
         "azure-blocklist",
         "memory-swap",
+        "fsspec-checked",
     }
 )
 """The built-in commit strategies (``backends/__init__.py``); a plugin's may be any other."""
