@@ -28,10 +28,7 @@ from commitstore.errors import (
     InvalidNameError,
     NotFoundError,
 )
-from commitstore.layout import (
-    Parts,
-    validate_name,
-)
+from commitstore.layout import Parts, staged_parts, validate_name
 from commitstore.records import (
     Record,
     RecordFormatError,
@@ -139,14 +136,35 @@ def check(backend: Backend, record: Record, level: str) -> VerifyResult:
 
 def resolve(backend: Backend, record: Record, level: str) -> tuple[VerifyResult, Record]:
     """:func:`check`, plus the version that passed it: ``record``, or the pending version."""
+    result, version, _where = locate(backend, record, level)
+    return result, version
+
+
+STAGED_NOTE = (
+    "the new version, from its staged copy: a folder replace stopped while copying it "
+    "(gc completes it)"
+)
+
+
+def locate(backend: Backend, record: Record, level: str) -> tuple[VerifyResult, Record, Parts]:
+    """:func:`resolve`, plus where the bytes of that version are: the name itself, or the
+    staged copy of an object-store folder replace that stopped while copying it
+    (``backends/object/dirsink``), which then verifies as the pending version."""
+    parts = tuple(record.name.split("/"))
     result = check_exact(backend, record, level)
     if result.status == "ok":
-        return result, record
+        return result, record, parts
     pending = pending_version(backend, record)
-    if pending is not None and check_exact(backend, pending, level).status == "ok":
+    if pending is None:
+        return result, record, parts
+    if check_exact(backend, pending, level).status == "ok":
         note = "the new version of a commit whose record is pending"
-        return VerifyResult(record.name, "ok", note), pending
-    return result, record
+        return VerifyResult(record.name, "ok", note), pending, parts
+    if pending.kind == "dir" and pending.files:
+        staged = staged_parts(parts, pending.digest)
+        if _check_dir(backend, staged, pending, level).status == "ok":
+            return VerifyResult(record.name, "ok", STAGED_NOTE), pending, staged
+    return result, record, parts
 
 
 def check_exact(backend: Backend, record: Record, level: str) -> VerifyResult:

@@ -167,6 +167,31 @@ class GcsBackend(ObjectBackend):
             ifGenerationMatch=tag,
         )
 
+    copy_max = 5 * 1024**4  # a rewrite may take several calls; each is followed to the end
+
+    def server_copy(self, src: ObjectStat, parts: Parts) -> ObjectStat:
+        """The rewrite API, conditioned on the source's generation (``ifSourceGenerationMatch``)
+        and followed until done; the copy's CRC32C must be the source's (``same_content``)."""
+        kw: dict[str, Any] = {"ifSourceGenerationMatch": src.tag} if src.tag else {}
+        path = "b/{}/o/{}/rewriteTo/b/{}/o/{}"
+        while True:
+            doc = self.call(
+                "copying to",
+                parts,
+                "POST",
+                path,
+                self.bucket,
+                src.key,
+                self.bucket,
+                self.key(parts),
+                json_out=True,
+                **kw,
+            )
+            if doc.get("done", True):
+                break
+            kw["rewriteToken"] = doc["rewriteToken"]
+        return _stat(doc["resource"])
+
     # -- Backend API -------------------------------------------------------------------------
     def open_read(self, parts: Parts) -> BinaryIO:
         path = f"{self.bucket}/{self.key(parts)}"

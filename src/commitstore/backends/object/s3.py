@@ -142,6 +142,26 @@ class S3Backend(ObjectBackend):
         ``tag`` in a fresh HEAD, and deletes right after."""
         self.delete_key(parts, self.key(parts))
 
+    copy_max = 5 * 1024**3  # CopyObject's limit
+
+    def server_copy(self, src: ObjectStat, parts: Parts) -> ObjectStat:
+        """CopyObject, conditioned on the source's ETag (``x-amz-copy-source-if-match``)."""
+        cond = {"CopySourceIfMatch": src.tag} if src.tag else {}
+        source = {"Bucket": self.bucket, "Key": src.key}
+        self.call(
+            "copying to", parts, "copy_object", Key=self.key(parts), CopySource=source, **cond
+        )
+        got = self.head(parts)
+        if got is None:
+            raise CommitError(f"{self.shown(parts)}: gone right after its copy")
+        return got
+
+    def same_content(self, src: ObjectStat, dst: ObjectStat) -> bool:
+        """Sizes, and the ETags when the source's is a plain MD5 (a single-part upload: every
+        file up to ``single_put_max``); a multipart ETag is no digest of the bytes."""
+        plain = src.tag is not None and "-" not in src.tag
+        return src.size == dst.size and (not plain or src.tag == dst.tag)
+
     # -- Backend API -------------------------------------------------------------------
     def mark_empty_folder(self, parts: Parts) -> None:
         """A zero-byte ``name/`` marker: an empty folder exists on S3 only as that."""
