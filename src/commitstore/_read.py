@@ -170,14 +170,16 @@ def get_verified(
             raise
         return
     try:
-        _get_dir(backend, target, dest, rec, validate_name(rec.name), level, progress)
+        _get_dir(
+            backend, target, dest, rec, validate_name(rec.name), level=level, progress=progress
+        )
     except IntegrityError:
         # Not the recorded version: a commit in flight or interrupted may have left the new
         # one, under the name or (an object-store folder replace) in its staged copy.
         result, version, where = locate(backend, rec, level)
         if result.status != "ok" or (version, where) == (rec, validate_name(rec.name)):
             raise
-        _get_dir(backend, target, dest, version, where, level, progress)
+        _get_dir(backend, target, dest, version, where, level=level, progress=progress)
 
 
 def _get_dir(
@@ -186,6 +188,7 @@ def _get_dir(
     dest: Path,
     rec: Record,
     root: tuple[str, ...],
+    *,
     level: str,
     progress: Callable[[int], None] | None,
 ) -> None:
