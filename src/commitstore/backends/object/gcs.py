@@ -17,7 +17,7 @@ import io
 import json
 import os
 import uuid
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 from urllib.parse import quote, unquote, urlsplit
 
 import google_crc32c
@@ -25,6 +25,7 @@ from fsspec.asyn import sync
 
 from commitstore.backends.base import take_options
 from commitstore.backends.object._gcserrors import translate
+from commitstore.backends.object._transport import TranslatedReader
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.backends.object.upload import ObjectStat, Upload, ViewReader, Written, done
 from commitstore.errors import AlreadyExistsError, CommitError, ConfigurationError, NotFoundError
@@ -197,10 +198,11 @@ class GcsBackend(ObjectBackend):
         path = f"{self.bucket}/{self.key(parts)}"
         self.fs.invalidate_cache(path)
         try:
-            f: BinaryIO = self.fs.open(path, "rb", block_size=8 * MiB)
+            f = self.fs.open(path, "rb", block_size=8 * MiB)
         except Exception as exc:
             raise translate(exc, "opening", self.shown(parts)) from exc
-        return f
+        shown = self.shown(parts)
+        return cast(BinaryIO, TranslatedReader(f, lambda exc: translate(exc, "reading", shown)))
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
         """One media GET; the tag is the generation that GET returned."""

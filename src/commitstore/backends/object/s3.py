@@ -20,11 +20,12 @@ import concurrent.futures
 import hashlib
 import io
 import os
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import PendingUpload, take_options
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
+from commitstore.backends.object._transport import TranslatedReader
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.backends.object.upload import ObjectStat, Upload, Written
 from commitstore.errors import CommitError, CommitStoreError, ConfigurationError, NotFoundError
@@ -171,10 +172,11 @@ class S3Backend(ObjectBackend):
         path = f"{self.bucket}/{self.key(parts)}"
         self.fs.invalidate_cache(path)
         try:
-            f: BinaryIO = self.fs.open(path, "rb", block_size=8 * MiB, cache_type="readahead")
+            f = self.fs.open(path, "rb", block_size=8 * MiB, cache_type="readahead")
         except Exception as exc:
             raise translate(exc, "opening", self.shown(parts)) from exc
-        return f
+        shown = self.shown(parts)
+        return cast(BinaryIO, TranslatedReader(f, lambda exc: translate(exc, "reading", shown)))
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
         """One GET; the tag is the ETag of the version that GET returned."""
