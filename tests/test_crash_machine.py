@@ -99,6 +99,8 @@ def factory(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Factor
 KINDS = ["local", "bridge", "smb", "s3"]
 DEFAULT = {"local": (8, 10), "bridge": (3, 8), "smb": (2, 8), "s3": (2, 6)}
 """(examples, steps) per target in the default run: a few seconds each."""
+SOAK = {"local": (60, 20), "bridge": (30, 15), "smb": (30, 15), "s3": (12, 12)}
+"""(examples, steps) per target under soak (S3 on moto: about 25 ms a request)."""
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -115,8 +117,12 @@ def test_crash_machine(kind: str, request: pytest.FixtureRequest, tmp_path: Path
 @pytest.mark.soak
 @pytest.mark.parametrize("kind", KINDS)
 def test_crash_machine_soak(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    examples, steps = SOAK[kind]
     run_crash_machine(
-        factory(kind, request, tmp_path), max_examples=60, steps=20, folder=kind != "bridge"
+        factory(kind, request, tmp_path),
+        max_examples=examples,
+        steps=steps,
+        folder=kind != "bridge",
     )
 
 
