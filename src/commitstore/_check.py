@@ -7,6 +7,7 @@ reads, a :class:`Mismatch` the caller turns into an IntegrityError).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Literal
@@ -23,15 +24,13 @@ from commitstore._scan import (
 from commitstore.backends import Backend, FileInfo
 from commitstore.digest import hash_stream
 from commitstore.errors import (
+    CommitStoreError,
     ConfigurationError,
     IntegrityError,
     InvalidNameError,
     NotFoundError,
 )
-from commitstore.layout import (
-    Parts,
-    validate_name,
-)
+from commitstore.layout import Parts, staged_parts, validate_name
 from commitstore.records import (
     Record,
     RecordFormatError,
@@ -139,14 +138,65 @@ def check(backend: Backend, record: Record, level: str) -> VerifyResult:
 
 def resolve(backend: Backend, record: Record, level: str) -> tuple[VerifyResult, Record]:
     """:func:`check`, plus the version that passed it: ``record``, or the pending version."""
+    result, version, _where = locate(backend, record, level)
+    return result, version
+
+
+STAGED_NOTE = (
+    "the new version, from its staged copy: a folder replace stopped while copying it "
+    "(gc completes it)"
+)
+
+
+RECHECKS = 3
+"""How often a mismatch is checked again against a fresh read of the record when the record
+changed meanwhile (another process overwrote the artifact during the scan); the last time under
+the publish lock, so a busy writer cannot keep a check losing (where the storage has a lock)."""
+
+
+def locate(backend: Backend, record: Record, level: str) -> tuple[VerifyResult, Record, Parts]:
+    """:func:`resolve`, plus where the bytes of that version are: the name itself, or the
+    staged copy of an object-store folder replace that stopped while copying it
+    (``backends/object/dirsink``), which then verifies as the pending version.
+
+    A mismatch is an answer only if the record did not change meanwhile: a scan reads a record,
+    then the data, and a concurrent overwrite may publish its data and record (and drop its
+    pending record) in between. The check then runs again against the fresh record.
+    """
+    found = _locate_once(backend, record, level)
+    for attempt in range(1, RECHECKS):
+        if found[0].status == "ok":
+            return found
+        with backend.publish_lock() if attempt + 1 == RECHECKS else contextlib.nullcontext():
+            try:
+                fresh = read_record(backend, tuple(record.name.split("/")))
+            except (RecordFormatError, CommitStoreError):
+                return found
+            if fresh is None or fresh.record == record:
+                return found  # the record stands: so does the mismatch
+            record = fresh.record
+            found = _locate_once(backend, record, level)
+    return found
+
+
+def _locate_once(
+    backend: Backend, record: Record, level: str
+) -> tuple[VerifyResult, Record, Parts]:
+    parts = tuple(record.name.split("/"))
     result = check_exact(backend, record, level)
     if result.status == "ok":
-        return result, record
+        return result, record, parts
     pending = pending_version(backend, record)
-    if pending is not None and check_exact(backend, pending, level).status == "ok":
+    if pending is None:
+        return result, record, parts
+    if check_exact(backend, pending, level).status == "ok":
         note = "the new version of a commit whose record is pending"
-        return VerifyResult(record.name, "ok", note), pending
-    return result, record
+        return VerifyResult(record.name, "ok", note), pending, parts
+    if pending.kind == "dir" and pending.files:
+        staged = staged_parts(parts, pending.digest)
+        if _check_dir(backend, staged, pending, level).status == "ok":
+            return VerifyResult(record.name, "ok", STAGED_NOTE), pending, staged
+    return result, record, parts
 
 
 def check_exact(backend: Backend, record: Record, level: str) -> VerifyResult:

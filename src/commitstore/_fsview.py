@@ -167,8 +167,8 @@ def open_member(store: CommitStore, rec: Record, member: str) -> BinaryIO:
     """A file of a folder artifact, hashed whole and checked against its entry before any byte
     is handed out (then rewound)."""
     entry = next(f for f in rec.files if f.path == member)
-    validate_name(f"{rec.name}/{member}", inside_folder=True)
-    f = _read._open_data(store.backend, rec, member)
+    parts = validate_name(f"{rec.name}/{member}", inside_folder=True)
+    f = _read._open_parts(store.backend, rec.name, parts)
     try:
         size, digest = hash_stream(f)
         found = compare(

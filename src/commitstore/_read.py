@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from commitstore._check import compare, pending_version, record_of
+from commitstore._check import compare, locate, pending_version, record_of
 from commitstore._scan import read_record
 from commitstore.backends import Backend, PutMode
 from commitstore.backends.rename.posix import LocalBackend
@@ -75,20 +75,24 @@ def _problem(
     return found.error(rec.name)
 
 
-def _open_data(backend: Backend, rec: Record, where: str = "") -> BinaryIO:
-    """Open the data of ``rec`` (``where``: a file inside a folder artifact). Never blocks and
-    never follows a link: a symlink or special file there is an IntegrityError."""
-    parts = validate_name(rec.name)
-    shown = f"{rec.name}/{where}" if where else rec.name
+def _open_data(backend: Backend, rec: Record) -> BinaryIO:
+    """Open the data of file artifact ``rec``. Never blocks and never follows a link: a symlink
+    or special file there is an IntegrityError."""
+    return _open_parts(backend, rec.name, validate_name(rec.name))
+
+
+def _open_parts(backend: Backend, name: str, parts: tuple[str, ...]) -> BinaryIO:
+    """Open ``parts``, stored data of artifact ``name`` (as :func:`_open_data`)."""
+    shown = "/".join(parts)
     try:
-        return backend.open_read((*parts, *where.split("/")) if where else parts)
+        return backend.open_read(parts)
     except NotFoundError as exc:
         raise IntegrityError(
-            f"{shown}: recorded, but its data is missing", name=rec.name, status="missing"
+            f"{shown}: recorded, but its data is missing", name=name, status="missing"
         ) from exc
     except (IntegrityError, InvalidNameError) as exc:
         raise IntegrityError(
-            f"{shown}: not a regular file ({exc})", name=rec.name, status="size_mismatch"
+            f"{shown}: not a regular file ({exc})", name=name, status="size_mismatch"
         ) from exc
 
 
@@ -165,13 +169,39 @@ def get_verified(
             sink.abort()
             raise
         return
+    try:
+        _get_dir(
+            backend, target, dest, rec, validate_name(rec.name), level=level, progress=progress
+        )
+    except IntegrityError:
+        # Not the recorded version: a commit in flight or interrupted may have left the new
+        # one, under the name or (an object-store folder replace) in its staged copy.
+        result, version, where = locate(backend, rec, level)
+        if result.status != "ok" or (version, where) == (rec, validate_name(rec.name)):
+            raise
+        _get_dir(backend, target, dest, version, where, level=level, progress=progress)
+
+
+def _get_dir(
+    backend: Backend,
+    target: Backend,
+    dest: Path,
+    rec: Record,
+    root: tuple[str, ...],
+    *,
+    level: str,
+    progress: Callable[[int], None] | None,
+) -> None:
+    """Copy folder artifact ``rec``, whose files are below ``root``, into ``dest``; every file
+    checked against ``rec`` on the way, and nothing published at ``dest`` unless all pass."""
     dsink = target.open_dir_sink((dest.name,), mode=PutMode.REPLACE)
     try:
         done = 0
         for entry in rec.files:
             out = dsink.local_path.joinpath(*entry.path.split("/"))
             out.parent.mkdir(parents=True, exist_ok=True)
-            with _open_data(backend, rec, entry.path) as src, out.open("wb") as dst:
+            fparts = (*root, *entry.path.split("/"))
+            with _open_parts(backend, rec.name, fparts) as src, out.open("wb") as dst:
                 size, digest = copy_hashed(src, dst.write, progress=progress, start=done)
             done += size
             found = compare(

@@ -12,6 +12,8 @@ import xxhash
 
 ALGORITHM = "xxh3_128"
 READ_CHUNK = 8 * 1024 * 1024
+FIRST_READ = 64 * 1024
+"""The first read of :func:`hash_stream`; later ones double up to its ``chunk``."""
 
 
 class Hasher:
@@ -37,10 +39,11 @@ def digest_bytes(data: bytes | bytearray | memoryview) -> str:
 
 
 def hash_stream(stream: BinaryIO, *, chunk: int = READ_CHUNK) -> tuple[int, str]:
-    """Read ``stream`` to its end; return (bytes read, digest). Constant memory."""
+    """Read ``stream`` to its end; return (bytes read, digest). Constant memory: the read
+    buffer starts small (a scan hashes many small files, and zeroing ``chunk`` bytes for each
+    costs more than hashing them) and doubles up to ``chunk`` while reads fill it."""
     h = Hasher()
-    buf = bytearray(chunk)
-    view = memoryview(buf)
+    view = memoryview(bytearray(min(chunk, FIRST_READ)))
     readinto = getattr(stream, "readinto", None)
     while True:
         if readinto is not None:
@@ -48,6 +51,8 @@ def hash_stream(stream: BinaryIO, *, chunk: int = READ_CHUNK) -> tuple[int, str]
             if not n:
                 break
             h.update(view[:n])
+            if n == len(view) and n < chunk:
+                view = memoryview(bytearray(min(chunk, 2 * n)))
         else:
             data = stream.read(chunk)
             if not data:

@@ -27,6 +27,9 @@ INTENT_HASHED_PREFIX = ".commitstore.newh."
 FOLDERS_DIR = "folders"
 """Below ``.commitstore/``: one marker per multi-writer folder commit in progress on storage
 without staging names (object stores), so gc can find what a dead writer uploaded."""
+STAGED_DIR = "staged"
+STAGED_PREFIX = ".commitstore.stg."
+STAGED_HASHED_PREFIX = ".commitstore.stgh."
 MAX_PART_BYTES = 255
 
 _STEP_RE = re.compile(r"\d+")
@@ -133,6 +136,25 @@ def intent_parts(parts: Parts) -> Parts:
     else:
         leaf = INTENT_PREFIX + leaf[len(RECORD_PREFIX) :]
     return (*head, leaf)
+
+
+def staged_parts(parts: Parts, digest: str) -> Parts:
+    """Where an object-store folder replace uploads the new version of folder ``parts`` before
+    it touches an old file: ``.commitstore/staged/<dir parts>/.commitstore.stg.<last>.<hex>``,
+    ``<hex>`` the 32 hex digits of the new version's folder ``digest`` (so the pending record
+    names its staged copy). A final part too long for that is stored under its xxh3_128
+    (``.commitstore.stgh.<32 hex>.<hex>``)."""
+    *head, last = parts
+    hexpart = digest.rpartition(":")[2]
+    leaf = f"{STAGED_PREFIX}{last}.{hexpart}"
+    if len(leaf.encode("utf-8")) > MAX_PART_BYTES:
+        leaf = f"{STAGED_HASHED_PREFIX}{xxhash.xxh3_128_hexdigest(last.encode())}.{hexpart}"
+    return (META_DIR, STAGED_DIR, *head, leaf)
+
+
+def is_staged_leaf(part: str) -> bool:
+    """True for the folder names :func:`staged_parts` produces."""
+    return part.startswith(STAGED_PREFIX) or part.startswith(STAGED_HASHED_PREFIX)
 
 
 def is_intent_leaf(part: str) -> bool:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from commitstore import _staged
 from commitstore._check import check_exact
 from commitstore._commit import put_small
 from commitstore._scan import read_record, scan_records
@@ -132,6 +133,9 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
             if outcome is not None:  # neither version stands: kept for a person to look at
                 done = removed.pop()
                 kept.append(GcItem(done.path, done.kind, done.age, outcome))
+    for root, mtime in _staged.leftovers(backend):  # staged folder copies now settled
+        if judge("/".join(root), "staging", mtime) and not dry_run:
+            backend.remove(root)
     return GcReport(tuple(removed), tuple(kept), dry_run)
 
 
@@ -166,8 +170,10 @@ def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
 
     The data matches it: the commit stopped after its data step, so it becomes the record (roll
     forward). The data matches the record instead, or there is neither data nor record: the
-    commit stopped before its data step, so it is dropped (roll back). Otherwise (neither
-    version verifies) it is kept and the reason returned.
+    commit stopped before its data step, so it is dropped (roll back; a staged folder copy it
+    names goes with it). Neither, but the whole new folder is in its staged copy (an
+    object-store folder replace stopped while copying): the copies are completed from it and
+    it becomes the record (roll forward). Otherwise it is kept and the reason returned.
     """
     with backend.publish_lock():
         try:
@@ -189,10 +195,15 @@ def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
         elif check_exact(backend, pending, "full").status == "ok":
             if not dry_run:
                 put_small(backend, record_parts(parts), raw, PutMode.REPLACE)
-        elif not (
-            (found is not None and check_exact(backend, found.record, "full").status == "ok")
-            or (found is None and backend.stat(parts) is None)
+        elif (found is not None and check_exact(backend, found.record, "full").status == "ok") or (
+            found is None and backend.stat(parts) is None
         ):
+            pass  # stopped before its data step: the old version stands
+        elif (staged := _staged.staged_whole(backend, pending)) is not None:
+            if not dry_run:  # a folder replace stopped while copying: finish it
+                _staged.roll_forward(backend, pending, staged)
+                put_small(backend, record_parts(parts), raw, PutMode.REPLACE)
+        else:
             return "neither its record nor its pending record matches the data"
         if not dry_run:
             backend.remove(intent)

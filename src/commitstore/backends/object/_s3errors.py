@@ -35,6 +35,8 @@ def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
         return exc
     if isinstance(exc, FileNotFoundError):
         return NotFoundError(f"{shown} does not exist")
+    if type(exc).__name__ == "FileExpired":  # s3fs: the ETag changed between two ranges
+        return NotFoundError(f"{shown} was replaced while it was read")
     if isinstance(exc, FileExistsError):
         return AlreadyExistsError(f"{shown} already exists")
     if "BadDigest" in str(exc) or "XAmzContentSHA256Mismatch" in str(exc):

@@ -1,10 +1,15 @@
 """Transport failures, the same for every object store: the server could not be reached or could
-not answer. Imports nothing optional at module level (a GCS-only or Azure-only install has no
-botocore); a backend adds its own SDK's classes through ``extra``."""
+not answer (and a reader that translates a read failing half-way). Imports nothing optional at
+module level (a GCS-only or Azure-only install has no botocore); a backend adds its own SDK's
+classes through ``extra``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+from collections.abc import Callable
+from typing import Any
 
 UNAVAILABLE_WORDS = (
     "InternalError",
@@ -43,3 +48,42 @@ def short(exc: BaseException) -> str:
     """The first line of an exception's text, at most 200 characters, for messages."""
     text = str(exc).splitlines()[0] if str(exc) else ""
     return text[:200]
+
+
+class TranslatedReader(io.RawIOBase):
+    """A store's file object for reading (s3fs, gcsfs) whose errors are translated into the
+    error tree (``translate``), so nothing raw escapes a read that fails half-way (an object
+    replaced while it is read: s3fs ``FileExpired``)."""
+
+    def __init__(self, f: Any, translate: Callable[[BaseException], Exception]) -> None:
+        super().__init__()
+        self._f, self._translate = f, translate
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        try:
+            data = self._f.read(len(b))
+        except Exception as exc:
+            raise self._translate(exc) from exc
+        n = len(data)
+        b[:n] = data
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        try:
+            return int(self._f.seek(offset, whence))
+        except Exception as exc:
+            raise self._translate(exc) from exc
+
+    def tell(self) -> int:
+        return int(self._f.tell())
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing a reader loses nothing
+            self._f.close()
+        super().close()

@@ -16,6 +16,7 @@ import contextlib
 import io
 import os
 import secrets
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
@@ -28,6 +29,7 @@ from commitstore.backends.object.upload import ObjectStat, Upload, Written
 from commitstore.digest import READ_CHUNK
 from commitstore.errors import (
     AlreadyExistsError,
+    CommitError,
     ConfigurationError,
     IntegrityError,
     NotFoundError,
@@ -37,6 +39,8 @@ from commitstore.layout import Parts
 MiB = 1024 * 1024
 MAX_BLOCKS = 50_000
 T = TypeVar("T")
+COPY_WAIT = 600.0
+"""Seconds a Copy Blob inside the account may stay pending before the copy counts as failed."""
 
 
 class AzureBackend(ObjectBackend):
@@ -127,6 +131,34 @@ class AzureBackend(ObjectBackend):
             parts,
             lambda: client.delete_blob(etag=tag, match_condition=MatchConditions.IfNotModified),
         )
+
+    copy_max = 4 * 1024**4
+
+    def server_copy(self, src: ObjectStat, parts: Parts) -> ObjectStat:
+        """Copy Blob inside the account, conditioned on the source's ETag, waited for until the
+        service reports it finished; anything but ``success`` is a CommitError."""
+        from azure.core import MatchConditions
+
+        source = self.container.get_blob_client(src.key)
+        client = self.blob(parts)
+
+        def run() -> Any:
+            client.start_copy_from_url(
+                source.url,
+                source_etag=src.tag,
+                source_match_condition=MatchConditions.IfNotModified,
+            )
+            deadline = time.monotonic() + COPY_WAIT
+            while True:
+                props = client.get_blob_properties()
+                if props.copy.status != "pending" or time.monotonic() > deadline:
+                    return props
+                time.sleep(0.05)
+
+        props = self.call("copying to", parts, run)
+        if props.copy.status != "success":
+            raise CommitError(f"{self.shown(parts)}: copy {props.copy.status}")
+        return ObjectStat(self.key(parts), int(props.size), _ts(props), props.etag)
 
     # -- Backend API -------------------------------------------------------------------
     def open_read(self, parts: Parts) -> BinaryIO:

@@ -10,6 +10,8 @@ from typing import Any
 from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, FileSink, PutMode
 from commitstore.backends.object.dirsink import ObjectDirSink
 from commitstore.backends.object.upload import ObjectFileSink, ObjectStat, Upload
+from commitstore.digest import copy_hashed
+from commitstore.errors import CommitError
 from commitstore.layout import Parts
 
 
@@ -96,6 +98,53 @@ class ObjectBackend(Backend):
 
     def mark_empty_folder(self, parts: Parts) -> None:
         """Make an empty folder artifact visible where the store can (default: it cannot)."""
+
+    copy_max: int = 0
+    """The largest object :meth:`server_copy` takes in one request; 0: the store has none here,
+    and :meth:`copy_checked` streams the bytes through the client instead."""
+
+    def server_copy(self, src: ObjectStat, parts: Parts) -> ObjectStat:
+        """Copy object ``src`` inside the store to ``parts``, only if ``src`` is still the version
+        its tag names; return a fresh stat of the copy. Implemented where ``copy_max`` > 0."""
+        raise NotImplementedError(f"{type(self).__name__} has no server-side copy")
+
+    def same_content(self, src: ObjectStat, dst: ObjectStat) -> bool:
+        """Whether the store's own metadata shows that ``dst`` holds the bytes of ``src``: sizes,
+        plus the store's checksum where it has one for both."""
+        if src.size != dst.size:
+            return False
+        return src.checksum is None or dst.checksum is None or src.checksum == dst.checksum
+
+    def copy_checked(self, src: Parts, dst: Parts, *, size: int, digest: str) -> None:
+        """Replace ``dst`` with a copy of ``src``, which must be ``size`` bytes of ``digest``.
+
+        Each store's server-side copy (S3 CopyObject, GCS rewrite, Azure Copy Blob) when the
+        object fits one request, conditioned on the version just seen and checked with the
+        store's metadata (:meth:`same_content`); otherwise the bytes are streamed through the
+        client and hashed, and published only if they are ``digest``. ``dst`` is replaced in
+        one step either way (old bytes or new, never a part).
+
+        Raises:
+            CommitError: ``src`` is missing, of another size, or the copy does not match.
+        """
+        found = self.head(src)
+        if found is None or found.size != size:
+            raise CommitError(f"{self.shown(src)}: the staged file is missing or changed")
+        if self.copy_max and size <= self.copy_max:
+            got = self.server_copy(found, dst)
+            if not self.same_content(found, got):
+                raise CommitError(f"{self.shown(dst)}: the server-side copy does not match")
+            return
+        sink = self.open_sink(dst, mode=PutMode.REPLACE)
+        try:
+            with self.open_read(src) as f:
+                copied = copy_hashed(f, sink.write)
+            if copied != (size, digest):
+                raise CommitError(f"{self.shown(src)}: the staged file does not match its record")
+        except BaseException:
+            sink.abort()
+            raise
+        sink.publish(size=size, digest=digest)
 
     def describe_store(self) -> dict[str, Any]:
         """The store's own part of ``describe()`` (endpoint, sizes)."""

@@ -6,14 +6,24 @@ conditional writes the core relies on them and checks nothing, but a folder is m
 sink checks absence itself then; elsewhere the core checks absence under ``publish_lock()`` and the
 sink does not check again. A failed create takes back the files already uploaded.
 
-Replace never deletes before it has uploaded: every new file is uploaded over its key (each object
-replaced in one step, checked by its own upload), and only after all of them are in place are the
-old files the new folder does not contain deleted. A failure mid-upload deletes nothing old: the
-files not yet replaced are still the old ones, the ones replaced already hold the new bytes, and
-files only the new folder has are taken back. Such a mix (and a crash anywhere before the new
-record is written) leaves the folder under its old record, which no longer matches it: ``verify``
-reports it and reads refuse it, nothing passes for whole; committing the folder again completes it.
-Old files are never lost by name, but the old version's bytes of the files already replaced are.
+A replace (``overwrite=True`` over a name that holds something) uploads the whole new version
+before anything old is touched, as a **staged copy** under ``.commitstore/staged/`` (its place is
+derived from the new folder digest, which the pending record carries: ``layout.staged_parts``),
+each file its own checked upload. Only then are the staged files copied over the final keys
+(``ObjectBackend.copy_checked``: the store's server-side copy, checked), the old files the new
+folder lacks deleted, and the staged copy deleted; the core then writes the record. The name
+verifies as the old or the new version at every point:
+
+* until the first copy the final keys hold the old version (the old record matches);
+* from the first copy until the staged copy is deleted, the staged copy is whole: every check
+  that finds the folder matching neither record tries it, and the name verifies (and
+  ``get_file`` reads) as the new version from the staged copy; gc completes the copies (roll
+  forward), as does committing the folder again;
+* after that the final keys hold the new version (the pending record matches).
+
+A failure while uploading the staged copy deletes it and touches nothing old; a failure once the
+copies have started keeps it (old bytes of copied files are gone, so roll-back is impossible) and
+raises CommitError saying that the new version stands and gc completes it.
 """
 
 from __future__ import annotations
@@ -23,13 +33,19 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from commitstore.backends.base import Backend, CommitInfo, DirSink, PutMode
+from commitstore.backends.base import CommitInfo, DirSink, PutMode
 from commitstore.backends.localtree import hash_and_sync_tree
-from commitstore.errors import AlreadyExistsError
-from commitstore.layout import Parts
+from commitstore.digest import manifest_digest
+from commitstore.errors import AlreadyExistsError, CommitError, CommitStoreError
+from commitstore.layout import Parts, staged_parts
+
+if TYPE_CHECKING:
+    from commitstore.backends.object.base import ObjectBackend
 
 CHUNK = 8 * 1024 * 1024
+Files = list[tuple[str, int, str]]
 
 
 class ObjectDirSink(DirSink):
@@ -37,7 +53,7 @@ class ObjectDirSink(DirSink):
 
     def __init__(
         self,
-        backend: Backend,
+        backend: ObjectBackend,
         parts: Parts,
         *,
         mode: PutMode,
@@ -51,16 +67,20 @@ class ObjectDirSink(DirSink):
 
     def publish(self) -> CommitInfo:
         b = self._b
-        replace = self._mode is PutMode.REPLACE
         try:
             files = hash_and_sync_tree(self.local_path)
-            old: set[Parts] = set()
-            old_object = False
-            if replace:
-                old = {rel for rel, _ in b.walk(self._parts)}
-                found = b.stat(self._parts)
-                old_object = found is not None and not found.is_dir  # a file artifact before
-            elif b.capabilities.exclusive_create and b.stat(self._parts) is not None:
+            info = CommitInfo(
+                sum(s for _, s, _ in files),
+                files=files,
+                notes=["object store: files appear one by one; the record commits"],
+            )
+            if self._mode is PutMode.REPLACE and b.stat(self._parts) is not None:
+                self._replace(files)
+                if not files and self._mark_empty is not None:
+                    self._mark_empty()
+                return info
+            creating = self._mode is PutMode.CREATE and b.capabilities.exclusive_create
+            if creating and b.stat(self._parts) is not None:
                 raise AlreadyExistsError(f"{'/'.join(self._parts)} already exists")
             if not files and self._mark_empty is not None:
                 self._mark_empty()
@@ -68,37 +88,66 @@ class ObjectDirSink(DirSink):
             try:
                 for rel, size, digest in files:
                     fparts = (*self._parts, *rel.split("/"))
-                    sink = b.open_sink(fparts, mode=PutMode.REPLACE)
-                    try:
-                        with open(self.local_path / rel, "rb") as src:
-                            while chunk := src.read(CHUNK):
-                                sink.write(memoryview(chunk))
-                    except BaseException:
-                        sink.abort()
-                        raise
-                    sink.publish(size=size, digest=digest)
+                    self._upload(fparts, rel, size, digest)
                     uploaded.append(fparts)
             except BaseException:
-                # No record will claim what was uploaded: take back what no old file had.
-                # A replaced old file is kept (new bytes under the old record: verify sees it).
-                for fparts in uploaded:
-                    if tuple(fparts[len(self._parts) :]) not in old:
-                        with contextlib.suppress(Exception):
-                            b.remove(fparts)
+                for fparts in uploaded:  # no record will claim them: take them back
+                    with contextlib.suppress(Exception):
+                        b.remove(fparts)
                 raise
-            # Every new file is in place and checked: now the old ones it does not contain go.
-            new = {tuple(rel.split("/")) for rel, _, _ in files}
-            for stale in sorted(old - new):
-                b.remove((*self._parts, *stale))
-            if old_object:  # the name held a file artifact: that object goes too
-                b.remove(self._parts)
-            return CommitInfo(
-                sum(s for _, s, _ in files),
-                files=files,
-                notes=["object store: files appear one by one; the record commits"],
-            )
+            return info
         finally:
             shutil.rmtree(self.local_path, ignore_errors=True)
 
+    def _upload(self, fparts: Parts, rel: str, size: int, digest: str) -> None:
+        sink = self._b.open_sink(fparts, mode=PutMode.REPLACE)
+        try:
+            with open(self.local_path / rel, "rb") as src:
+                while chunk := src.read(CHUNK):
+                    sink.write(memoryview(chunk))
+        except BaseException:
+            sink.abort()
+            raise
+        sink.publish(size=size, digest=digest)
+
     def abort(self) -> None:
         shutil.rmtree(self.local_path, ignore_errors=True)
+
+    def _replace(self, files: Files) -> None:
+        """Stage the whole new version, then copy it over the old one (see the module doc)."""
+        b = self._b
+        root = staged_parts(self._parts, manifest_digest(files))
+        try:
+            for rel, size, digest in files:
+                self._upload((*root, *rel.split("/")), rel, size, digest)
+        except BaseException:
+            with contextlib.suppress(Exception):  # nothing old was touched
+                b.remove(root)
+            raise
+        name = "/".join(self._parts)
+        try:
+            complete_replace(b, self._parts, files, root)
+        except CommitStoreError as exc:
+            raise CommitError(
+                f"{name}: the folder replace stopped while copying its staged files ({exc}); "
+                "the staged copy is whole and kept: the name verifies as the old version until "
+                "a file is copied, as the new one (from the staged copy) after that, and gc "
+                "(or committing the folder again) completes the replace"
+            ) from exc
+
+
+def complete_replace(b: ObjectBackend, parts: Parts, files: Files, root: Parts) -> None:
+    """Copy every staged file under ``root`` over its final key below ``parts``, delete the
+    files the new version lacks (and an object at ``parts`` itself: a file artifact before),
+    then the staged copy. Idempotent: run again after a crash or failure (gc's roll-forward),
+    it finishes the same replace. Raises what the store raises; the staged copy stays then."""
+    new = {tuple(rel.split("/")) for rel, _, _ in files}
+    for rel, size, digest in files:
+        fparts = tuple(rel.split("/"))
+        b.copy_checked((*root, *fparts), (*parts, *fparts), size=size, digest=digest)
+    old = {rel for rel, _info in b.walk(parts)}
+    for stale in sorted(old - new):
+        b.remove((*parts, *stale))
+    if b.head(parts) is not None:  # the name held a file artifact: that object goes too
+        b.delete_key(parts, b.key(parts))
+    b.remove(root)

@@ -17,7 +17,7 @@ import io
 import json
 import os
 import uuid
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 from urllib.parse import quote, unquote, urlsplit
 
 import google_crc32c
@@ -26,6 +26,7 @@ from fsspec.asyn import sync
 from commitstore._secrets import leaks, redact, secret_values, stand_in
 from commitstore.backends.base import take_options
 from commitstore.backends.object._gcserrors import translate
+from commitstore.backends.object._transport import TranslatedReader
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.backends.object.upload import ObjectStat, Upload, ViewReader, Written, done
 from commitstore.errors import (
@@ -188,15 +189,41 @@ class GcsBackend(ObjectBackend):
             ifGenerationMatch=tag,
         )
 
+    copy_max = 5 * 1024**4  # a rewrite may take several calls; each is followed to the end
+
+    def server_copy(self, src: ObjectStat, parts: Parts) -> ObjectStat:
+        """The rewrite API, conditioned on the source's generation (``ifSourceGenerationMatch``)
+        and followed until done; the copy's CRC32C must be the source's (``same_content``)."""
+        kw: dict[str, Any] = {"ifSourceGenerationMatch": src.tag} if src.tag else {}
+        path = "b/{}/o/{}/rewriteTo/b/{}/o/{}"
+        while True:
+            doc = self.call(
+                "copying to",
+                parts,
+                "POST",
+                path,
+                self.bucket,
+                src.key,
+                self.bucket,
+                self.key(parts),
+                json_out=True,
+                **kw,
+            )
+            if doc.get("done", True):
+                break
+            kw["rewriteToken"] = doc["rewriteToken"]
+        return _stat(doc["resource"])
+
     # -- Backend API -------------------------------------------------------------------------
     def open_read(self, parts: Parts) -> BinaryIO:
         path = f"{self.bucket}/{self.key(parts)}"
         self.fs.invalidate_cache(path)
         try:
-            f: BinaryIO = self.fs.open(path, "rb", block_size=8 * MiB)
+            f = self.fs.open(path, "rb", block_size=8 * MiB)
         except Exception as exc:
             raise translate(exc, "opening", self.shown(parts)) from exc
-        return f
+        shown = self.shown(parts)
+        return cast(BinaryIO, TranslatedReader(f, lambda exc: translate(exc, "reading", shown)))
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
         """One media GET; the tag is the generation that GET returned."""

@@ -20,11 +20,12 @@ import concurrent.futures
 import hashlib
 import io
 import os
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import PendingUpload, take_options
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
+from commitstore.backends.object._transport import TranslatedReader
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.backends.object.upload import ObjectStat, Upload, Written
 from commitstore.errors import CommitError, CommitStoreError, ConfigurationError, NotFoundError
@@ -142,6 +143,26 @@ class S3Backend(ObjectBackend):
         ``tag`` in a fresh HEAD, and deletes right after."""
         self.delete_key(parts, self.key(parts))
 
+    copy_max = 5 * 1024**3  # CopyObject's limit
+
+    def server_copy(self, src: ObjectStat, parts: Parts) -> ObjectStat:
+        """CopyObject, conditioned on the source's ETag (``x-amz-copy-source-if-match``)."""
+        cond = {"CopySourceIfMatch": src.tag} if src.tag else {}
+        source = {"Bucket": self.bucket, "Key": src.key}
+        self.call(
+            "copying to", parts, "copy_object", Key=self.key(parts), CopySource=source, **cond
+        )
+        got = self.head(parts)
+        if got is None:
+            raise CommitError(f"{self.shown(parts)}: gone right after its copy")
+        return got
+
+    def same_content(self, src: ObjectStat, dst: ObjectStat) -> bool:
+        """Sizes, and the ETags when the source's is a plain MD5 (a single-part upload: every
+        file up to ``single_put_max``); a multipart ETag is no digest of the bytes."""
+        plain = src.tag is not None and "-" not in src.tag
+        return src.size == dst.size and (not plain or src.tag == dst.tag)
+
     # -- Backend API -------------------------------------------------------------------
     def mark_empty_folder(self, parts: Parts) -> None:
         """A zero-byte ``name/`` marker: an empty folder exists on S3 only as that."""
@@ -151,10 +172,11 @@ class S3Backend(ObjectBackend):
         path = f"{self.bucket}/{self.key(parts)}"
         self.fs.invalidate_cache(path)
         try:
-            f: BinaryIO = self.fs.open(path, "rb", block_size=8 * MiB, cache_type="readahead")
+            f = self.fs.open(path, "rb", block_size=8 * MiB, cache_type="readahead")
         except Exception as exc:
             raise translate(exc, "opening", self.shown(parts)) from exc
-        return f
+        shown = self.shown(parts)
+        return cast(BinaryIO, TranslatedReader(f, lambda exc: translate(exc, "reading", shown)))
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
         """One GET; the tag is the ETag of the version that GET returned."""

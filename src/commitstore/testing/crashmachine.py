@@ -1,0 +1,268 @@
+"""A Hypothesis state machine over several processes: commits and overwrites (files and a
+folder) run in forked writer processes that are SIGKILLed at a chosen step of the commit, beside
+in-process commits, deletes, prunes, gc and bit flips through the backdoor; checked against a
+model of which versions each name may verify as.
+
+Invariants, after every step: every committed name verifies as one of its model versions (or is
+one the machine damaged); a name the model says is committed is listed; and after ``prune`` and
+``gc``, when an artifact verified before the call, ``latest(level="full")`` is not None and is one
+of the model's versions. Runs on any :class:`Target` whose store a forked child can reopen.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from commitstore import CommitStore, NotFoundError
+from commitstore import _commit as commit_module
+from commitstore.testing.target import Target, record_path
+
+FILES = ("s_1", "s_2", "d/s_3")
+FOLDER = "f/ckpt_4"
+DATA = st.binary(min_size=1, max_size=200)
+POINTS = ("writing", "before-pending", "before-record", "before-cleanup", "mid-copy")
+"""Where a writer is killed: while its bytes are staged; before its pending record is written;
+after its data is published, before its record; after its record, before the pending record is
+dropped; during the copies of an object-store folder replace (other commits finish there)."""
+
+Version = bytes | tuple[tuple[str, bytes], ...] | None
+"""A file's bytes, a folder's (path, bytes) pairs, or None: not committed."""
+
+
+def folder_files(data: bytes) -> tuple[tuple[str, bytes], ...]:
+    """The folder version the machine commits for ``data``."""
+    return (("a.bin", data), ("sub/b.bin", data[::-1] + b"!"))
+
+
+def version_of(name: str, data: bytes) -> Version:
+    return folder_files(data) if name == FOLDER else data
+
+
+def _write(store: CommitStore, name: str, data: bytes) -> None:
+    if name != FOLDER:
+        store.put_bytes(name, data, overwrite=True)
+        return
+    with store.stage_dir(name, overwrite=True) as d:
+        for rel, body in folder_files(data):
+            (d / rel).parent.mkdir(parents=True, exist_ok=True)
+            (d / rel).write_bytes(body)
+
+
+def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) -> None:
+    """In the child: make the commit stop for good (until SIGKILL) at ``point``."""
+    backend: Any = store.committer.backend
+    calls = [0]
+    put_small = commit_module.put_small
+
+    def counted_put(*args: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        if (point, calls[0]) in (("before-pending", 1), ("before-record", 2)):
+            signal_parent()
+        return put_small(*args, **kw)
+
+    commit_module.put_small = counted_put  # in the child only
+    if point == "before-cleanup":
+        remove = backend.remove
+
+        def stopping_remove(parts: tuple[str, ...]) -> bool:
+            if ".commitstore.new." in "/".join(parts):
+                signal_parent()
+            return bool(remove(parts))
+
+        backend.remove = stopping_remove
+    if point == "mid-copy" and hasattr(backend, "server_copy"):
+        copy = backend.server_copy
+
+        def stopping_copy(*args: Any, **kw: Any) -> Any:
+            got = copy(*args, **kw)
+            signal_parent()
+            return got
+
+        backend.server_copy = stopping_copy
+
+
+def crash_commit(target: Target, name: str, data: bytes, point: str) -> bool:
+    """Fork a writer that opens the store anew and commits ``data`` as ``name``; SIGKILL it at
+    ``point``. True if it was killed there, False if it finished first (no such point)."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(ready_r)
+
+            def signal_parent() -> None:
+                os.write(ready_w, b"k")
+                time.sleep(600)
+
+            store = target.reopen()
+            if point == "writing":
+                st_ = store.stage(name, overwrite=True)
+                st_.write(data[: len(data) // 2 + 1])
+                signal_parent()
+            _stop_at(point, store, signal_parent)
+            _write(store, name, data)
+            os.write(ready_w, b"d")
+        except BaseException:
+            os.write(ready_w, b"e")
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    try:
+        got = os.read(ready_r, 1)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(ready_r)
+    assert got in (b"k", b"d"), f"the writer failed before {point}"
+    return got == b"k"
+
+
+@contextmanager
+def _scratch() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="crashmachine-") as d:
+        yield Path(d)
+
+
+def read_version(store: CommitStore, name: str) -> Version:
+    """What ``name`` reads as through the store (checked reads)."""
+    if name != FOLDER:
+        return store.read_bytes(name)
+    with _scratch() as d:
+        store.get_file(name, d / "out")
+        files = sorted(p for p in (d / "out").rglob("*") if p.is_file())
+        return tuple((str(p.relative_to(d / "out")), p.read_bytes()) for p in files)
+
+
+def run_crash_machine(
+    make_target: Callable[[], Target],
+    *,
+    max_examples: int = 3,
+    steps: int = 8,
+    folder: bool = True,
+) -> None:
+    """Run the machine; every example gets a fresh target (an empty store) from
+    ``make_target``. ``folder=False`` leaves the folder artifact out (files only)."""
+    names = st.sampled_from([*FILES, FOLDER] if folder else list(FILES))
+
+    class CrashMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.t = make_target()
+            self.store = self.t.store
+            self.model: dict[str, set[Version]] = {n: {None} for n in (*FILES, FOLDER)}
+            self.damaged: set[str] = set()
+
+        def committed(self, name: str) -> bool:
+            return self.t.door.read(record_path(name)) is not None
+
+        def verifying(self) -> set[str]:
+            return {r.name for r in self.store.list() if self.store.verify(r.name).ok}
+
+        def check_latest(self, before: set[str]) -> None:
+            if not before:
+                return
+            found = self.store.latest(level="full")
+            assert found is not None, f"nothing verifies after maintenance; before: {before}"
+            assert read_version(self.store, found.name) in self.model[found.name]
+
+        @rule(name=names, data=DATA)
+        def commit(self, name: str, data: bytes) -> None:
+            _write(self.store, name, data)
+            self.model[name] = {version_of(name, data)}
+            self.damaged.discard(name)
+
+        @rule(name=names, data=DATA, point=st.sampled_from(POINTS))
+        def killed_commit(self, name: str, data: bytes, point: str) -> None:
+            had_record = self.committed(name)
+            new = version_of(name, data)
+            if not crash_commit(self.t, name, data, point):
+                self.model[name] = {new}  # nothing to stop at: the commit finished
+                self.damaged.discard(name)
+            elif point in ("before-record", "mid-copy"):
+                self.model[name] = {new} if had_record else {None, new}
+                self.damaged.discard(name)
+            elif point == "before-cleanup":
+                self.model[name] = {new}
+                self.damaged.discard(name)
+            # "writing", "before-pending": nothing was published; the model stands
+
+        @rule(name=names, old=DATA, data=DATA, point=st.sampled_from(POINTS))
+        def killed_overwrite(self, name: str, old: bytes, data: bytes, point: str) -> None:
+            self.commit(name, old)
+            self.killed_commit(name, data, point)
+
+        @rule(name=names)
+        def delete(self, name: str) -> None:
+            try:
+                self.store.delete(name)
+            except NotFoundError:
+                assert None in self.model[name]
+            self.model[name] = {None}
+            self.damaged.discard(name)
+
+        @rule(name=st.sampled_from(FILES), pos=st.integers(0, 199))
+        def flip(self, name: str, pos: int) -> None:
+            (only,) = self.model[name] if len(self.model[name]) == 1 else (None,)
+            if not isinstance(only, bytes):
+                return
+            damaged = bytearray(only)
+            damaged[pos % len(damaged)] ^= 0x10
+            self.t.door.write(name, bytes(damaged))
+            self.damaged.add(name)
+
+        @rule(keep=st.integers(1, 3))
+        def prune(self, keep: int) -> None:
+            before = self.verifying()
+            report = self.store.prune(keep_last=keep, min_age=0)
+            for name in report.deleted:
+                self.model[name] = {None}
+                self.damaged.discard(name)
+            self.check_latest(before)
+
+        @rule()
+        def gc(self) -> None:
+            before = self.verifying()
+            self.store.gc(min_age=0)
+            self.check_latest(before)
+            listed = {r.name for r in self.store.list()}
+            for name in self.model:  # gc settled every commit it could: collapse the model
+                if name in listed and self.store.verify(name).ok:
+                    got = read_version(self.store, name)
+                    assert got in self.model[name]
+                    self.model[name] = {got}
+                elif name not in listed and not self.committed(name):
+                    assert None in self.model[name]
+
+        @invariant()
+        def committed_names_verify_as_a_model_version(self) -> None:
+            listed = {r.name for r in self.store.list()}
+            for name, versions in self.model.items():
+                if name not in listed:
+                    assert None in versions or name in self.damaged, f"{name} lost: {versions}"
+                    continue
+                assert versions != {None}, f"{name} listed but deleted in the model"
+                if self.store.verify(name).ok:
+                    assert read_version(self.store, name) in versions
+                else:
+                    assert name in self.damaged, f"{name} does not verify"
+
+    run_state_machine_as_test(
+        CrashMachine,
+        settings=settings(
+            max_examples=max_examples,
+            stateful_step_count=steps,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
