@@ -74,15 +74,12 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
         text = os.fspath(path)
         if not isinstance(text, str):
             raise InvalidNameError(f"checkpoint path must be text, not {text!r}")
-        candidates = [text]
-        if "://" not in text and os.path.isabs(text):
-            candidates.append(os.path.normpath(text))
-        for cand in candidates:
-            for prefix in self._prefixes:
-                if cand.startswith(prefix):
-                    name = cand[len(prefix) :]
-                    validate_name(name)
-                    return name
+        cand = os.path.normpath(text) if "://" not in text and os.path.isabs(text) else text
+        for prefix in self._prefixes:
+            if cand.startswith(prefix):
+                name = cand[len(prefix) :]
+                validate_name(name)
+                return name
         raise InvalidNameError(
             f"{text!r} is not under the store's root ({self.store.url}); give ModelCheckpoint "
             "a dirpath inside it"
