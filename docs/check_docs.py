@@ -3,12 +3,18 @@
 - The example record in docs/format.md parses with the real decoder and round-trips.
 - Every public name of ``commitstore`` is mentioned in the README or docs.
 - The layout paths in docs/format.md match what the code computes.
+- Every ```python block after a ``<!-- run -->`` marker in docs/*.md runs without error, each in a
+  fresh empty folder (its own interpreter state: ``runpy`` over a temporary file).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import runpy
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 
 import commitstore
@@ -37,10 +43,35 @@ def main() -> int:
     for name in commitstore.__all__:
         if name != "__version__" and name not in text:
             problems.append(f"public name {name} is not documented")
+    problems += run_examples()
     for p in problems:
         print(f"docs: {p}", file=sys.stderr)
     print("docs: ok" if not problems else f"docs: {len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+RUN = re.compile(r"<!-- run -->\s*```python\n(.*?)```", re.S)
+
+
+def run_examples() -> list[str]:
+    """Run every marked example; one problem per failing block (with its traceback)."""
+    problems = []
+    here = os.getcwd()
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for i, match in enumerate(RUN.finditer(doc.read_text())):
+            with tempfile.TemporaryDirectory(prefix="commitstore-doc-") as tmp:
+                script = Path(tmp) / f"{doc.stem}_{i}.py"
+                script.write_text(match.group(1))
+                os.chdir(tmp)
+                try:
+                    runpy.run_path(str(script), run_name="__main__")
+                except BaseException:  # the example's failure, whatever it is, is the report
+                    problems.append(
+                        f"{doc.name}: example {i + 1} failed:\n{traceback.format_exc()}"
+                    )
+                finally:
+                    os.chdir(here)
+    return problems
 
 
 if __name__ == "__main__":

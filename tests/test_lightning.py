@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-pl = pytest.importorskip("lightning.pytorch")
+pytest.importorskip("lightning.pytorch")
 
+import lightning.pytorch as pl  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from commitstore import CommitStore, InvalidNameError, open_store  # noqa: E402
@@ -163,7 +164,7 @@ def _kill_inside_last_save_at_step(step: int) -> None:
         save(self, checkpoint, path, **kw)
 
     Stage.write = write  # type: ignore[method-assign]
-    CommitStoreCheckpointIO.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+    CommitStoreCheckpointIO.save_checkpoint = save_checkpoint  # type: ignore[method-assign,assignment]
 
 
 _saving_step = [-1]

@@ -117,6 +117,7 @@ def test_records_without_alias_keep_their_bytes(tmp_path: Path) -> None:
     aliased = decode_record(json.dumps({**doc, "alias": True}).encode())
     assert aliased.alias and decode_record(encode_record(aliased)) == aliased
     assert decode_record(json.dumps({**doc, "alias": False}).encode()).alias is False
-    for bad in ("yes", 1, None, []):
+    bads: list[object] = ["yes", 1, None, []]
+    for bad in bads:
         with pytest.raises(RecordFormatError):
             decode_record(json.dumps({**doc, "alias": bad}).encode())
