@@ -112,6 +112,19 @@ def test_paths_outside_the_root_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidNameError):
         io.save_checkpoint({"global_step": 1}, tmp_path / "out.ckpt")
     assert not (tmp_path / "out.ckpt").exists()
+    # A remote store: paths under its URL (what Lightning is given as dirpath) map to names.
+    remote = CommitStoreCheckpointIO(open_store("memory://lightning-paths"))
+    assert remote.name_of("memory://lightning-paths/ckpts/last.ckpt") == "ckpts/last.ckpt"
+    for bad in ("memory://other/last.ckpt", "memory://lightning-paths/../x.ckpt"):
+        with pytest.raises(InvalidNameError):
+            remote.name_of(bad)
+    remote.save_checkpoint({"global_step": 3}, "memory://lightning-paths/ckpts/last.ckpt")
+    rec = remote.store.record("ckpts/last.ckpt")
+    assert rec.alias and rec.step == 3
+    assert remote.load_checkpoint("memory://lightning-paths/ckpts/last.ckpt") == {"global_step": 3}
+    remote.remove_checkpoint("memory://lightning-paths/ckpts/last.ckpt")
+    remote.remove_checkpoint("memory://lightning-paths/ckpts/last.ckpt")  # gone: not an error
+    assert remote.store.list() == []
 
 
 def test_fit_killed_mid_save_resumes_from_a_whole_checkpoint(tmp_path: Path) -> None:
