@@ -194,8 +194,9 @@ def test_torch_errors_are_typed(tmp_path: Path, caplog: pytest.LogCaptureFixture
         cs_torch.load("not a store", "x.pt")  # type: ignore[arg-type]
     # weights_only=True (the default) refuses a pickled class; False loads it.
     cs_torch.save({"p": Path("/x")}, store, "obj.pt")
-    with pytest.raises(CommitStoreError, match=r"torch\.load failed"):
+    with pytest.raises(cs_torch.TorchLoadError, match=r"torch\.load failed"):
         cs_torch.load(store, "obj.pt")
+    assert issubclass(cs_torch.TorchLoadError, CommitStoreError)
     assert cs_torch.load(store, "obj.pt", weights_only=False) == {"p": Path("/x")}
 
 

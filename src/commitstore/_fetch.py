@@ -6,7 +6,8 @@ appears only if its bytes matched the record. A cached file is trusted by its na
 second fetch of the same version reads the record (one small read) and ``lstat``\\ s the cached
 file, and reads none of the artifact. What is checked on a hit: the name (derived from the
 record's digest), a regular file (not a symlink), the recorded size; the bytes are not hashed
-again (``rehash=True`` does). A cache folder is as trusted as the user who owns it.
+again (``rehash=True`` does). A cache folder is as trusted as the user who owns it. A fetch killed
+midway leaves only a staging file (``.commitstore.tmp.*``), never a file under a digest's name.
 """
 
 from __future__ import annotations

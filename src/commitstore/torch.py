@@ -31,7 +31,7 @@ from commitstore.layout import validate_name
 from commitstore.records import Record
 from commitstore.store import CommitStore
 
-__all__ = ["load", "load_with_record", "save"]
+__all__ = ["TorchLoadError", "load", "load_with_record", "save"]
 
 log = logging.getLogger("commitstore")
 
@@ -85,8 +85,8 @@ def load(
     Raises:
         InvalidNameError, ConfigurationError: bad arguments. NotFoundError: ``name`` is not
             committed, or (``name=None``) nothing verifies and loads. IntegrityError: ``name``'s
-            bytes fail their record. CommitStoreError: ``torch.load`` refused verified bytes
-            (chained to torch's exception).
+            bytes fail their record. TorchLoadError (a CommitStoreError): ``torch.load`` refused
+            verified bytes (chained to torch's exception).
     """
     return load_with_record(
         store,
@@ -116,43 +116,44 @@ def load_with_record(
     check_flag(mmap, "mmap")
     folder = check_cache_dir(cache_dir) if mmap else None
     if name is not None:
-        return _load_one(store, store.record(name), map_location, weights_only, folder)
+        return _load_one(store, name, map_location, weights_only, folder)
     for rec in reversed(store.list()):
         if rec.kind != "file":
             continue
         try:
-            return _load_one(store, rec, map_location, weights_only, folder)
-        except (IntegrityError, NotFoundError, _NotLoadable) as exc:
+            return _load_one(store, rec.name, map_location, weights_only, folder)
+        except (IntegrityError, NotFoundError, TorchLoadError) as exc:
             log.warning("torch.load: skipping %s: %s", rec.name, exc)
     raise NotFoundError(f"{store.url}: no committed artifact verifies and loads with torch.load")
 
 
-class _NotLoadable(CommitStoreError):
-    """Verified bytes that ``torch.load`` refused."""
+class TorchLoadError(CommitStoreError):
+    """``torch.load`` refused bytes that matched their record (not a torch file, or a pickled
+    object that ``weights_only=True`` does not allow); chained to torch's exception."""
 
 
 def _load_one(
     store: CommitStore,
-    rec: Record,
+    name: str,
     map_location: Any,
     weights_only: bool,
     folder: Path | None,
 ) -> tuple[Any, Record]:
-    if rec.kind != "file":
-        raise ConfigurationError(f"{rec.name} is a folder artifact, not a torch.save file")
+    """One verified read of ``name`` (its record, then its bytes once), then ``torch.load``.
+    A folder artifact is a ConfigurationError (from the readers)."""
     source: Any
     if folder is not None:
-        path, got = _fetch.fetch(store.backend, store.url, rec.name, folder)
+        path, got = _fetch.fetch(store.backend, store.url, name, folder)
         source = str(path)
     else:
-        data, got = _read.read_with_record(store.backend, store.url, rec.name, "full")
+        data, got = _read.read_with_record(store.backend, store.url, name, "full")
         source = io.BytesIO(data)
     try:
         obj = torch.load(
             source, map_location=map_location, weights_only=weights_only, mmap=folder is not None
         )
     except Exception as exc:
-        raise _NotLoadable(f"{rec.name}: torch.load failed: {exc}") from exc
+        raise TorchLoadError(f"{name}: torch.load failed: {exc}") from exc
     return obj, got
 
 
