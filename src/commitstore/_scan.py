@@ -81,7 +81,7 @@ def read_intent(backend: Backend, parts: Parts) -> StoredRecord | None:
 
 
 def list_records(backend: Backend) -> list[Record]:
-    """Committed artifacts (valid records only), oldest to newest."""
+    """Committed artifacts (valid records only), oldest to newest (``_order.arrange``)."""
     records, _bad = scan_records(backend)
     return arrange_records(records)
 

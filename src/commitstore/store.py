@@ -374,7 +374,8 @@ class CommitStore:
         return _check.record_of(self.backend, self.url, name).record
 
     def list(self) -> list[Record]:
-        """Committed artifacts (valid records only), oldest to newest by step."""
+        """Committed artifacts (valid records only), oldest to newest: by step; artifacts without
+        one by commit time, placed among the stepped ones by it (``docs/format.md``)."""
         return _scan.list_records(self.backend)
 
     def verify(self, name: str | None = None, *, level: str = "full") -> VerifyReport:
