@@ -57,7 +57,11 @@ case "$cmd" in
         fi
         venv "[test]"
         export COMMITSTORE_REQUIRE_SERVERS=1
-        exec "$VENV/bin/python" -m pytest "$@"
+        # One worker per core (at most 4); each test file runs whole in one worker, so its
+        # module-scoped servers start once. COMMITSTORE_TEST_WORKERS=0 runs in this process.
+        workers=${COMMITSTORE_TEST_WORKERS:-$(nproc)}
+        [ "$workers" -gt 4 ] && workers=4
+        exec "$VENV/bin/python" -m pytest -n "$workers" --dist loadfile "$@"
         ;;
     lint)
         venv "[test,lint,typecheck]"

@@ -29,7 +29,8 @@ def tests(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-e", ".[test]")
     session.env["COMMITSTORE_REQUIRE_SERVERS"] = "1"
-    session.run("pytest", *session.posargs)
+    workers = str(min(os.cpu_count() or 1, 4))
+    session.run("pytest", "-n", workers, "--dist", "loadfile", *session.posargs)
 
 
 @nox.session
@@ -123,6 +124,7 @@ def soak(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-e", ".[test]")
     session.env["COMMITSTORE_REQUIRE_SERVERS"] = "1"
+    session.env["COMMITSTORE_SOAK"] = "1"
     session.run("pytest", "-p", "no:cacheprovider", "-m", "soak", *session.posargs)
 
 

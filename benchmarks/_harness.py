@@ -1,9 +1,19 @@
-"""Shared benchmark harness: one operation per fresh process, alternating pairs, median ratios."""
+"""Shared benchmark harness: one operation per fresh process, alternating pairs, median ratios.
+
+Each run is a fresh worker process (so its peak RSS is its own) that times the operation alone
+with ``time.perf_counter`` (see ``benchmarks.worker``). :func:`report` prints the results and
+writes ``benchmarks/results/<suite>.json``: the commit, the machine (CPU count, memory, load),
+and for each measurement every run's seconds, the medians, the ratio and its target.
+``docs/benchmarks.md`` shows tables rendered from those files (``python -m benchmarks.render``),
+and the docs check fails when a table differs from its file.
+"""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -13,6 +23,7 @@ from typing import Any
 
 MiB = 1024 * 1024
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def run(op: str, target: str, size: int, env: dict[str, str] | None = None) -> dict[str, float]:
@@ -44,29 +55,95 @@ def pair(
     """Time ``base`` and ``ours`` ``repeat`` times each, alternating order; medians and ratio."""
     times: dict[str, list[float]] = {base: [], ours: []}
     rss: list[float] = []
+    base_rss: list[float] = []
     for i in range(repeat):
         for op in (base, ours) if i % 2 == 0 else (ours, base):
             if clear is not None:
                 clear()  # untimed: every write starts from the same state
             r = run(op, target, size, env)
             times[op].append(r["seconds"])
-            if op == ours:
-                rss.append(r["maxrss_kib"])
+            (rss if op == ours else base_rss).append(r["maxrss_kib"])
     b, o = statistics.median(times[base]), statistics.median(times[ours])
     return {
         "baseline": base,
         "ours": ours,
+        "size_bytes": size,
+        "baseline_runs_s": times[base],
+        "ours_runs_s": times[ours],
         "baseline_s": b,
         "ours_s": o,
         "ratio": o / b,
         "baseline_mib_s": size / b / MiB,
         "ours_mib_s": size / o / MiB,
         "peak_rss_mib": max(rss) / 1024,
+        "baseline_peak_rss_mib": max(base_rss) / 1024,
     }
 
 
-def report(title: str, results: dict[str, dict[str, Any]], targets: dict[str, float]) -> None:
-    """Print one line per result (time ratio ours/baseline: lower is better) and the JSON."""
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on (they are only comparable within one run)."""
+    mem_kib = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def commit() -> str:
+    """The measured commit, with ``+dirty`` when the work tree had uncommitted changes."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def write_results(
+    suite: str, title: str, measurements: dict[str, dict[str, Any]], *, notes: str = ""
+) -> Path:
+    """Write ``benchmarks/results/<suite>.json`` (what ``docs/benchmarks.md`` is rendered from)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "suite": suite,
+        "title": title,
+        "notes": notes,
+        "commit": commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "measurements": measurements,
+    }
+    out = RESULTS / f"{suite}.json"
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out.relative_to(ROOT)}")
+    return out
+
+
+def report(
+    title: str,
+    results: dict[str, dict[str, Any]],
+    targets: dict[str, float],
+    *,
+    suite: str | None = None,
+    notes: str = "",
+) -> None:
+    """Print one line per result (time ratio ours/baseline: lower is better) and the JSON; with
+    ``suite``, also write ``benchmarks/results/<suite>.json`` (see the module docstring)."""
+    for name, r in results.items():
+        limit = targets.get(name)
+        r["target"] = limit
+        r["meets"] = None if limit is None else bool(r["ratio"] <= limit)
+    if suite is not None:
+        write_results(suite, title, results, notes=notes)
     print(title)
     for name, r in results.items():
         limit = targets.get(name)

@@ -42,4 +42,5 @@ def main(args: argparse.Namespace) -> None:
         f"bridge (FUSE passthrough, Python), {size // MiB} MiB, {args.repeat} runs each, medians",
         results,
         {},
+        suite="bridge",
     )

@@ -34,4 +34,5 @@ def main(args: argparse.Namespace) -> None:
         f"gcs (fake-gcs-server), {size // MiB} MiB, {args.repeat} runs each, medians",
         results,
         {"gcs: put_file vs gcsfs_put_file": 1.0},
+        suite="gcs",
     )

@@ -90,4 +90,5 @@ def main(args: argparse.Namespace) -> None:
         f"mirrors, 20 x {size // 20 // MiB} MiB, {args.repeat} runs each, medians",
         results,
         {BLOCKING: 1.10, SYNC: 1.0, SYNC_PARALLEL: 1.0},
+        suite="mirrors",
     )

@@ -74,4 +74,5 @@ def main(args: argparse.Namespace) -> None:
         "baseline per server)",
         results,
         targets,
+        suite="s3",
     )

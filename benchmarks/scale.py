@@ -17,6 +17,11 @@ from tests.helpers.s3servers import MotoServer
 
 from commitstore import CommitStore, open_store
 
+from ._harness import write_results
+
+TARGET_S = {"moto, cold": 5.0, "local": 1.0}
+"""Wall-time targets per measurement (each of the prune plan and ``latest``)."""
+
 COUNTED = ("walk", "open_read", "read_small", "stat")
 
 
@@ -48,7 +53,7 @@ def _fill(store: CommitStore, n: int) -> None:
         list(pool.map(lambda i: store.put_bytes(f"ckpt/step_{i:06d}.pt", b"x" * 64), range(n)))
 
 
-def _measure(label: str, store: CommitStore, n: int) -> None:
+def _measure(label: str, store: CommitStore, n: int) -> dict[str, Any]:
     counts = _count(store)
     t0 = time.perf_counter()
     report = store.prune(keep_last=12, keep_every=1000, min_age=0, dry_run=True)
@@ -65,13 +70,23 @@ def _measure(label: str, store: CommitStore, n: int) -> None:
         f"{len(report.deleted)} would go; calls {prune_counts}; "
         f"latest(size) {t_latest:.2f} s, calls {counts}"
     )
+    return {
+        "artifacts": n,
+        "prune_plan_s": t_prune,
+        "prune_calls": prune_counts,
+        "latest_size_s": t_latest,
+        "latest_calls": dict(counts),
+        "target_s": TARGET_S.get(label),
+    }
 
 
-def _measure_s3(store: CommitStore, n: int, options: dict[str, Any]) -> None:
+def _measure_s3(store: CommitStore, n: int, options: dict[str, Any]) -> dict[str, Any]:
     """Cold (no record cache yet: the first scan fetches every record and writes the cache), then
     warm in a fresh store object, as a later process would see it."""
-    _measure("moto, cold", store, n)
-    _measure("moto, warm (new process view)", open_store(store.url, **options), n)
+    return {
+        "moto, cold": _measure("moto, cold", store, n),
+        "moto, warm": _measure("moto, warm", open_store(store.url, **options), n),
+    }
 
 
 def main(args: argparse.Namespace) -> None:
@@ -80,12 +95,17 @@ def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="cs-bench-scale-") as tmp:
         local = open_store(Path(tmp) / "store")
         _fill(local, n_local)
-        _measure("local", local, n_local)
+        results = {"local": _measure("local", local, n_local)}
         moto = MotoServer(Path(tmp) / "moto")
         try:
             n_s3 = n_local
             s3 = open_store("s3://commitstore-test/scale", **moto.options())
             _fill(s3, n_s3)
-            _measure_s3(s3, n_s3, moto.options())
+            results.update(_measure_s3(s3, n_s3, moto.options()))
         finally:
             moto.stop()
+    write_results(
+        "scale",
+        f"scale: prune plan and latest(level='size'), {n_local} artifacts, one run",
+        results,
+    )

@@ -44,4 +44,5 @@ def main(args: argparse.Namespace) -> None:
         f"smb (Samba on 127.0.0.1), {size // MiB} MiB, {args.repeat} runs each, medians",
         results,
         {"smb_commit_vs_raw_write": 1.11},
+        suite="smb",
     )

@@ -1,6 +1,9 @@
 """One measured operation in a fresh process, so its peak RSS is its own.
 
 ``python -m benchmarks.worker OP TARGET SIZE`` prints ``{"seconds": ..., "maxrss_kib": ...}``.
+``seconds`` is the operation alone, timed with ``time.perf_counter`` inside this process: imports
+and set-up (opening the store, making the data) run before the clock starts, each op marking the
+measured part with ``with timed():``. ``maxrss_kib`` is the whole process's peak RSS.
 TARGET is a local path, or for the ``smb_*`` ops an ``smb://user@host:port/share/dir/name`` URL
 (password from ``COMMITSTORE_SMB_PASSWORD``).
 OPs: ``naive_write`` (write the final name + fsync, no staging, no hash: the unsafe baseline),
@@ -10,11 +13,13 @@ OPs: ``naive_write`` (write the final name + fsync, no staging, no hash: the uns
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +27,17 @@ from urllib.parse import urlsplit
 from commitstore import open_store
 
 CHUNK = 4 * 1024 * 1024
+_clock: list[float] = []
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[None]:
+    """The measured part of an op (the clock runs only inside; an op may have several)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _clock.append(time.perf_counter() - t0)
 
 
 def _block() -> bytes:
@@ -30,17 +46,26 @@ def _block() -> bytes:
 
 def naive_write(path: Path, size: int) -> None:
     block = _block()
-    with open(path, "wb") as f:
+    with timed(), open(path, "wb") as f:
         for _ in range(size // CHUNK):
             f.write(block)
         f.flush()
         os.fsync(f.fileno())
 
 
+def dd_direct(path: Path, size: int) -> None:
+    """The device's write limit: ``dd if=/dev/zero bs=16M oflag=direct`` (no page cache)."""
+    import subprocess
+
+    argv = ["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={size // (16 << 20)}"]
+    with timed():
+        subprocess.run([*argv, "oflag=direct", "conv=fsync"], check=True, capture_output=True)
+
+
 def stage_commit(path: Path, size: int) -> None:
     block = _block()
     store = open_store(path.parent)
-    with store.stage(path.name, overwrite=True) as st:
+    with timed(), store.stage(path.name, overwrite=True) as st:
         for _ in range(size // CHUNK):
             st.write(block)
 
@@ -57,7 +82,7 @@ def bridge_commit_no_readback(path: Path, size: int) -> None:
     """``stage_commit`` on a bridge with the read-back check off."""
     block = _block()
     store = open_store(path.parent, readback=False)
-    with store.stage(path.name, overwrite=True) as st:
+    with timed(), store.stage(path.name, overwrite=True) as st:
         for _ in range(size // CHUNK):
             st.write(block)
 
@@ -66,7 +91,7 @@ def _smb_commit(url: str, size: int, **options: Any) -> None:
     block = _block()
     parent, name = url.rsplit("/", 1)
     store = open_store(parent, **options)
-    with store.stage(name, overwrite=True) as st:
+    with timed(), store.stage(name, overwrite=True) as st:
         for _ in range(size // CHUNK):
             st.write(block)
 
@@ -93,7 +118,7 @@ def smb_raw_write(url: str, size: int) -> None:
         "connection_cache": cache,
     }
     block = _block()
-    with smbclient.open_file(unc, mode="wb", buffering=0, **kw) as f:
+    with timed(), smbclient.open_file(unc, mode="wb", buffering=0, **kw) as f:
         for _ in range(size // CHUNK):
             view = memoryview(block)
             while view.nbytes:
@@ -112,7 +137,9 @@ def _s3_options() -> dict[str, Any]:
 def s3_put_file(url: str, size: int) -> None:
     """commitstore: ``put_file`` of BENCH_SOURCE (multipart, hashed, checked, recorded)."""
     parent, name = url.rsplit("/", 1)
-    open_store(parent, **_s3_options()).put_file(name, os.environ["BENCH_SOURCE"], overwrite=True)
+    store = open_store(parent, **_s3_options())
+    with timed():
+        store.put_file(name, os.environ["BENCH_SOURCE"], overwrite=True)
 
 
 def s3fs_put_file(url: str, size: int) -> None:
@@ -123,7 +150,8 @@ def s3fs_put_file(url: str, size: int) -> None:
     fs = s3fs.S3FileSystem(
         key=o["key"], secret=o["secret"], endpoint_url=o["endpoint_url"], skip_instance_cache=True
     )
-    fs.put_file(os.environ["BENCH_SOURCE"], url[len("s3://") :])
+    with timed():
+        fs.put_file(os.environ["BENCH_SOURCE"], url[len("s3://") :])
 
 
 def _rclone(*args: str) -> None:
@@ -152,7 +180,8 @@ def _rclone_argv(*args: str) -> list[str]:
 
 def rclone_copyto(url: str, size: int) -> None:
     """Baseline: ``rclone copyto`` of the same file to the same server."""
-    _rclone("copyto", os.environ["BENCH_SOURCE"], ":s3:" + url[len("s3://") :])
+    with timed():
+        _rclone("copyto", os.environ["BENCH_SOURCE"], ":s3:" + url[len("s3://") :])
 
 
 def gcs_put_file(url: str, size: int) -> None:
@@ -163,7 +192,9 @@ def gcs_put_file(url: str, size: int) -> None:
         "token": "anon",
         "project": "test",
     }
-    open_store(parent, **opts).put_file(name, os.environ["BENCH_SOURCE"], overwrite=True)
+    store = open_store(parent, **opts)
+    with timed():
+        store.put_file(name, os.environ["BENCH_SOURCE"], overwrite=True)
 
 
 def gcsfs_put_file(url: str, size: int) -> None:
@@ -177,7 +208,8 @@ def gcsfs_put_file(url: str, size: int) -> None:
         project="test",
         skip_instance_cache=True,
     )
-    fs.put_file(os.environ["BENCH_SOURCE"], url[len("gs://") :])
+    with timed():
+        fs.put_file(os.environ["BENCH_SOURCE"], url[len("gs://") :])
 
 
 def _mirror_targets() -> list[object]:
@@ -225,7 +257,8 @@ def commit_set_with_mirrors(path: Path, size: int) -> float:
 def sync_to_mirrors(path: Path, size: int) -> None:
     """commitstore: replicate an existing store (BENCH_SOURCE_STORE) to the mirrors."""
     store = open_store(os.environ["BENCH_SOURCE_STORE"], mirrors=_mirror_targets())  # type: ignore[arg-type]
-    report = store.sync()
+    with timed():
+        report = store.sync()
     assert report.ok, report
 
 
@@ -244,8 +277,9 @@ def rclone_copy_checksum(path: Path, size: int) -> None:
     """Baseline: ``rclone copy --checksum`` of the same store folder to each mirror in turn."""
     import subprocess
 
-    for argv in _rclone_copies():
-        subprocess.run(argv, check=True, capture_output=True)
+    with timed():
+        for argv in _rclone_copies():
+            subprocess.run(argv, check=True, capture_output=True)
 
 
 def rclone_copy_checksum_parallel(path: Path, size: int) -> None:
@@ -253,33 +287,73 @@ def rclone_copy_checksum_parallel(path: Path, size: int) -> None:
     mirrors side by side)."""
     import subprocess
 
-    procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL) for argv in _rclone_copies()]
-    failed = [p.args for p in procs if p.wait() != 0]
+    with timed():
+        procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL) for argv in _rclone_copies()]
+        failed = [p.args for p in procs if p.wait() != 0]
     if failed:
         raise RuntimeError(f"rclone failed: {failed}")
 
 
 def plain_read(path: Path, size: int) -> None:
+    """A plain read to the end with ``readinto`` into one preallocated 8 MiB buffer."""
     buf = bytearray(8 * 1024 * 1024)
-    with open(path, "rb", buffering=0) as f:
+    with timed(), open(path, "rb", buffering=0) as f:
         while f.readinto(buf):
             pass
 
 
+def _drop_cache(path: Path) -> None:
+    """Evict the file's pages (clean pages: ``posix_fadvise(DONTNEED)`` after an fsync)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def plain_read_cold(path: Path, size: int) -> None:
+    """``plain_read`` after the file's pages were evicted from the page cache."""
+    _drop_cache(path)
+    plain_read(path, size)
+
+
+def xxh3_memory(path: Path, size: int) -> None:
+    """xxh3_128 of ``size`` bytes already in memory: the hash's own limit on this CPU."""
+    import xxhash
+
+    data = bytearray(os.urandom(CHUNK)) * (size // CHUNK)
+    with timed():
+        xxhash.xxh3_128(data).digest()
+
+
 def verify_full(path: Path, size: int) -> None:
-    report = open_store(path.parent).verify(path.name, level="full")
+    store = open_store(path.parent)
+    store.record(path.name)  # set-up: the store is open and its record folder looked up
+    with timed():
+        report = store.verify(path.name, level="full")
     assert report.ok, report
+
+
+def verify_full_cold(path: Path, size: int) -> None:
+    """``verify_full`` after the file's pages were evicted from the page cache."""
+    _drop_cache(path)
+    verify_full(path, size)
 
 
 PATH_OPS = {
     f.__name__: f
     for f in (
         naive_write,
+        dd_direct,
         stage_commit,
         stage_commit_no_writeback,
         bridge_commit_no_readback,
         plain_read,
+        plain_read_cold,
+        xxh3_memory,
         verify_full,
+        verify_full_cold,
         commit_set_without_mirrors,
         commit_set_with_mirrors,
         sync_to_mirrors,
@@ -305,9 +379,15 @@ URL_OPS = {
 def main() -> None:
     op, target, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
     t0 = time.perf_counter()
-    timed = URL_OPS[op](target, size) if op in URL_OPS else PATH_OPS[op](Path(target), size)
-    # An op may time only its own part (e.g. what blocks the caller) and return it.
-    seconds = timed if isinstance(timed, float) else time.perf_counter() - t0
+    result = URL_OPS[op](target, size) if op in URL_OPS else PATH_OPS[op](Path(target), size)
+    # An op times its measured part with timed(), or measures and returns it itself (what blocks
+    # the caller); an op with neither is timed whole (after imports).
+    if isinstance(result, float):
+        seconds = result
+    elif _clock:
+        seconds = sum(_clock)
+    else:
+        seconds = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"seconds": seconds, "maxrss_kib": rss}))
 

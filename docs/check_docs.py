@@ -3,6 +3,8 @@
 - The example record in docs/format.md parses with the real decoder and round-trips.
 - Every public name of ``commitstore`` is mentioned in the README or docs.
 - The layout paths in docs/format.md match what the code computes.
+- docs/benchmarks.md's tables are what ``benchmarks/results/*.json`` renders to, and no measured
+  figure appears on that page outside them.
 - Every ```python block after a ``<!-- run -->`` marker in docs/*.md runs without error, each in a
   fresh empty folder (its own interpreter state: ``runpy`` over a temporary file).
 """
@@ -22,6 +24,9 @@ from commitstore.layout import record_parts, validate_name
 from commitstore.records import decode_record
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import render as bench_render  # noqa: E402
 
 
 def main() -> int:
@@ -43,6 +48,15 @@ def main() -> int:
     for name in commitstore.__all__:
         if name != "__version__" and name not in text:
             problems.append(f"public name {name} is not documented")
+    bench = (ROOT / "docs" / "benchmarks.md").read_text()
+    if bench_render.render(bench) != bench:
+        problems.append(
+            "benchmarks.md: tables differ from benchmarks/results (python -m benchmarks.render)"
+        )
+    problems += [
+        f"benchmarks.md: figure outside a results table: {line}"
+        for line in bench_render.stray_figures(bench)
+    ]
     problems += run_examples()
     for p in problems:
         print(f"docs: {p}", file=sys.stderr)

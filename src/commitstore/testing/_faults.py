@@ -3,6 +3,7 @@ sequence of operations matches a model, and gc never touches committed artifacts
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import pytest
@@ -14,6 +15,12 @@ from commitstore import IntegrityError
 
 if TYPE_CHECKING:
     from commitstore.testing.target import Target
+
+
+def _cheap(target: Target) -> bool:
+    """A target whose operations cost microseconds: local disk or memory, no mirrors."""
+    kind = type(target.store.backend).__name__
+    return kind in ("LocalBackend", "MemoryBackend") and not target.store.mirrors
 
 
 class FaultConformance:
@@ -62,9 +69,20 @@ class FaultConformance:
         assert latest is None or latest.name != name
 
     def test_state_machine_against_model(self, target: Target) -> None:
+        """20 examples on a local disk or in memory; 5 over a network or with mirrors, where
+        each example costs seconds (the soak variant runs 50 everywhere)."""
         from commitstore.testing.stateful import run_store_machine
 
-        run_store_machine(target)
+        run_store_machine(target, max_examples=20 if _cheap(target) else 5)
+
+    @pytest.mark.soak
+    def test_state_machine_against_model_soak(self, target: Target) -> None:
+        """Opt-in (``COMMITSTORE_SOAK=1``, set by ``nox -s soak``): 50 examples on any target."""
+        if not os.environ.get("COMMITSTORE_SOAK"):
+            pytest.skip("a soak run: set COMMITSTORE_SOAK=1")
+        from commitstore.testing.stateful import run_store_machine
+
+        run_store_machine(target, max_examples=50)
 
     def test_gc_never_touches_committed(self, target: Target) -> None:
         s = target.store

@@ -15,6 +15,12 @@ from commitstore.testing.backdoor import FsspecBackdoor, LocalBackdoor
 from commitstore.testing.target import Target
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "soak: long conformance runs, opt-in with COMMITSTORE_SOAK=1"
+    )
+
+
 @pytest.fixture
 def local_target(tmp_path: Path) -> Target:
     """A store on a local folder, with an ``os`` backdoor."""

@@ -1,0 +1,161 @@
+"""Render the tables of ``docs/benchmarks.md`` from ``benchmarks/results/*.json``.
+
+``python -m benchmarks.render`` rewrites every block between ``<!-- results: SUITE -->`` and
+``<!-- /results -->`` from that suite's result file; ``--check`` changes nothing and exits 1 when a
+block differs from its file (the docs check runs it), or when a figure (a ratio such as ``1.05x``,
+a throughput, a time in seconds) appears outside a block: every number on the page comes from a
+committed result file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+BLOCK = re.compile(
+    r"(<!-- results: (?P<suite>[a-z0-9_-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S
+)
+FIGURE = re.compile(r"\b\d+(\.\d+)?\s*(x\b|MiB/s|GB/s|GiB/s|ms\b|s\b)")
+"""What counts as a measured figure in prose (targets are written as ``<= 1.05`` without a unit)."""
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds:.3f} s" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def _header(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    load = ", ".join(f"{x:g}" for x in m["load_average"])
+    return (
+        f"_{doc['title']}. From `benchmarks/results/{doc['suite']}.json`: commit "
+        f"`{doc['commit']}`, {doc['date']}, {m['cpus']} CPUs, {m['memory_gib']:g} GiB, "
+        f"{m['machine']}, Python {m['python']}, load average at the end {load}._\n"
+    )
+
+
+def _pairs(doc: dict[str, Any]) -> str:
+    rows = [
+        "| measurement | ours | baseline | ours MiB/s | baseline MiB/s | time ratio "
+        "(median) | runs (ours / baseline, s) | target | peak RSS ours / baseline |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in doc["measurements"].items():
+        target = "reported" if r.get("target") is None else f"<= {r['target']:.3g}"
+        verdict = {True: " (meets)", False: " (**misses**)", None: ""}[r.get("meets")]
+        runs = " ".join(f"{x:.3g}" for x in r["ours_runs_s"]) + " / "
+        runs += " ".join(f"{x:.3g}" for x in r["baseline_runs_s"])
+        rows.append(
+            f"| {name} | `{r['ours']}` | `{r['baseline']}` | {r['ours_mib_s']:.0f} | "
+            f"{r['baseline_mib_s']:.0f} | **{r['ratio']:.3f}**{verdict} | {runs} | {target} | "
+            f"{r['peak_rss_mib']:.0f} / {r.get('baseline_peak_rss_mib', 0):.0f} MiB |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _scale(doc: dict[str, Any]) -> str:
+    rows = [
+        '| store | artifacts | prune plan | `latest(level="size")` | target (each) | requests '
+        "(prune / latest) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in doc["measurements"].items():
+        t = r.get("target_s")
+        worst = max(r["prune_plan_s"], r["latest_size_s"])
+        target = (
+            "reported"
+            if t is None
+            else f"< {t:g} s" + (" (meets)" if worst < t else " (**misses**)")
+        )
+        req = (
+            f"{r['prune_calls'].get('s3_requests', 0)} / {r['latest_calls'].get('s3_requests', 0)}"
+        )
+        rows.append(
+            f"| {name} | {r['artifacts']} | {_fmt_s(r['prune_plan_s'])} | "
+            f"{_fmt_s(r['latest_size_s'])} | {target} | {req} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _bytes(doc: dict[str, Any]) -> str:
+    rows = [
+        "| measurement | ours | baseline | artifact bytes | ours bytes | baseline bytes | "
+        "ratio | target |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in doc["measurements"].items():
+        target = "reported" if r.get("target") is None else f"<= {r['target']:.3g}"
+        verdict = {True: " (meets)", False: " (**misses**)", None: ""}[r.get("meets")]
+        rows.append(
+            f"| {name} | `{r['ours']}` | `{r['baseline']}` | {r['artifact_bytes']} | "
+            f"{r['ours_bytes']} | {r['baseline_bytes']} | **{r['ratio']:.4f}**{verdict} | "
+            f"{target} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def render_suite(suite: str) -> str:
+    """The markdown block body for one suite's result file."""
+    path = RESULTS / f"{suite}.json"
+    if not path.exists():
+        return f"_No result file yet: run `./dev.sh bench {suite}`._\n"
+    doc = json.loads(path.read_text())
+    first: dict[str, Any] = next(iter(doc["measurements"].values()), {})
+    if "prune_plan_s" in first:
+        table = _scale(doc)
+    elif "ours_bytes" in first:
+        table = _bytes(doc)
+    else:
+        table = _pairs(doc)
+    notes = f"\n{doc['notes']}\n" if doc.get("notes") else ""
+    return _header(doc) + "\n" + table + notes
+
+
+def render(text: str) -> str:
+    """``text`` with every results block re-rendered from its file."""
+    return BLOCK.sub(lambda m: m.group(1) + render_suite(m.group("suite")) + m.group(4), text)
+
+
+def stray_figures(text: str) -> list[str]:
+    """Lines outside results blocks that carry a measured figure."""
+    outside = BLOCK.sub("", text)
+    in_code = False
+    found = []
+    for line in outside.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        if not in_code and FIGURE.search(line):
+            found.append(line)
+    return found
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.render")
+    p.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md is stale")
+    args = p.parse_args()
+    text = DOC.read_text()
+    new = render(text)
+    stray = stray_figures(new)
+    for line in stray:
+        print(f"docs/benchmarks.md: a figure outside a results block: {line}", file=sys.stderr)
+    if args.check:
+        if new != text:
+            print(
+                "docs/benchmarks.md differs from benchmarks/results: run "
+                "`python -m benchmarks.render`",
+                file=sys.stderr,
+            )
+            return 1
+        return 1 if stray else 0
+    DOC.write_text(new)
+    return 1 if stray else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""``commit://``: commitstore as an fsspec filesystem, for every tool that opens paths with fsspec.
+
+Registered under the protocol ``commit`` (entry point ``fsspec.specs``), alone or chained::
+
+    fsspec.open("commit:///data/run1/x.pt", "wb")                  # a local store
+    fsspec.open("commit::s3://bucket/run1/x.pt", "wb", s3={...})   # over any commitstore URL
+    fs = fsspec.filesystem("commit", fo="s3://bucket/run1", target_options={...})
+
+Where the store is: the ``root`` option when given (``commit={"root": "s3://bucket/run1"}`` with
+``fsspec.open``, or ``fo=``/``root=`` when creating the filesystem); otherwise the folder of the
+path opened. Paths are the inner filesystem's paths (``bucket/run1/x.pt``, ``/data/run1/x.pt``) and
+name artifacts by their place under the root (``x.pt``).
+
+Guarantees (each tested in ``tests/test_fsspec_fs.py``):
+
+- **Writes are commits.** A file opened ``"wb"`` is a :class:`~commitstore.Stage`: its bytes are
+  hashed on the way and published with a record when it is closed cleanly. ``"xb"`` is create-only
+  (``FileExistsError`` if the name is committed). **An exception inside ``with fsspec.open(...,
+  "wb")`` publishes nothing**, although fsspec's ``OpenFile.__exit__`` only calls ``close()``: the
+  file remembers which exception was being handled when it was opened, and a ``close()`` that runs
+  while a different exception is propagating aborts instead of committing. Inside
+  ``fs.transaction`` files commit when the transaction ends without an exception and are all
+  discarded otherwise.
+- **Reads are verified.** ``open(..., "rb")``, ``cat`` and ``get`` hand out bytes only after they
+  matched the record (an :class:`~commitstore.IntegrityError` otherwise), files inside a folder
+  artifact included (checked against their own entry of the folder's record).
+- **Listings show committed artifacts only.** ``ls``/``info``/``find`` come from the records:
+  sizes are the recorded sizes, and ``info`` carries the ``digest`` (and ``step``, ``created``,
+  ``metadata``); staging files and files without a record are not shown. A folder artifact is a
+  directory whose files are its recorded files.
+- ``rm`` deletes whole artifacts through the store (record first); a file inside a folder
+  artifact cannot be removed alone (``PermissionError``). Directories are implicit: ``mkdir`` does
+  nothing and ``rmdir`` removes nothing.
+- No fsspec instance cache (``cachable = False``) and no shared autocommit state: every
+  filesystem object opens its own stores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, BinaryIO
+
+from fsspec import AbstractFileSystem
+
+try:  # fsspec >= 2025: chained URLs hand the inner path to a ChainedFileSystem
+    from fsspec.implementations.chained import ChainedFileSystem as _Base
+except ImportError:  # pragma: no cover - older fsspec: the empty path is mapped to ``fo`` below
+    _Base = AbstractFileSystem
+
+from commitstore._fsview import (
+    CommitFile,
+    children,
+    commit_options,
+    dir_info,
+    folder_owner,
+    member_info,
+    open_member,
+    record_info,
+)
+from commitstore.errors import ConfigurationError, NotFoundError
+from commitstore.store import CommitStore
+
+
+class CommitFileSystem(_Base):  # type: ignore[misc]
+    """fsspec's view of commitstores: writes commit, reads verify, listings show records."""
+
+    protocol = ("commit",)
+    cachable = False
+    root_marker = ""
+
+    def __init__(
+        self,
+        fo: str = "",
+        *,
+        target_protocol: str | None = None,
+        target_options: dict[str, Any] | None = None,
+        root: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.target_protocol = target_protocol or "file"
+        self.target_options = dict(target_options or {})
+        self.target_options.update(kwargs)
+        self._fo = fo
+        self._root = self._inner(root) if root else None
+        self._stores: dict[str, CommitStore] = {}
+
+    # -- paths ----------------------------------------------------------------------------
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> str:
+        text = str(path)
+        for p in ("commit::", "commit://"):
+            if text.startswith(p):
+                text = text[len(p) :]
+        return text.rstrip("/") or text[:1]
+
+    def _inner(self, path: str) -> str:
+        """``path`` as the inner filesystem's path (any protocol prefix removed)."""
+        path = self._strip_protocol(path) or self._fo
+        if "://" in path:
+            proto, _, path = path.partition("://")
+            if self.target_protocol == "file" and proto not in ("file", "local"):
+                self.target_protocol = proto
+        return path.rstrip("/") or "/"
+
+    def _url(self, inner: str) -> str:
+        if self.target_protocol in ("file", "local"):
+            return inner
+        return f"{self.target_protocol}://{inner}"
+
+    def _store(self, root: str) -> CommitStore:
+        store = self._stores.get(root)
+        if store is None:
+            from commitstore import open_store
+
+            store = open_store(self._url(root), **self.target_options)
+            self._stores[root] = store
+        return store
+
+    def _file(self, path: str) -> tuple[CommitStore, str]:
+        """The store and artifact name of a file path: under ``root``, or in the path's folder."""
+        inner = self._inner(path)
+        if self._root is None:
+            folder, _, name = inner.rpartition("/")
+            return self._store(folder or "/"), name
+        return self._store(self._root), self._under_root(inner, path)
+
+    def _folder(self, path: str) -> tuple[CommitStore, str, str]:
+        """The store, name prefix and inner path of a folder path (without ``root``, the folder
+        is itself a store's root)."""
+        inner = self._inner(path)
+        if self._root is None:
+            return self._store(inner), "", inner
+        return self._store(self._root), self._under_root(inner, path), inner
+
+    def _under_root(self, inner: str, shown: str) -> str:
+        assert self._root is not None
+        if inner == self._root:
+            return ""
+        prefix = self._root.rstrip("/") + "/"
+        if not inner.startswith(prefix):
+            raise ConfigurationError(f"{shown}: not under the store root {self._url(self._root)}")
+        return inner[len(prefix) :]
+
+    # -- reads ----------------------------------------------------------------------------
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: Any = None,
+        autocommit: bool = True,
+        cache_options: Any = None,
+        **kwargs: Any,
+    ) -> BinaryIO | CommitFile:
+        store, name = self._file(path)
+        if mode == "rb":
+            return self._open_read(store, name)
+        if mode not in ("wb", "xb"):
+            raise ConfigurationError(f"{path}: mode {mode!r}: commit:// files are rb, wb or xb")
+        stage = store.stage(name, overwrite=mode == "wb", **commit_options(kwargs))
+        return CommitFile(stage, autocommit=autocommit)
+
+    def _open_read(self, store: CommitStore, name: str) -> BinaryIO:
+        try:
+            return store.open(name)
+        except NotFoundError:
+            owner = folder_owner(store, name)
+            if owner is None:
+                raise
+            return open_member(store, *owner)
+
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
+        store, name = self._file(path)
+        if folder_owner(store, name) is None:
+            data = store.read_bytes(name)
+        else:
+            with self._open_read(store, name) as f:
+                data = f.read()
+        return data[start:end]
+
+    def get_file(self, rpath: str, lpath: str, callback: Any = None, **kwargs: Any) -> None:
+        """A verified copy to ``lpath`` (a folder in the listing becomes a local folder)."""
+        if self.isdir(rpath):
+            os.makedirs(lpath, exist_ok=True)
+            return
+        store, name = self._file(rpath)
+        if folder_owner(store, name) is None:
+            store.get_file(name, lpath)
+            return
+        with self._open_read(store, name) as src, open(lpath, "wb") as dst:
+            dst.write(src.read())
+
+    # -- writes ---------------------------------------------------------------------------
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        store, name = self._file(path)
+        store.put_bytes(name, value, overwrite=mode == "overwrite", **commit_options(kwargs))
+
+    def put_file(
+        self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite", **kwargs: Any
+    ) -> None:
+        """Commit the local file ``lpath`` (a local folder: nothing, folders are implicit)."""
+        if os.path.isdir(lpath):
+            return
+        store, name = self._file(rpath)
+        store.put_file(name, lpath, overwrite=mode == "overwrite", **commit_options(kwargs))
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """A verified copy: the source's bytes are checked before the copy commits."""
+        src_store, src_name = self._file(path1)
+        dst_store, dst_name = self._file(path2)
+        with (
+            self._open_read(src_store, src_name) as src,
+            dst_store.stage(dst_name, overwrite=True, **commit_options(kwargs)) as dst,
+        ):
+            shutil.copyfileobj(src, dst, 8 << 20)
+
+    def rm_file(self, path: str) -> None:
+        store, name = self._file(path)
+        if folder_owner(store, name) is not None:
+            raise PermissionError(f"{path}: a file of a folder artifact; delete the whole folder")
+        store.delete(name)
+
+    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        """Delete artifacts; ``recursive=True`` on a folder deletes every artifact under it."""
+        for p in path if isinstance(path, list) else [path]:
+            if recursive and self.isdir(p):
+                store, prefix, _ = self._folder(p)
+                for rec in store.list():
+                    if not prefix or rec.name == prefix or rec.name.startswith(prefix + "/"):
+                        store.delete(rec.name)
+            else:
+                self.rm_file(p)
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        """Directories are implicit in artifact names: nothing to create."""
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        """Directories are implicit in artifact names: nothing to create."""
+
+    def rmdir(self, path: str) -> None:
+        """Directories are implicit: nothing to remove (``rm(recursive=True)`` deletes)."""
+
+    # -- listings -------------------------------------------------------------------------
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        store, prefix, inner = self._folder(path)
+        entries = children(store.list(), prefix, inner)
+        if not entries:
+            one = self._file_info(path)
+            if one is None or one["type"] != "file":
+                if one is None:
+                    raise FileNotFoundError(path)
+            else:
+                entries = {one["name"]: one}
+        items = sorted(entries.values(), key=lambda e: e["name"])
+        return items if detail else [e["name"] for e in items]
+
+    def _file_info(self, path: str) -> dict[str, Any] | None:
+        inner = self._inner(path)
+        try:
+            store, name = self._file(path)
+        except ConfigurationError:
+            return None
+        if not name:
+            return None
+        try:
+            rec = store.record(name)
+        except (NotFoundError, ValueError):
+            owner = folder_owner(store, name)
+            if owner is None:
+                return None
+            rec, member = owner
+            entry = next(f for f in rec.files if f.path == member)
+            return member_info(inner, entry.size, entry.digest, rec)
+        return record_info(inner, rec) if rec.kind == "file" else dir_info(inner, rec)
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        found = self._file_info(path)
+        if found is not None:
+            return found
+        store, prefix, inner = self._folder(path)
+        if children(store.list(), prefix, inner):
+            return dir_info(inner)
+        raise FileNotFoundError(path)
+
+    def created(self, path: str) -> Any:
+        return self.info(path)["created"]
+
+    def modified(self, path: str) -> Any:
+        return self.info(path)["created"]
+
+    def close(self) -> None:
+        """Close every store this filesystem opened (waits for their mirrors)."""
+        for store in self._stores.values():
+            store.close()
+        self._stores.clear()
