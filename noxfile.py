@@ -62,6 +62,7 @@ def docs(session: nox.Session) -> None:
 
 
 BACKEND_EXTRAS = ["smb", "s3", "gcs", "azure", "sftp", "webdav"]
+FRAMEWORK_EXTRAS = ["torch", "lightning"]
 CONFORMANCE_TESTS = {
     "smb": "tests/test_smb.py::TestSmbConformance",
     "s3": "tests/test_s3.py::TestMotoConformance",
@@ -98,14 +99,26 @@ for extra in sys.argv[1:]:
 
 
 @nox.session(default=False)
-@nox.parametrize("extra", BACKEND_EXTRAS)
+@nox.parametrize("extra", [*BACKEND_EXTRAS, *FRAMEWORK_EXTRAS])
 def extras(session: nox.Session, extra: str) -> None:
-    """One backend extra alone and that backend's conformance tests, in a venv of its own.
+    """One extra alone in a venv of its own: a backend extra and that backend's conformance
+    tests, or a framework extra (torch, lightning) and tests/extras/framework_child.py.
 
     Installed: ``.[extra]``, pytest, hypothesis, and what tests/helpers needs to start and read
     that server (moto and boto3 for S3, the fake-gcs-server binary for GCS); the other extras'
     libraries must be missing. tests/test_extras.py does the same in the default run.
     """
+    if extra in FRAMEWORK_EXTRAS:
+        # torch pinned to the CPU build first (a constraint, so nothing upgrades it), then the
+        # extra alone; the child checks imports, absent libraries and the integration itself.
+        pin = Path(session.create_tmp()) / "torch-pin.txt"
+        pin.write_text(TORCH + "\n")
+        session.install("-c", str(pin), TORCH)
+        session.install("-c", str(pin), f".[{extra}]")
+        work = Path(session.create_tmp()) / f"{extra}-work"
+        work.mkdir(exist_ok=True)
+        session.run("python", "tests/extras/framework_child.py", extra, str(work))
+        return
     session.install(f".[{extra}]", "pytest", "hypothesis", *SERVER_TOOLS[extra])
     others = [e for e in BACKEND_EXTRAS if e != extra]
     session.run("python", "-c", _ABSENT, *others)

@@ -89,6 +89,23 @@ def _scale(doc: dict[str, Any]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _bytes(doc: dict[str, Any]) -> str:
+    rows = [
+        "| measurement | ours | baseline | artifact bytes | ours bytes | baseline bytes | "
+        "ratio | target |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in doc["measurements"].items():
+        target = "reported" if r.get("target") is None else f"<= {r['target']:.3g}"
+        verdict = {True: " (meets)", False: " (**misses**)", None: ""}[r.get("meets")]
+        rows.append(
+            f"| {name} | `{r['ours']}` | `{r['baseline']}` | {r['artifact_bytes']} | "
+            f"{r['ours_bytes']} | {r['baseline_bytes']} | **{r['ratio']:.4f}**{verdict} | "
+            f"{target} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def render_suite(suite: str) -> str:
     """The markdown block body for one suite's result file."""
     path = RESULTS / f"{suite}.json"
@@ -96,7 +113,12 @@ def render_suite(suite: str) -> str:
         return f"_No result file yet: run `./dev.sh bench {suite}`._\n"
     doc = json.loads(path.read_text())
     first: dict[str, Any] = next(iter(doc["measurements"].values()), {})
-    table = _scale(doc) if "prune_plan_s" in first else _pairs(doc)
+    if "prune_plan_s" in first:
+        table = _scale(doc)
+    elif "ours_bytes" in first:
+        table = _bytes(doc)
+    else:
+        table = _pairs(doc)
     notes = f"\n{doc['notes']}\n" if doc.get("notes") else ""
     return _header(doc) + "\n" + table + notes
 

@@ -5,14 +5,15 @@
 - The layout paths in docs/format.md match what the code computes.
 - docs/benchmarks.md's tables are what ``benchmarks/results/*.json`` renders to, and no measured
   figure appears on that page outside them.
-- Every ``python`` block right after a ``<!-- run -->`` line in docs/*.md runs without error, in a
-  fresh namespace, from a temporary working folder (the integrations' examples: dcp.md, hf.md).
+- Every ```python block after a ``<!-- run -->`` marker in docs/*.md runs without error, each in a
+  fresh empty folder (its own interpreter state: ``runpy`` over a temporary file).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import runpy
 import sys
 import tempfile
 import traceback
@@ -55,22 +56,25 @@ def main() -> int:
     return 1 if problems else 0
 
 
-RUN_BLOCK = re.compile(r"<!-- run -->\s*```python\n(.*?)```", re.S)
+RUN = re.compile(r"<!-- run -->\s*```python\n(.*?)```", re.S)
 
 
 def run_examples() -> list[str]:
-    """Run each marked example; the problems (with the traceback's last line)."""
+    """Run every marked example; one problem per failing block (with its traceback)."""
     problems = []
+    here = os.getcwd()
     for doc in sorted((ROOT / "docs").glob("*.md")):
-        for i, match in enumerate(RUN_BLOCK.finditer(doc.read_text())):
-            here = Path.cwd()
-            with tempfile.TemporaryDirectory() as tmp:
+        for i, match in enumerate(RUN.finditer(doc.read_text())):
+            with tempfile.TemporaryDirectory(prefix="commitstore-doc-") as tmp:
+                script = Path(tmp) / f"{doc.stem}_{i}.py"
+                script.write_text(match.group(1))
                 os.chdir(tmp)
                 try:
-                    exec(compile(match.group(1), f"{doc.name}[{i}]", "exec"), {})
-                except Exception:
-                    last = traceback.format_exc().strip().splitlines()[-1]
-                    problems.append(f"{doc.name}: example {i} failed: {last}")
+                    runpy.run_path(str(script), run_name="__main__")
+                except BaseException:  # the example's failure, whatever it is, is the report
+                    problems.append(
+                        f"{doc.name}: example {i + 1} failed:\n{traceback.format_exc()}"
+                    )
                 finally:
                     os.chdir(here)
     return problems

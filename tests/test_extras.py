@@ -15,6 +15,10 @@ The venvs get no pip of their own: this interpreter's pip installs into each (``
 first the extra's requirements and the build backend (all venvs at once), then the editable
 checkout without build isolation (one at a time: setuptools writes its egg-info in ``src/``).
 Nothing is kept between runs: the venvs live in pytest's temporary folder.
+
+The framework extras (torch, lightning) get the same treatment under ``@pytest.mark.soak`` (a torch
+install is large): torch pinned to the CPU build by a constraint, ``-e <repo>[<extra>]``, then
+``tests/extras/framework_child.py`` in that venv (imports, absent libraries, the integration).
 """
 
 from __future__ import annotations
@@ -273,3 +277,49 @@ def test_extra_installs_and_works_alone(
             )
     assert run.failure is None, f"{run.failure}\n{run.output[-8000:]}"
     assert run.passed > 30, run.output[-8000:]
+
+
+FRAMEWORK_EXTRAS = ("torch", "lightning")
+FRAMEWORK_CHILD = Path(__file__).resolve().parent / "extras" / "framework_child.py"
+TORCH_PIN = os.environ.get("COMMITSTORE_TORCH", "torch==2.13.0")
+"""The CPU build (a wheel on disk here); pip must never pick a newer, CUDA, torch."""
+
+
+def run_framework_extra(extra: str, base: Path) -> Run:
+    """A fresh venv with ``-e <repo>[extra]`` alone (torch pinned to the CPU build), then
+    ``tests/extras/framework_child.py`` inside it."""
+    run = Run(extra)
+    try:
+        venv = base / "venv"
+        py = str(venv / "bin" / "python")
+        _step(run, "venv", [sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
+        pin = base / "constraints.txt"
+        pin.write_text(TORCH_PIN + "\n")
+        pip = [sys.executable, "-m", "pip", "--python", py, "install", "-q", "-c", str(pin)]
+        _step(run, "torch", [*pip, TORCH_PIN], timeout=1200)
+        deps = [*_extra_requirements(extra), *_build_requirements()]
+        _step(run, "deps", [*pip, *deps], timeout=1200)
+        with _repo_build_lock():
+            _step(run, "install", [*pip, "--no-build-isolation", "-e", f"{REPO}[{extra}]"],
+                  timeout=600)  # fmt: skip
+        work = base / "work"
+        work.mkdir()
+        run.output = _step(run, "child", [py, str(FRAMEWORK_CHILD), extra, str(work)],
+                           timeout=600, cwd=work)  # fmt: skip
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        run.failure = str(exc)
+    return run
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("extra", FRAMEWORK_EXTRAS)
+def test_framework_extra_installs_and_works_alone(
+    extra: str, tmp_path: Path, record_property: Any
+) -> None:
+    """``commitstore[torch]`` / ``commitstore[lightning]`` alone in a fresh venv: importing
+    commitstore imports no framework, no other extra's library is there, and the integration
+    works (tests/extras/framework_child.py)."""
+    run = run_framework_extra(extra, tmp_path)
+    record_property("steps", "; ".join(run.steps))
+    assert run.failure is None, run.failure
+    assert "framework_child: ok" in run.output, run.output[-8000:]

@@ -124,7 +124,7 @@ def test_fresh_primary_keeps_the_mirrors_history_s3(tmp_path: Path, moto: MotoSe
     for step in range(1, 8):
         mirror.put_bytes(f"step_{step:04d}.pt", os.urandom(1000))
     store = open_store(tmp_path / "p", mirrors=[mirror], mirror_mode="sync")
-    store.put_bytes("other_0001.pt", b"fresh machine")  # the primary's only artifact
+    store.put_bytes("other_0001.pt", b"fresh machine", step=1)  # the primary's only artifact
     store.prune(keep_last=3, min_age=0)
     assert [r.name for r in mirror.list()] == ["step_0005.pt", "step_0006.pt", "step_0007.pt"]
     assert [r.name for r in store.list()] == ["other_0001.pt"]  # its newest whole one

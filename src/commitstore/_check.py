@@ -12,13 +12,13 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
+from commitstore._order import arrange_records
 from commitstore._scan import (
     NOT_REGULAR,
     StoredRecord,
     read_intent,
     read_record,
     scan_records,
-    sort_key,
     unrecorded,
 )
 from commitstore.backends import Backend, FileInfo
@@ -327,7 +327,7 @@ def latest(backend: Backend, level: str) -> Record | None:
     records, bad = scan_records(backend)
     for b in bad:
         log.warning("latest: skipping %s: bad_record (%s)", b.name, b.detail)
-    for rec in sorted(records, key=sort_key, reverse=True):
+    for rec in reversed(arrange_records(records)):
         result, version = resolve(backend, rec, level)
         if result.status == "ok":
             return version

@@ -21,6 +21,7 @@ from commitstore.errors import (
     AlreadyExistsError,
     CommitError,
     CommitStoreError,
+    ConfigurationError,
     InsufficientSpaceError,
     NotFoundError,
 )
@@ -64,6 +65,13 @@ def check_new(
     parts = validate_name(name)
     checked, meta = new_fields(step, metadata)
     return parts, checked, meta
+
+
+def check_flag(value: object, what: str) -> bool:
+    """``value`` as a bool option; ConfigurationError (before any I/O) for anything else."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{what} must be True or False, not {value!r}")
+    return value
 
 
 def make_record(name: str, step: object, metadata: object, **kw: Any) -> Record:

@@ -122,6 +122,11 @@ def open_verified(backend: Backend, url: str, name: str, level: str) -> Verified
 
 def read_verified(backend: Backend, url: str, name: str, level: str) -> bytes:
     """Read all bytes once, check them, return them."""
+    return read_with_record(backend, url, name, level)[0]
+
+
+def read_with_record(backend: Backend, url: str, name: str, level: str) -> tuple[bytes, Record]:
+    """:func:`read_verified`, and the record the bytes were checked against."""
     for attempt in range(ATTEMPTS):
         with _attempt(backend, attempt):
             rec = _file_record(backend, url, name)
@@ -130,7 +135,7 @@ def read_verified(backend: Backend, url: str, name: str, level: str) -> bytes:
         digest = digest_bytes(data) if level == "full" else None
         problem = _problem(backend, rec, level, len(data), digest)
         if problem is None:
-            return data
+            return data, rec
         if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
             raise problem
     raise AssertionError("unreachable")  # pragma: no cover

@@ -9,6 +9,7 @@ import concurrent.futures
 from dataclasses import dataclass
 
 from commitstore import _recordcache
+from commitstore._order import arrange_records
 from commitstore.backends import Backend, FileInfo
 from commitstore.errors import CommitStoreError, IntegrityError, InvalidNameError, NotFoundError
 from commitstore.layout import (
@@ -80,14 +81,9 @@ def read_intent(backend: Backend, parts: Parts) -> StoredRecord | None:
 
 
 def list_records(backend: Backend) -> list[Record]:
-    """Committed artifacts (valid records only), oldest to newest."""
+    """Committed artifacts (valid records only), oldest to newest (``_order.arrange``)."""
     records, _bad = scan_records(backend)
-    return sorted(records, key=sort_key)
-
-
-def sort_key(record: Record) -> tuple[bool, int, float, str]:
-    """Oldest to newest: unstepped artifacts (by commit time) before stepped ones (by step)."""
-    return (record.step is not None, record.step or 0, record.created.timestamp(), record.name)
+    return arrange_records(records)
 
 
 def scan_records(

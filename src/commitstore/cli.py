@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from commitstore import CommitStore, __version__, open_store
+from commitstore._order import arrange_records
 from commitstore._progress import ProgressBar
-from commitstore._scan import scan_records, sort_key
+from commitstore._scan import scan_records
 from commitstore.errors import CommitStoreError, ConfigurationError, InvalidNameError
 from commitstore.records import Record, VerifyReport
 
@@ -89,7 +90,7 @@ def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     good, bad = scan_records(_open(args, args.url).backend)
-    records = sorted(good, key=sort_key)
+    records = arrange_records(good)
     lines = [f"{'STEP':>8}  {'SIZE':>14}  {'DIGEST':<20}  NAME"]
     for r in records:
         step = "-" if r.step is None else str(r.step)

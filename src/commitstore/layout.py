@@ -32,7 +32,12 @@ STAGED_PREFIX = ".commitstore.stg."
 STAGED_HASHED_PREFIX = ".commitstore.stgh."
 MAX_PART_BYTES = 255
 
-_STEP_RE = re.compile(r"\d+")
+_STEP_RE = re.compile(
+    r"(?<![a-z0-9])(?:global_step|step|checkpoint)[=_-]?(\d+)(?![0-9])", re.IGNORECASE
+)
+"""The frameworks' step patterns: ``step=N`` and ``epoch=E-step=S`` (Lightning), ``step_N``,
+``stepN``, ``global_stepN`` (DeepSpeed), ``checkpoint-N`` (Hugging Face). The keyword must not
+follow a letter or digit (``mystep3`` has no step), the number is all the digits after it."""
 
 Parts = tuple[str, ...]
 
@@ -86,8 +91,11 @@ MAX_STEP = 2**63 - 1
 
 
 def infer_step(name: str) -> int | None:
-    """The last integer in ``name`` (``step_0810.pt`` -> 810), or None (also when that integer
-    is larger than :data:`MAX_STEP`: such a name has no inferred step)."""
+    """The step a framework wrote into ``name``: the number of the last match of one of its
+    patterns (:data:`_STEP_RE`): ``step_0810.pt`` -> 810, ``epoch=2-step=300.ckpt`` -> 300,
+    ``model-step300-bf16.pt`` -> 300, ``checkpoint-500/`` -> 500. Other numbers are not steps
+    (``last.ckpt``, ``ckpt_100.pt``, ``bf16.pt``: None); neither is a number larger than
+    :data:`MAX_STEP`. An explicit ``step=`` always wins over this."""
     found = _STEP_RE.findall(name)
     if not found or len(found[-1]) > 64:
         return None

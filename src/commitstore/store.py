@@ -15,8 +15,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from commitstore import _check, _folder, _read, _scan
-from commitstore._commit import Committer, check_new, make_record, mode_of
+from commitstore import _check, _fetch, _folder, _read, _scan
+from commitstore._commit import Committer, check_flag, check_new, make_record, mode_of
 from commitstore._stage import Stage
 from commitstore.backends import Backend, CommitInfo, FileSink
 from commitstore.backends.localtree import hash_and_sync_tree
@@ -175,13 +175,15 @@ class CommitStore:
         step: int | None = None,
         metadata: Mapping[str, Any] | None = None,
         overwrite: bool = False,
+        alias: bool = False,
     ) -> Stage:
         """Open a staged write of ``name``: a writable binary file and a context manager.
 
         Bytes go to a staging location no reader mistakes for the artifact; a clean ``with`` exit
         (or ``commit()``) publishes the artifact and then its record; an exception or
         ``abort()``/``close()`` publishes nothing. With ``overwrite=True`` the replacement is
-        atomic for readers.
+        atomic for readers. ``alias=True`` records a moving name (``last.ckpt``): never pruned,
+        not counted by ``keep_last`` (``Record.alias``).
 
         Raises:
             InvalidNameError: a bad name, before any I/O.
@@ -191,11 +193,12 @@ class CommitStore:
                 atomically, at commit).
         """
         parts, step, meta = check_new(name, step, metadata)
+        check_flag(alias, "alias")
         mode = mode_of(overwrite)
         sink = self.committer.open_file(parts, mode)
 
         def finish(s: FileSink, size: int, digest: str) -> tuple[Record, CommitInfo]:
-            record = make_record(name, step, meta, size=size, digest=digest)
+            record = make_record(name, step, meta, size=size, digest=digest, alias=alias)
             infos: list[CommitInfo] = []
 
             def publish_data() -> Record:
@@ -402,7 +405,8 @@ class CommitStore:
         return _check.record_of(self.backend, self.url, name).record
 
     def list(self) -> list[Record]:
-        """Committed artifacts (valid records only), oldest to newest by step."""
+        """Committed artifacts (valid records only), oldest to newest: by step; artifacts without
+        one by commit time, placed among the stepped ones by it (``docs/format.md``)."""
         return _scan.list_records(self.backend)
 
     def verify(self, name: str | None = None, *, level: str = "full") -> VerifyReport:
@@ -453,3 +457,22 @@ class CommitStore:
         _read.get_verified(
             self.backend, self.url, name, dest=Path(local_path), level=verify, progress=progress
         )
+
+    def fetch(
+        self, name: str, cache_dir: str | os.PathLike[str] | None = None, *, rehash: bool = False
+    ) -> Path:
+        """A verified local copy of ``name`` (a file artifact), cached by digest in ``cache_dir``
+        (default ``$COMMITSTORE_CACHE_DIR`` or ``~/.cache/commitstore/fetch``): one read of
+        the artifact, hashed on the way, published with the local commit protocol only if it
+        matches the record. A cached copy of the same version (name from the digest, regular
+        file, recorded size) is returned without reading the artifact; ``rehash=True`` hashes
+        it again. Map it with ``torch.load(path, mmap=True)``.
+
+        Raises:
+            InvalidNameError, ConfigurationError (a bad ``cache_dir``, a folder artifact),
+            before any I/O where possible; NotFoundError; IntegrityError (nothing cached).
+        """
+        validate_name(name)
+        folder = _fetch.check_cache_dir(cache_dir)
+        check_flag(rehash, "rehash")
+        return _fetch.fetch(self.backend, self.url, name, folder, rehash=rehash)[0]

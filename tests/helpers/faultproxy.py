@@ -4,7 +4,7 @@ Faults apply to the next ``faulty`` connections (then traffic passes untouched),
 ``faulty=None``: ``cut_after`` closes a connection after that many client-to-server bytes,
 ``reset_after`` resets it (RST), ``flip_every`` inverts one bit of every so many client-to-server
 bytes (corruption in transit that TCP did not catch; at most ``flips`` in all, None: no limit),
-``delay`` sleeps before forwarding each chunk.
+``delay`` sleeps before forwarding each chunk. ``served`` counts the bytes the server sent back.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class FaultProxy:
         self.faulty: int | None = 0
         self.faulted = 0
         """How many connections a fault was applied to."""
+        self.served = 0
+        """Bytes the server sent to clients, over all connections so far."""
         self._lock = threading.Lock()
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -136,6 +138,8 @@ class FaultProxy:
                         sent += len(data)
                         server.sendall(data)
                     else:
+                        with self._lock:
+                            self.served += len(data)
                         client.sendall(data)
         except OSError:
             return

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 
 from commitstore import _check
 from commitstore._commit import Committer
-from commitstore._scan import read_record, scan_records, sort_key
+from commitstore._order import arrange, sort_key
+from commitstore._scan import read_record, scan_records
 from commitstore.backends import FileInfo
 from commitstore.errors import NotFoundError
 from commitstore.layout import META_DIR, RECORDS_DIR, record_parts
@@ -88,7 +89,13 @@ def candidates(store: Committer, pending: set[str]) -> list[Listed]:
                 i is not None and i.size == f.size for i, f in zip(infos, rec.files, strict=True)
             )
         cand = Candidate(
-            rec.name, rec.step, sort_key(rec), _newest(infos, rec_info), whole, rec.name in pending
+            rec.name,
+            rec.step,
+            sort_key(rec),
+            _newest(infos, rec_info),
+            whole,
+            rec.name in pending,
+            alias=rec.alias,
         )
         out.append(Listed(cand, rec))
     return out
@@ -117,9 +124,9 @@ def verify_newest(store: Committer, listed: list[Listed]) -> list[Listed]:
     (sizes alone miss bit rot, and on object stores a same-size replacement). Those that fail are
     marked not whole; older ones keep their size-level answer. Costs reading the few newest."""
     out = {item.candidate.name: item for item in listed}
-    for item in sorted(listed, key=lambda x: x.candidate.order, reverse=True):
-        if not item.candidate.whole:
-            continue  # fails already by size
+    for item in reversed(arrange(listed, lambda x: x.candidate.order)):
+        if not item.candidate.whole or item.candidate.alias:
+            continue  # fails already by size; an alias is never pruned and guards nothing
         result = _check.check(store.backend, item.record, "full")
         if result.status == "ok":
             break

@@ -7,6 +7,7 @@ anything modified less than ``min_age`` seconds ago (a copy may be in flight), a
 modification time is unknown or zero ("unknown" is not "old"), the newest artifact that verifies
 there, everything newer than it (damaged copies, left for inspection or ``sync``/``restore``; a
 target where nothing verifies loses nothing), and anything whose replication there is pending.
+An alias (``Record.alias``: ``last.ckpt``) is never deleted and never counted by ``keep_last``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from commitstore._order import OrderKey, arrange
 from commitstore.errors import ConfigurationError
 
 __all__ = ["Candidate", "Retention", "TargetPlan", "check_age", "keep_set", "plan_target"]
@@ -26,7 +28,7 @@ class Retention:
     successful commit, on every target."""
 
     keep_last: int | None = None
-    """Keep the newest N artifacts (by step)."""
+    """Keep the newest N artifacts (in the order of ``list()``; aliases are not counted)."""
     keep_every: int | None = None
     """Keep every artifact whose step is a multiple of K (milestones)."""
     keep: tuple[str, ...] = ()
@@ -62,8 +64,8 @@ class Candidate:
 
     name: str
     step: int | None
-    order: tuple[bool, int, float, str]
-    """Sort key, oldest to newest (see ``list()``)."""
+    order: OrderKey
+    """What the order of artifacts is computed from (``_order.arrange``, as ``list()``)."""
     mtime: float | None
     """Newest modification time among its data files and record; None if any is unknown or 0."""
     whole: bool
@@ -71,6 +73,9 @@ class Candidate:
     newest ones fully, newest first, until one verifies; older ones are checked by size)."""
     pending: bool = False
     """Replication to this target is queued or in progress."""
+    alias: bool = False
+    """A moving name (``Record.alias``): always kept, not counted by ``keep_last``, and not the
+    newest-verifying artifact the guard protects (that is the newest non-alias one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +97,9 @@ def keep_set(candidates: Iterable[Candidate], policy: Retention) -> frozenset[st
         everything.setdefault(c.name, c)
         if c.whole:
             whole.setdefault(c.name, c)
-    ordered = sorted(whole.values(), key=lambda c: c.order)
+    ordered = arrange((c for c in whole.values() if not c.alias), lambda c: c.order)
     keep = set(policy.keep)
+    keep.update(c.name for c in everything.values() if c.alias)
     if policy.keep_last:
         keep.update(c.name for c in ordered[-policy.keep_last :])
     if policy.keep_every:
@@ -109,11 +115,13 @@ def plan_target(
     candidates: Iterable[Candidate], keep: frozenset[str], *, min_age: float, now: float
 ) -> TargetPlan:
     """Apply the keep-set and the guards to one target's committed artifacts."""
-    items = sorted(candidates, key=lambda c: c.order)
-    good = next((i for i in range(len(items) - 1, -1, -1) if items[i].whole), None)
+    items = arrange(candidates, lambda c: c.order)
+    good = next(
+        (i for i in range(len(items) - 1, -1, -1) if items[i].whole and not items[i].alias), None
+    )
     delete, kept, skipped = [], [], {}
     for i, c in enumerate(items):
-        if c.name in keep:
+        if c.name in keep or c.alias:
             kept.append(c.name)
         elif good is None:
             skipped[c.name] = "nothing verifies on this target"

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from commitstore._check import check, verify
 from commitstore._commit import Committer
-from commitstore._scan import StoredRecord, list_records, read_record, sort_key
+from commitstore._order import arrange_records
+from commitstore._scan import StoredRecord, list_records, read_record
 from commitstore.errors import AlreadyExistsError, IntegrityError, NotFoundError
 from commitstore.layout import (
     META_DIR,
@@ -196,7 +197,7 @@ def latest_any(stores: Sequence[Committer], level: str) -> Record | None:
     for store in stores:
         for rec in list_records(store.backend):
             by_name.setdefault(rec.name, rec)
-    for rec in sorted(by_name.values(), key=sort_key, reverse=True):
+    for rec in reversed(arrange_records(by_name.values())):
         for store in stores:
             try:
                 found = _stored(store, rec.name)

@@ -374,14 +374,23 @@ class StoreConformance(FaultConformance):
         with pytest.raises(FileNotFoundError):
             s.read_bytes("d_1")
 
-    def test_unstepped_names_sort_before_stepped(self, target: Target) -> None:
+    def test_unstepped_names_order_by_commit_time(self, target: Target) -> None:
         s = target.store
         s.put_bytes("config.json", b"{}")
-        s.put_bytes("step_9", b"9")
+        s.put_bytes("step_3", b"3")
         s.put_bytes("notes.txt", b"n")
-        assert [r.name for r in s.list()] == ["config.json", "notes.txt", "step_9"]
+        s.put_bytes("step_9", b"9")
+        s.put_bytes("final.pt", b"f")
+        # Stepped ones by step; unstepped ones where their commit time puts them among those.
+        assert [r.name for r in s.list()] == [
+            "config.json",
+            "step_3",
+            "notes.txt",
+            "step_9",
+            "final.pt",
+        ]
         latest = s.latest()
-        assert latest is not None and latest.name == "step_9"
+        assert latest is not None and latest.name == "final.pt"
 
     # -- declared capabilities are true --------------------------------------------------
     def test_describe_names_strategy(self, target: Target) -> None:

@@ -79,8 +79,8 @@ def run_store_machine(target: Target, *, max_examples: int = 20) -> None:
         def listing_matches_model(self) -> None:
             mine = [r for r in self.store.list() if r.name.startswith(self.prefix)]
             assert sorted(r.name for r in mine) == sorted(self.full(n) for n in self.model)
-            steps = [r.step for r in mine]
-            assert steps == sorted(s for s in steps if s is not None)
+            steps = [r.step for r in mine if r.step is not None]
+            assert steps == sorted(steps)
 
         @invariant()
         def reads_and_verify_match_model(self) -> None:

@@ -1,0 +1,162 @@
+"""``torch.save`` into one commit and verified ``torch.load`` (the ``torch`` extra).
+
+``import commitstore`` never imports this module (nor torch); ``import commitstore.torch`` does.
+
+- :func:`save` streams ``torch.save`` into a staged write: the artifact appears whole under its
+  name (with its record) or not at all.
+- :func:`load` reads the artifact's bytes once, hashed on the way, and hands ``torch.load`` only
+  bytes that matched the record. ``name=None`` walks the committed artifacts newest first (the
+  order of ``store.list()``: records only, no separate ``latest()`` pass) and loads the first that
+  verifies, skipping bad ones with a warning. ``mmap=True`` maps a verified local copy made by
+  ``store.fetch`` (cached by digest: a second resume of the same version reads none of the
+  artifact's bytes).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from commitstore import _fetch, _read
+from commitstore._commit import check_flag
+from commitstore._fetch import check_cache_dir
+from commitstore.errors import CommitStoreError, ConfigurationError, IntegrityError, NotFoundError
+from commitstore.layout import validate_name
+from commitstore.records import Record
+from commitstore.store import CommitStore
+
+__all__ = ["TorchLoadError", "load", "load_with_record", "save"]
+
+log = logging.getLogger("commitstore")
+
+
+def save(
+    obj: object,
+    store: CommitStore,
+    name: str,
+    *,
+    step: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    alias: bool = False,
+) -> Record:
+    """``torch.save(obj, ...)`` into one commit of ``name``; returns its record.
+
+    Same protocol and checks as ``store.stage`` (names, ``step``, ``metadata``, ``overwrite``,
+    ``alias`` checked before any I/O). An exception while pickling publishes nothing.
+
+    Raises:
+        CommitStoreError: the store's errors; a failure of ``torch.save`` itself (an object that
+            cannot be pickled) as a ConfigurationError chained to torch's exception.
+    """
+    _check_store(store)
+    with store.stage(name, step=step, metadata=metadata, overwrite=overwrite, alias=alias) as st:
+        try:
+            torch.save(obj, st)
+        except CommitStoreError:
+            raise
+        except Exception as exc:
+            raise ConfigurationError(f"{name}: torch.save failed: {exc}") from exc
+    assert st.record is not None
+    return st.record
+
+
+def load(
+    store: CommitStore,
+    name: str | None = None,
+    *,
+    map_location: Any = None,
+    weights_only: bool = True,
+    mmap: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Any:
+    """``torch.load`` of ``name`` (None: the newest artifact that verifies and loads), reading its
+    bytes once; only bytes that matched the record reach ``torch.load``.
+
+    ``mmap=True`` maps a verified local copy (``store.fetch(name, cache_dir)``), cached by
+    digest. Arguments are checked before any I/O.
+
+    Raises:
+        InvalidNameError, ConfigurationError: bad arguments. NotFoundError: ``name`` is not
+            committed, or (``name=None``) nothing verifies and loads. IntegrityError: ``name``'s
+            bytes fail their record. TorchLoadError (a CommitStoreError): ``torch.load`` refused
+            verified bytes (chained to torch's exception).
+    """
+    return load_with_record(
+        store,
+        name,
+        map_location=map_location,
+        weights_only=weights_only,
+        mmap=mmap,
+        cache_dir=cache_dir,
+    )[0]
+
+
+def load_with_record(
+    store: CommitStore,
+    name: str | None = None,
+    *,
+    map_location: Any = None,
+    weights_only: bool = True,
+    mmap: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> tuple[Any, Record]:
+    """:func:`load`, and the record of the artifact that was loaded (which one ``name=None``
+    picked: its ``name`` and ``step``)."""
+    _check_store(store)
+    if name is not None:
+        validate_name(name)
+    check_flag(weights_only, "weights_only")
+    check_flag(mmap, "mmap")
+    folder = check_cache_dir(cache_dir) if mmap else None
+    if name is not None:
+        return _load_one(store, name, map_location, weights_only, folder)
+    for rec in reversed(store.list()):
+        if rec.kind != "file":
+            continue
+        try:
+            return _load_one(store, rec.name, map_location, weights_only, folder)
+        except (IntegrityError, NotFoundError, TorchLoadError) as exc:
+            log.warning("torch.load: skipping %s: %s", rec.name, exc)
+    raise NotFoundError(f"{store.url}: no committed artifact verifies and loads with torch.load")
+
+
+class TorchLoadError(CommitStoreError):
+    """``torch.load`` refused bytes that matched their record (not a torch file, or a pickled
+    object that ``weights_only=True`` does not allow); chained to torch's exception."""
+
+
+def _load_one(
+    store: CommitStore,
+    name: str,
+    map_location: Any,
+    weights_only: bool,
+    folder: Path | None,
+) -> tuple[Any, Record]:
+    """One verified read of ``name`` (its record, then its bytes once), then ``torch.load``.
+    A folder artifact is a ConfigurationError (from the readers)."""
+    source: Any
+    if folder is not None:
+        path, got = _fetch.fetch(store.backend, store.url, name, folder)
+        source = str(path)
+    else:
+        data, got = _read.read_with_record(store.backend, store.url, name, "full")
+        source = io.BytesIO(data)
+    try:
+        obj = torch.load(
+            source, map_location=map_location, weights_only=weights_only, mmap=folder is not None
+        )
+    except Exception as exc:
+        raise TorchLoadError(f"{name}: torch.load failed: {exc}") from exc
+    return obj, got
+
+
+def _check_store(store: object) -> None:
+    if not isinstance(store, CommitStore):
+        raise ConfigurationError(f"store must be a CommitStore (open_store(...)), not {store!r}")
