@@ -120,6 +120,10 @@ def test_sigkill_mid_upload_publishes_nothing(azurite: Azurite) -> None:
         if uncommitted:
             break
         time.sleep(0.01)
+    else:
+        proc.kill()
+        pytest.fail("no block was staged within 30 s: the writer was never caught mid-upload")
+    assert proc.poll() is None, "the writer finished before it could be killed mid-upload"
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert t.door.read("step_0002.pt") is None  # staged blocks are never visible

@@ -6,10 +6,12 @@ Assertions read the backing folder directly: a backdoor under the FUSE layer.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,11 +205,49 @@ def test_mtime_zero_is_unknown(bridge: Target, fault_mount: FaultMount) -> None:
 
 
 def test_no_hard_links_still_exclusive(bridge: Target, fault_mount: FaultMount) -> None:
+    """Without hard links (EPERM, as on 9p/drvfs) two writers racing for one name: both have
+    staged their bytes before either commits (a barrier), exactly one wins, the other gets
+    AlreadyExistsError, and the name holds the winner's bytes and record."""
     fault_mount.set(link_eperm={})
-    bridge.store.put_bytes("step_0005.pt", b"first")
-    with pytest.raises(AlreadyExistsError):
-        bridge.store.put_bytes("step_0005.pt", b"second")
-    assert bridge.door.read("step_0005.pt") == b"first"
+    payloads = [b"first" * 100_000, b"second" * 100_000]
+    barrier = threading.Barrier(2)
+    outcomes: dict[int, str] = {}
+    staged: list[int] = []
+
+    def writer(i: int) -> None:
+        st = bridge.reopen().stage("step_0005.pt")
+        st.write(payloads[i])
+        staged.append(i)
+        barrier.wait(30)
+        assert len(staged) == 2  # both staged before either commits: the commits overlap
+        try:
+            st.commit()
+            outcomes[i] = "won"
+        except AlreadyExistsError:
+            outcomes[i] = "lost"
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes.values()) == ["lost", "won"], outcomes
+    winner = next(i for i, o in outcomes.items() if o == "won")
+    assert bridge.door.read("step_0005.pt") == payloads[winner]
+    doc = json.loads(bridge.door.read(record_path("step_0005.pt")) or b"")
+    assert doc["digest"] == xxh(payloads[winner])
+    assert not any(e["op"] == "link" and "step_0005" in e["path"] for e in fault_mount.events())
+
+
+def test_bridge_declares_create_only_per_mount(bridge: Target, tmp_path: Path) -> None:
+    """On a FUSE mount (another side may write) create-only is not declared: the core checks
+    absence under the lock; forced onto a local filesystem the bridge declares it."""
+    caps = bridge.store.describe()["capabilities"]
+    assert caps["exclusive_create"] is False
+    assert bridge.store.backend.capabilities.exclusive_create is False
+    local = open_store(tmp_path / "local-bridge", strategy="bridge")
+    assert local.describe()["strategy"] == "bridge-checked"
+    assert local.describe()["capabilities"]["exclusive_create"] is True
 
 
 def test_sigkill_during_bridge_write(bridge: Target, fault_mount: FaultMount) -> None:

@@ -118,23 +118,116 @@ def test_put_folder_and_info(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert cli(capsys, "info", url, "-o", "novalue")[0] == 2
 
 
-def test_progress_bar_only_on_a_terminal() -> None:
+def _run_cli(*args: str, cwd: Path, stderr_tty: bool = False) -> tuple[int, str, str]:
+    """The real CLI in a child (``python -m commitstore``); with ``stderr_tty`` its stderr is a
+    pseudo-terminal and what it draws there is returned as stderr."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "commitstore", *args]
+    if not stderr_tty:
+        done = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=120, check=False
+        )
+        return done.returncode, done.stdout, done.stderr
+    master, slave = os.openpty()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(master)
+    out = proc.stdout.read().decode() if proc.stdout else ""
+    return proc.wait(timeout=120), out, drawn.decode(errors="replace")
+
+
+def test_progress_bar_drawn_by_the_cli_on_a_terminal_only(tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"p" * (40 * 1024 * 1024))  # above the bar's 32 MiB threshold
+    code, out, drawn = _run_cli("put", str(big), str(tmp_path / "s"), cwd=tmp_path, stderr_tty=True)
+    assert code == 0 and "committed big.bin" in out, (out, drawn)
+    assert "put big.bin [" in drawn and "100.0%" in drawn and "40.0 MiB/40.0 MiB" in drawn
+    assert "#" * 30 in drawn
+    code, out, err = _run_cli(
+        "put", str(big), str(tmp_path / "s"), "--name", "again.bin", cwd=tmp_path
+    )
+    assert code == 0 and "committed again.bin" in out
+    assert err == ""  # a pipe gets no bar
+    code, _out, drawn = _run_cli(
+        "get",
+        str(tmp_path / "s"),
+        "big.bin",
+        str(tmp_path / "out.bin"),
+        cwd=tmp_path,
+        stderr_tty=True,
+    )
+    assert code == 0 and "get big.bin [" in drawn and "100.0%" in drawn
+    assert (tmp_path / "out.bin").read_bytes() == big.read_bytes()
+
+
+def test_progress_bar_skips_small_copies() -> None:
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
 
-    tty, pipe = Tty(), io.StringIO()
-    total = 64 * 1024 * 1024
-    for stream in (tty, pipe):
-        bar = ProgressBar("put x", total, stream)
-        bar(total // 2)
-        bar(total)
-    assert "100.0%" in tty.getvalue()
-    assert "#" in tty.getvalue()
-    assert pipe.getvalue() == ""
     small = Tty()
     ProgressBar("put y", 10, small)(10)
     assert small.getvalue() == ""
+
+
+def test_cli_never_creates_a_mistyped_store(tmp_path: Path) -> None:
+    for args in (
+        ["ls", "./typo"],
+        ["verify", "./typo"],
+        ["latest", "./typo"],
+        ["gc", "./typo"],
+        ["prune", "file://" + str(tmp_path / "typo"), "--keep-last", "1"],
+    ):
+        code, out, err = _run_cli(*args, cwd=tmp_path)
+        assert code == 2, (args, out, err)
+        assert "no store at" in err and "does not exist" in err and "Traceback" not in err
+        assert not (tmp_path / "typo").exists(), args
+
+
+def test_cli_reports_bad_records_without_traceback(tmp_path: Path) -> None:
+    import os
+
+    from commitstore import open_store
+    from commitstore.testing import record_path
+
+    root = tmp_path / "s"
+    store = open_store(root)
+    for name in ("good", "garbage", "schema", "other", "fifo", "deep/link"):
+        store.put_bytes(name, name.encode())
+    (root / record_path("garbage")).write_bytes(b"\xff{not json")
+    (root / record_path("schema")).write_text('{"schema": "commitstore.record/99"}')
+    (root / record_path("other")).write_bytes((root / record_path("good")).read_bytes())
+    (root / record_path("fifo")).unlink()
+    os.mkfifo(root / record_path("fifo"))
+    (root / record_path("deep/link")).unlink()
+    (root / record_path("deep/link")).symlink_to("/etc/passwd")
+    bad = {"garbage", "schema", "other", "fifo", "deep/link"}
+    code, out, err = _run_cli("ls", str(root), cwd=tmp_path)
+    assert code == 0 and "Traceback" not in err, err
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert {r[3] for r in rows if r[2] == "bad_record"} == bad, out
+    assert [r[3] for r in rows if r[2] != "bad_record"] == ["good"]
+    code, out, err = _run_cli("verify", str(root), cwd=tmp_path)
+    assert code == 1 and "Traceback" not in err, err
+    found = {line.split()[1] for line in out.splitlines() if line.startswith("bad_record")}
+    assert found == bad and "PROBLEMS FOUND" in out
+    code, out, err = _run_cli("verify", str(root), "garbage", "--json", cwd=tmp_path)
+    assert code == 1 and json.loads(out)["results"][0]["status"] == "bad_record"
+    for name in ("garbage", "fifo"):
+        code, out, err = _run_cli("get", str(root), name, str(tmp_path / "x"), cwd=tmp_path)
+        assert code == 1 and "Traceback" not in err and "bad record" in err, err
+    assert _run_cli("latest", str(root), cwd=tmp_path)[0] == 0
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:

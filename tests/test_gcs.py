@@ -216,3 +216,82 @@ def test_one_store_installed_alone_imports_and_translates(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"
+
+
+SECRET_TOKEN = "ya29.a0-SECRET/token+value_never_shown"
+SECRET_FIELD = "1//0g-refresh-SECRET-never-shown"
+
+
+def _everything_shown(exc: BaseException) -> str:
+    import traceback
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    cur: BaseException | None = exc
+    while cur is not None:
+        text += f"{cur!s}{cur!r}{cur.args!r}"
+        cur = cur.__cause__ or cur.__context__
+    return text
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        SECRET_TOKEN,
+        {"type": "authorized_user", "client_id": "x", "refresh_token": SECRET_FIELD},
+    ],
+    ids=["access-token", "authorized-user-dict"],
+)
+def test_gcs_token_never_shown_in_errors_or_cli(gcs: FakeGcs, token: object) -> None:
+    """google-auth checks a token at .../tokeninfo?access_token=<token> and requests quotes that
+    URL when it fails: the typed error, its whole chain and the CLI's output never show it."""
+    import subprocess
+    import sys
+
+    from commitstore import BackendUnavailableError, ConfigurationError
+
+    with pytest.raises((BackendUnavailableError, ConfigurationError)) as info:
+        open_store(gcs.url("tok"), endpoint_url=gcs.endpoint, token=token, project="test")
+    shown = _everything_shown(info.value)
+    for secret in (SECRET_TOKEN, SECRET_FIELD, "SECRET"):
+        assert secret not in shown, shown
+    assert "token" in str(info.value)  # it still says what was wrong
+    if not isinstance(token, str):
+        return
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "commitstore", "ls", gcs.url("tok")),
+            *("-o", f"endpoint_url={gcs.endpoint}", "-o", f"token={token}", "-o", "project=test"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode in (1, 2), done
+    assert "SECRET" not in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "commitstore: error:" in done.stderr
+
+
+def _probe_final(method: str, _path: str, headers: dict[str, str]) -> bool:
+    """The probe's last request: one byte, the total size 1, into a create-only session."""
+    return method in ("POST", "PUT") and headers.get("Content-Range") == "bytes 0-0/1"
+
+
+@pytest.mark.parametrize(("answer", "honoured"), [(403, False), (400, False), (412, True)])
+def test_create_only_probe_believes_only_precondition_failed(
+    gcs: FakeGcs, answer: int, honoured: bool
+) -> None:
+    """The server's answer to the probe's final request is made ``answer``: only 412 Precondition
+    Failed says create-only is honoured; any other refusal is not evidence of it."""
+    from .helpers.httpinject import AnswerInjector
+
+    proxy = AnswerInjector(gcs.port, lambda m, p, h: answer if _probe_final(m, p, h) else None)
+    try:
+        opts = {**gcs.options(), "endpoint_url": proxy.endpoint}
+        store = open_store(gcs.url(f"probe{answer}"), **opts)
+        assert store.describe()["conditional_writes"] is honoured
+        assert [status for _m, _p, status in proxy.injected] == [answer]
+        assert store.backend.capabilities.exclusive_create is honoured
+    finally:
+        proxy.stop()

@@ -122,24 +122,38 @@ def test_readers_see_old_or_new_during_overwrites(
     versions = [bytes([i]) * 200_000 for i in range(2)]
     store.put_bytes("hot", versions[0])
     stop = threading.Event()
+    started = threading.Event()
     errors: list[BaseException] = []
+    reads: list[int] = []  # which version each read returned
 
     def reader() -> None:
         r = open_store(root)
         while not stop.is_set():
             try:
-                assert r.read_bytes("hot") in versions
+                data = r.read_bytes("hot")
+                assert data in versions
+                reads.append(data[0])
+                started.set()
             except BaseException as exc:
                 errors.append(exc)
+                started.set()
                 return
 
     t = threading.Thread(target=reader)
     t.start()
-    for i in range(150):
+    assert started.wait(30)
+    before = len(reads)
+    i = 0
+    # At least 150 overwrites, and on until the reader has seen both versions while they ran.
+    while i < 150 or (len(set(reads[before:])) < 2 and i < 5000):
         store.put_bytes("hot", versions[i % 2], overwrite=True)
+        i += 1
+    during = len(reads) - before
     stop.set()
     t.join()
     assert errors == []
+    assert during >= 2, "the reader did not run while the writer overwrote"
+    assert set(reads[before:]) == {0, 1}, "the reads never raced a replacement"
 
 
 def test_gc_removes_old_orphans_of_killed_writers(tmp_path: Path) -> None:

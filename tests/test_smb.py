@@ -6,6 +6,7 @@ an independent client.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -97,6 +98,16 @@ def test_credentials_never_leak(samba: SambaServer, caplog: pytest.LogCaptureFix
     assert PASSWORD not in str(store2.describe())
 
 
+def _staged_sizes(door: LocalBackdoor, name: str) -> dict[str, int]:
+    """Staging files of ``name`` on the share's disk, with their sizes."""
+    out = {}
+    for f in door.files():
+        if ".commitstore.tmp." in f and f.endswith(name):
+            with contextlib.suppress(FileNotFoundError):
+                out[f] = (door.root / f).stat().st_size
+    return out
+
+
 def test_sigkill_during_smb_write(smb: Target) -> None:
     smb.store.put_bytes("step_0001.pt", b"whole")
     env = {**os.environ, "COMMITSTORE_SMB_PASSWORD": PASSWORD}
@@ -118,7 +129,21 @@ def test_sigkill_during_smb_write(smb: Target) -> None:
         )
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(0.1 + 0.15 * trial)
+        # Killed mid-write, confirmed: the writer reported this many bytes and the share holds a
+        # non-empty staging file of it while the writer still runs.
+        wanted = (1, 32 * MiB, 64 * MiB)[trial]
+        while True:
+            line = proc.stdout.readline().split()
+            assert line and line[0] == "wrote", f"writer ended early: {line}"
+            if int(line[1]) >= wanted:
+                break
+        deadline = time.monotonic() + 10
+        door = smb.door
+        assert isinstance(door, LocalBackdoor)
+        while not any(size > 0 for size in _staged_sizes(door, "step_0002.pt").values()):
+            assert time.monotonic() < deadline, "no staging file reached the share"
+            time.sleep(0.002)
+        assert proc.poll() is None, "the writer finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         assert smb.door.read("step_0002.pt") is None

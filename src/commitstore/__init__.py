@@ -20,6 +20,7 @@ from commitstore.errors import (
     InvalidNameError,
     MirrorError,
     NotFoundError,
+    StorageError,
 )
 from commitstore.maintenance.adopt import AdoptReport
 from commitstore.maintenance.gc import GcItem, GcReport
@@ -54,6 +55,7 @@ __all__ = [
     "Record",
     "Retention",
     "Stage",
+    "StorageError",
     "SyncReport",
     "TargetPrune",
     "VerifyReport",

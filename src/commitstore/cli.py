@@ -1,6 +1,7 @@
 """``commitstore`` command line: a thin layer over the public API.
 
-Exit status: 0 all good; 1 an integrity problem was found or an operation failed; 2 usage error.
+Exit status: 0 all good; 1 an integrity problem was found or an operation failed; 2 usage error
+(a local path that names no folder, for every command but ``put``, is one: nothing is created).
 Expected failures print one line on stderr, never a traceback.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from commitstore import CommitStore, __version__, open_store
 from commitstore._progress import ProgressBar
+from commitstore._scan import scan_records, sort_key
 from commitstore.errors import CommitStoreError, ConfigurationError, InvalidNameError
 from commitstore.records import Record, VerifyReport
 
@@ -48,9 +50,29 @@ def _value(text: str) -> Any:
         return text
 
 
-def _open(args: argparse.Namespace, url: str, mirrors: list[str] | None = None) -> CommitStore:
+def _local_path(url: str) -> str | None:
+    """The folder a local-path or ``file://`` URL names; None for other schemes."""
+    if url.startswith("file://"):
+        from urllib.parse import unquote, urlsplit
+
+        return unquote(urlsplit(url).path)
+    return None if "://" in url else os.path.expanduser(url)
+
+
+def _open(
+    args: argparse.Namespace,
+    url: str,
+    mirrors: list[str] | None = None,
+    *,
+    existing: bool = True,
+) -> CommitStore:
     """open_store with the ``-o KEY=VALUE`` storage options and ``--mirror`` URLs of the command
-    line (mirrors replicate before the command returns)."""
+    line (mirrors replicate before the command returns). ``existing``: a local path must name
+    a folder already (a mistyped path is a usage error, never created)."""
+    path = _local_path(url)
+    if existing and path is not None and not os.path.isdir(path):
+        what = "is not a folder" if os.path.exists(path) else "does not exist"
+        raise ConfigurationError(f"no store at {url}: {path} {what}")
     options: dict[str, Any] = {}
     for item in getattr(args, "option", None) or []:
         key, sep, value = item.partition("=")
@@ -66,12 +88,17 @@ def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    records = _open(args, args.url).list()
+    good, bad = scan_records(_open(args, args.url).backend)
+    records = sorted(good, key=sort_key)
     lines = [f"{'STEP':>8}  {'SIZE':>14}  {'DIGEST':<20}  NAME"]
     for r in records:
         step = "-" if r.step is None else str(r.step)
         lines.append(f"{step:>8}  {r.size:>14}  {r.digest[:20]:<20}  {r.name}")
+    lines += [f"{'?':>8}  {'?':>14}  {'bad_record':<20}  {b.name}  ({b.detail})" for b in bad]
     _emit(args, [record_json(r) for r in records], "\n".join(lines))
+    if args.json:  # the list stays records only; bad ones go to stderr
+        for b in bad:
+            print(f"commitstore: bad_record {b.name}: {b.detail}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -106,7 +133,7 @@ def cmd_latest(args: argparse.Namespace) -> int:
 
 def cmd_put(args: argparse.Namespace) -> int:
     name = args.name or os.path.basename(os.path.abspath(args.local))
-    store = _open(args, args.url)
+    store = _open(args, args.url, existing=False)
     if os.path.isdir(args.local):
         import shutil
 
@@ -132,7 +159,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    info = _open(args, args.url).describe()
+    info = _open(args, args.url, existing=False).describe()
     text = "\n".join(f"{k}: {v}" for k, v in info.items())
     _emit(args, info, text)
     return EXIT_OK

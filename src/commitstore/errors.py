@@ -14,11 +14,14 @@ exception, when there is one, is chained as ``__cause__``. Messages never contai
     ├── InvalidNameError         (also ValueError)          the name is not a valid artifact name
     ├── ConfigurationError       (also ValueError)          a URL, option or argument is not valid
     ├── MirrorError              (also ExceptionGroup)      one or more mirrors failed
-    └── BackendUnavailableError                             the storage could not be reached
+    ├── BackendUnavailableError                             the storage could not be reached
+    └── StorageError             (also OSError, errno)      the storage refused or failed a call
 
 Whose fault: ``InvalidNameError``, ``ConfigurationError`` and ``AlreadyExistsError`` are the
 caller's; ``IntegrityError`` is the data's; ``InsufficientSpaceError`` is the target's and is
-permanent until space is freed; ``BackendUnavailableError`` is transient and may be retried.
+permanent until space is freed; ``BackendUnavailableError`` is transient and may be retried;
+``StorageError`` (permission refused, read-only filesystem, I/O error on the store's own
+folders) is the storage's and permanent.
 :attr:`CommitStoreError.retryable` says which: every retry in commitstore decides by it.
 """
 
@@ -44,6 +47,7 @@ __all__ = [
     "InvalidNameError",
     "MirrorError",
     "NotFoundError",
+    "StorageError",
 ]
 
 
@@ -148,3 +152,19 @@ class BackendUnavailableError(CommitStoreError):
     """The storage could not be reached (connection refused or dropped, timeout, 5xx)."""
 
     retryable = True
+
+
+class StorageError(CommitStoreError, OSError):
+    """The storage refused or failed an operation outside a commit (listing, stat, read, lock,
+    removal): permission denied, read-only filesystem, I/O error. Also an ``OSError`` whose
+    ``errno`` is the storage's own (``EACCES``, ``EROFS``, ``EIO``...), so callers may test it.
+    Permanent: repeating the call does not help until the storage is fixed. (During a commit the
+    same failures raise :class:`CommitError`; no space is always
+    :class:`InsufficientSpaceError`.)"""
+
+    def __init__(self, code: int, message: str, *, path: str | None = None) -> None:
+        super().__init__(code, message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.strerror)

@@ -21,7 +21,7 @@ from commitstore._stage import Stage
 from commitstore.backends import Backend, CommitInfo, FileSink
 from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
-from commitstore.errors import CommitError, CommitStoreError, ConfigurationError
+from commitstore.errors import CommitError, ConfigurationError
 from commitstore.layout import redact_url, validate_name
 from commitstore.maintenance.adopt import AdoptReport, adopt
 from commitstore.maintenance.gc import GcReport, collect
@@ -159,8 +159,13 @@ class CommitStore:
         if self.retention is not None:
             try:
                 self._prune(self.retention, dry_run=False)
-            except CommitStoreError as exc:  # the commit stands; retention retries next time
-                log.warning("retention after %s failed: %s", record.name, exc)
+            except Exception as exc:  # whatever it is, the commit stands; retention runs again
+                log.warning(
+                    "retention after %s failed (the commit stands): %s: %s",
+                    record.name,
+                    type(exc).__name__,
+                    exc,
+                )
 
     # -- writing ----------------------------------------------------------------------------
     def stage(

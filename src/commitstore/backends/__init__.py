@@ -90,8 +90,8 @@ class _Builtin:
 
 
 _BUILTIN: dict[str, _Builtin] = {
-    "": _Builtin("commitstore.backends.rename.posix:factory", None),
-    "file": _Builtin("commitstore.backends.rename.posix:factory", None),
+    "": _Builtin("commitstore.backends.rename.bridge:factory", None),
+    "file": _Builtin("commitstore.backends.rename.bridge:factory", None),
     "memory": _Builtin("commitstore.backends.memory:factory", None),
     "smb": _Builtin("commitstore.backends.rename.smb:factory", "smb"),
     "s3": _Builtin("commitstore.backends.object.s3:factory", "s3"),

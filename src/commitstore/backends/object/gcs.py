@@ -23,11 +23,19 @@ from urllib.parse import quote, unquote, urlsplit
 import google_crc32c
 from fsspec.asyn import sync
 
+from commitstore._secrets import leaks, redact, secret_values, stand_in
 from commitstore.backends.base import take_options
 from commitstore.backends.object._gcserrors import translate
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.backends.object.upload import ObjectStat, Upload, ViewReader, Written, done
-from commitstore.errors import AlreadyExistsError, CommitError, ConfigurationError, NotFoundError
+from commitstore.errors import (
+    AlreadyExistsError,
+    BackendUnavailableError,
+    CommitError,
+    CommitStoreError,
+    ConfigurationError,
+    NotFoundError,
+)
 from commitstore.layout import Parts
 
 MiB = 1024 * 1024
@@ -56,25 +64,36 @@ class GcsBackend(ObjectBackend):
         chunk_size: int = 64 * MiB,
         conditional_writes: bool | None = None,
         reason: str = "gs:// URL",
+        secrets: tuple[str, ...] = (),
     ) -> None:
         if chunk_size < ALIGN or chunk_size % ALIGN:
             raise ConfigurationError("chunk_size must be a positive multiple of 256 KiB")
         super().__init__(bucket, prefix, conditional_writes=conditional_writes, reason=reason)
         self.fs = fs
         self.chunk_size = chunk_size
+        self._secrets = secrets
 
     def run(self, what: str, parts: Parts, coro: Any) -> Any:
-        """Run a gcsfs coroutine on its loop; errors translated in one place."""
+        """Run a gcsfs coroutine on its loop; errors translated in one place (a credential in
+        the SDK's error never reaches the message or the chain: ``_secrets``)."""
         try:
             return sync(self.fs.loop, lambda: coro)
         except Exception as exc:
-            raise translate(exc, what, self.shown(parts)) from exc
+            caught = exc
+        err = translate(caught, what, self.shown(parts))
+        if self._secrets and leaks(caught, self._secrets):
+            raise _redacted(err, self._secrets) from stand_in(caught, self._secrets)
+        raise err from caught
 
     def call(self, what: str, parts: Parts, method: str, path: str, *args: Any, **kw: Any) -> Any:
         return self.run(what, parts, self.fs._call(method, path, *args, **kw))
 
     def _probe_conditional(self) -> bool:
-        """Does a resumable upload with ``ifGenerationMatch=0`` refuse to replace an object?"""
+        """Does a resumable upload with ``ifGenerationMatch=0`` refuse to replace an object?
+
+        Only a "precondition failed" answer (AlreadyExistsError) says yes; a success or any other
+        refusal says no; an unreachable endpoint raises BackendUnavailableError (probed again
+        next time)."""
         parts = (".commitstore", f"probe-{uuid.uuid4().hex}")
         key = self.key(parts)
         self.upload_small(parts, key, b"1", create_only=False)
@@ -88,8 +107,10 @@ class GcsBackend(ObjectBackend):
                 headers={"Content-Range": "bytes 0-0/1", "Content-Length": "1"},
                 data=b"2",
             )
-        except (AlreadyExistsError, CommitError):
+        except AlreadyExistsError:  # 412 Precondition Failed: the one answer that means honoured
             return True
+        except CommitError:  # refused for another reason: nothing shows the condition is honoured
+            return False
         finally:
             with contextlib.suppress(Exception):
                 self.delete_key(parts, key)
@@ -277,6 +298,24 @@ class GcsUpload(Upload):
         return crc32c_b64(int.from_bytes(self._crc.digest(), "big"))  # type: ignore[no-untyped-call]
 
 
+def _redacted(err: CommitStoreError, secrets: tuple[str, ...]) -> CommitStoreError:
+    """``err`` with its message redacted (the translated errors that quote the SDK's text)."""
+    text = redact(str(err), secrets)
+    if text == str(err) or isinstance(err, (NotFoundError, AlreadyExistsError)):
+        return err  # these never quote the SDK's text
+    return type(err)(text)
+
+
+def _credential_error(exc: Exception, secrets: tuple[str, ...]) -> CommitStoreError:
+    """The typed error for a ``token=`` that gcsfs/google-auth could not use (secrets masked)."""
+    what = f"{type(exc).__name__}: {redact(str(exc).splitlines()[0] if str(exc) else '', secrets)}"
+    if isinstance(exc, (OSError, TimeoutError)):  # requests' errors are OSErrors: unreachable
+        return BackendUnavailableError(
+            f"the GCS credentials given as token= could not be checked ({what[:300]})"
+        )
+    return ConfigurationError(f"token= is not a usable GCS credential ({what[:300]})")
+
+
 def _written(meta: dict[str, Any]) -> Written:
     generation = meta.get("generation")
     return Written(None if generation is None else str(generation), meta.get("crc32c"))
@@ -308,7 +347,14 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         kw["token"] = opts["token"]
     if opts["project"] is not None:
         kw["project"] = opts["project"]
-    fs = gcsfs.GCSFileSystem(**kw)
+    secrets = secret_values(opts["token"])
+    failure: Exception | None = None
+    try:
+        fs = gcsfs.GCSFileSystem(**kw)
+    except Exception as exc:  # google-auth checks a token here (and quotes it when that fails)
+        failure = exc
+    if failure is not None:  # raised outside the handler: the original is not even __context__
+        raise _credential_error(failure, secrets) from stand_in(failure, secrets)
     return GcsBackend(
         fs,
         parsed.netloc,
@@ -316,4 +362,5 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         chunk_size=int(opts["chunk_size"]),
         conditional_writes=opts["conditional_writes"],
         reason="gs:// URL (the resumable upload's final request is the commit)",
+        secrets=secrets,
     )

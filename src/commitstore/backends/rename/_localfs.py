@@ -1,17 +1,20 @@
-"""POSIX filesystem helpers of the local strategies (see ``posix.py``): error translation, the
-one-step publish (no-replace, link, replace or exchange) with its retries, read-back digests."""
+"""POSIX filesystem helpers of the local strategies (see ``posix.py``): error translation (the
+one place), stat results, the one-step publish (no-replace, link, replace or exchange) with its
+retries, read-back digests."""
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import stat as statmod
 import sys
 import time
 from collections.abc import Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
-from commitstore.backends.base import CommitInfo
+from commitstore.backends.base import CommitInfo, FileInfo
 from commitstore.backends.localtree import hash_fd
 from commitstore.backends.rename import _syscalls as _posix
 from commitstore.backends.rename.ops import CommitPolicy
@@ -19,9 +22,14 @@ from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
     CommitError,
+    CommitStoreError,
     InsufficientSpaceError,
+    IntegrityError,
     InvalidNameError,
+    NotFoundError,
+    StorageError,
 )
+from commitstore.layout import Parts
 
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
 _UNREACHABLE = (
@@ -49,6 +57,19 @@ def os_error(exc: Exception, what: str, path: str) -> Exception:
     if exc.errno in _UNREACHABLE:
         return BackendUnavailableError(f"{what} {path}: storage unreachable ({exc.strerror})")
     return CommitError(f"{what} {path} failed: {exc.strerror or exc}")
+
+
+def storage_error(exc: OSError, what: str, path: str) -> Exception:
+    """Translate an OSError of a call outside the commit recipe (stat, listing, read, lock,
+    removal) into the error tree (one place): no space, a vanished server and symlinks as in
+    :func:`os_error`, a vanished entry as NotFoundError, anything else StorageError with the
+    same errno."""
+    if exc.errno in _NOSPACE or exc.errno in _UNREACHABLE or exc.errno in (errno.ELOOP,):
+        return os_error(exc, what, path)
+    if exc.errno == errno.ENOENT:
+        return NotFoundError(f"{path} does not exist")
+    code = exc.errno if exc.errno is not None else errno.EIO
+    return StorageError(code, f"{what} {path} failed: {exc.strerror or exc}", path=path)
 
 
 def rmtree_at(dirfd: int, name: str) -> None:
@@ -156,3 +177,63 @@ def readback_digest(dirfd: int, name: str) -> tuple[int, str]:
         return hash_fd(fd, uncached=True)
     finally:
         os.close(fd)
+
+
+class _HasPaths(Protocol):
+    def path_of(self, parts: Parts) -> str: ...
+
+
+B = TypeVar("B", bound=_HasPaths)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def translated(
+    what: str,
+) -> Callable[[Callable[Concatenate[B, Parts, P], R]], Callable[Concatenate[B, Parts, P], R]]:
+    """Translate every ``OSError`` of a public method on ``parts`` into the error tree (no space:
+    InsufficientSpaceError; permission, read-only, I/O errors: StorageError; a gone server:
+    BackendUnavailableError), the OSError chained as ``__cause__``."""
+
+    def wrap(fn: Callable[Concatenate[B, Parts, P], R]) -> Callable[Concatenate[B, Parts, P], R]:
+        @functools.wraps(fn)
+        def call(self: B, parts: Parts, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return fn(self, parts, *args, **kwargs)
+            except CommitStoreError:
+                raise
+            except OSError as exc:
+                raise storage_error(exc, what, self.path_of(parts)) from exc
+
+        return call
+
+    return wrap
+
+
+def stat_info(st: os.stat_result) -> FileInfo:
+    mtime = st.st_mtime if st.st_mtime > 0 else None
+    is_dir = statmod.S_ISDIR(st.st_mode)
+    return FileInfo(
+        size=st.st_size,
+        mtime=mtime,
+        is_dir=is_dir,
+        regular=is_dir or statmod.S_ISREG(st.st_mode),
+    )
+
+
+def kind_of(mode: int) -> str:
+    for test, what in (
+        (statmod.S_ISLNK, "a symlink"),
+        (statmod.S_ISFIFO, "a FIFO"),
+        (statmod.S_ISSOCK, "a socket"),
+        (statmod.S_ISCHR, "a character device"),
+        (statmod.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def not_regular(path: str, what: str) -> IntegrityError:
+    """The error for reading something that is not a regular file (never read, never followed)."""
+    return IntegrityError(f"{path}: not a regular file ({what})", status="size_mismatch")

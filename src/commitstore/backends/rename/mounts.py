@@ -9,6 +9,10 @@ from dataclasses import dataclass
 BRIDGE_TYPES = frozenset({"9p", "drvfs", "cifs", "smb3", "smbfs", "nfs", "nfs4", "fuse", "fuseblk"})
 """Mount types that look local but behave like network storage (plus every ``fuse.*``)."""
 
+SINGLE_HOST_BRIDGES = frozenset({"fuseblk"})
+"""Bridge types whose storage only this host reaches (a FUSE driver over a local block device,
+such as ntfs-3g): what this host's kernel and daemon serialise is all there is."""
+
 
 @dataclass(frozen=True, slots=True)
 class Mount:
@@ -21,6 +25,13 @@ class Mount:
     def is_bridge(self) -> bool:
         """True for network and FUSE filesystems mounted as local paths."""
         return self.fstype in BRIDGE_TYPES or self.fstype.startswith("fuse.")
+
+    @property
+    def single_host(self) -> bool:
+        """True when no other host can write the same files: a local filesystem, or a bridge
+        over a local device (:data:`SINGLE_HOST_BRIDGES`). False for 9p, drvfs, CIFS/SMB, NFS and
+        FUSE file systems in general (sshfs, rclone, gcsfuse: a remote side others may write)."""
+        return not self.is_bridge or self.fstype in SINGLE_HOST_BRIDGES
 
 
 def _unescape(field: str) -> str:

@@ -1,8 +1,13 @@
-"""Local POSIX strategies (local disk, mounted bridges): their rename primitives, their policies
-and the factory that picks one from the mount. The recipe itself is ``sink.py``.
+"""The local POSIX strategy (``local-rename``): its rename primitives and policy. The recipe
+itself is ``sink.py``; mounted bridges and the choice between the two are ``bridge.py``.
 
 Every operation walks from the root with directory file descriptors opened ``O_NOFOLLOW``, so no
-symlink inside the tree can redirect a write (or a read) outside the root.
+symlink inside the tree can redirect a write (or a read) outside the root. Opening a store
+creates its root folder (the CLI refuses a local path that names no folder before opening it).
+
+Errors: inside the commit recipe every ``OSError`` goes through :meth:`LocalBackend.error`
+(``_localfs.os_error``); every other public method translates through ``_localfs.storage_error``
+(``_localfs.translated``), so no raw ``OSError`` leaves this module.
 """
 
 from __future__ import annotations
@@ -15,30 +20,26 @@ import os
 import stat as statmod
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
-from urllib.parse import unquote, urlsplit
+from typing import BinaryIO
 
-from commitstore.backends.base import (
-    Backend,
-    Capabilities,
-    CommitInfo,
-    FileInfo,
-    PutMode,
-    take_options,
-)
+from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
 from commitstore.backends.localtree import fsync_dir
 from commitstore.backends.rename import _syscalls
-from commitstore.backends.rename._localfs import os_error, publish_at, readback_digest, rmtree_at
-from commitstore.backends.rename.mounts import Mount, mount_of
+from commitstore.backends.rename._localfs import (
+    kind_of,
+    not_regular,
+    os_error,
+    publish_at,
+    readback_digest,
+    rmtree_at,
+    stat_info,
+    storage_error,
+    translated,
+)
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK
-from commitstore.errors import (
-    ConfigurationError,
-    IntegrityError,
-    InvalidNameError,
-    NotFoundError,
-)
+from commitstore.errors import InvalidNameError, NotFoundError
 from commitstore.layout import META_DIR, Parts
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -49,13 +50,6 @@ WRITEBACK_EVERY = 16 * 1024 * 1024
 """Start writeback of each finished 16 MiB range while later bytes are still written."""
 
 LOCAL_POLICY = CommitPolicy()
-BRIDGE_POLICY = CommitPolicy(
-    rename_attempts=6,
-    fresh_stat=True,
-    readback=True,
-    check_after_rename=True,
-    dir_fsync_tolerated=(errno.EINVAL, errno.ENOTSUP, errno.EIO),
-)
 
 
 @dataclasses.dataclass(slots=True)
@@ -84,7 +78,10 @@ class LocalBackend(RenameBackend[int, Staging]):
     def __init__(self, root: str | os.PathLike[str], *, reason: str = "local path") -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.reason = reason
-        os.makedirs(self.root, exist_ok=True)
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, "creating the store's folder", self.root) from exc
 
     def __repr__(self) -> str:
         return f"LocalBackend({self.root!r})"
@@ -95,7 +92,8 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     # -- directory walking -------------------------------------------------------------
     def open_dir(self, parts: Parts, *, create: bool) -> int:
-        """Open the folder ``parts`` below the root without following symlinks; return its fd."""
+        """Open the folder ``parts`` below the root without following symlinks; return its fd.
+        With ``create`` missing folders are made."""
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for part in parts:
@@ -193,6 +191,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         return os_error(exc, what, shown)
 
     # -- Backend API -------------------------------------------------------------------
+    @translated("opening")
     def open_read(self, parts: Parts) -> BinaryIO:
         """Open a regular file for reading. Opened ``O_NONBLOCK|O_NOFOLLOW`` and checked with
         ``fstat`` before anything is read, so a FIFO never blocks and a symlink is never
@@ -202,16 +201,16 @@ class LocalBackend(RenameBackend[int, Staging]):
         except (FileNotFoundError, NotADirectoryError) as exc:
             raise NotFoundError(f"{self.path_of(parts)} does not exist") from exc
         except InvalidNameError as exc:
-            raise _not_regular(self.path_of(parts), "a folder on its path is a symlink") from exc
+            raise not_regular(self.path_of(parts), "a folder on its path is a symlink") from exc
         try:
             fd = os.open(parts[-1], _READ_FLAGS, dir_fd=dirfd)
         except FileNotFoundError as exc:
             raise NotFoundError(f"{self.path_of(parts)} does not exist") from exc
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise _not_regular(self.path_of(parts), "a symlink; not followed") from exc
+                raise not_regular(self.path_of(parts), "a symlink; not followed") from exc
             if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
-                raise _not_regular(self.path_of(parts), "a socket or device") from exc
+                raise not_regular(self.path_of(parts), "a socket or device") from exc
             raise
         finally:
             os.close(dirfd)
@@ -220,13 +219,14 @@ class LocalBackend(RenameBackend[int, Staging]):
             if statmod.S_ISDIR(mode):
                 raise NotFoundError(f"{self.path_of(parts)} is a folder, not a file")
             if not statmod.S_ISREG(mode):
-                raise _not_regular(self.path_of(parts), _kind(mode))
+                raise not_regular(self.path_of(parts), kind_of(mode))
             os.set_blocking(fd, True)
         except BaseException:
             os.close(fd)
             raise
         return os.fdopen(fd, "rb", buffering=READ_CHUNK)
 
+    @translated("checking")
     def stat(self, parts: Parts) -> FileInfo | None:
         try:
             dirfd = self.open_dir(parts[:-1], create=False)
@@ -238,8 +238,9 @@ class LocalBackend(RenameBackend[int, Staging]):
             return None
         finally:
             os.close(dirfd)
-        return _info(st)
+        return stat_info(st)
 
+    @translated("listing")
     def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
         try:
             topfd = self.open_dir(parts, create=False)
@@ -255,11 +256,12 @@ class LocalBackend(RenameBackend[int, Staging]):
                     except FileNotFoundError:
                         continue
                     if not statmod.S_ISDIR(st.st_mode):
-                        out.append(((*rel, entry), _info(st)))
+                        out.append(((*rel, entry), stat_info(st)))
         finally:
             os.close(topfd)
         return out
 
+    @translated("listing")
     def walk_folders(self, parts: Parts) -> list[Parts]:
         try:
             topfd = self.open_dir(parts, create=False)
@@ -280,6 +282,7 @@ class LocalBackend(RenameBackend[int, Staging]):
             os.close(topfd)
         return out
 
+    @translated("checking")
     def last_change(self, parts: Parts) -> float | None:
         """Newest of mtime and ctime of ``parts`` and everything below it (``lstat``, no link
         followed); None if it is gone or any mtime is 0."""
@@ -309,6 +312,7 @@ class LocalBackend(RenameBackend[int, Staging]):
             return None
         return max(max(st.st_mtime, st.st_ctime) for st in stats)
 
+    @translated("removing")
     def remove(self, parts: Parts) -> bool:
         try:
             dirfd = self.open_dir(parts[:-1], create=False)
@@ -325,121 +329,38 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:
-        """``flock`` on ``<root>/.commitstore/lock`` (released by the kernel if the holder dies)."""
-        dirfd = self.open_dir((META_DIR,), create=True)
+        """``flock`` on ``<root>/.commitstore/lock`` (released by the kernel if the holder dies).
+
+        Raises:
+            InsufficientSpaceError, StorageError, BackendUnavailableError: the lock file could not
+                be created, opened or locked (nothing is done under it).
+        """
+        fd = self._lock_fd((META_DIR, "lock"))
+        try:
+            yield
+        finally:
+            os.close(fd)
+
+    @translated("locking")
+    def _lock_fd(self, parts: Parts) -> int:
+        dirfd = self.open_dir(parts[:-1], create=True)
         try:
             fd = os.open(
-                "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dirfd
+                parts[-1],
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o666,
+                dir_fd=dirfd,
             )
         finally:
             os.close(dirfd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        return fd
 
+    @translated("checking the free space of")
     def free_space(self, parts: Parts) -> int | None:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
-
-
-class BridgeBackend(LocalBackend):
-    """A folder on a mounted network or FUSE filesystem."""
-
-    strategy = "bridge-checked"
-    capabilities = Capabilities(
-        atomic_replace=True,
-        exclusive_create=True,
-        dir_fsync=False,
-        atomic_dir_publish=True,
-        free_space=True,
-    )
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        *,
-        reason: str,
-        mount: Mount | None,
-        readback: bool = True,
-    ) -> None:
-        super().__init__(root, reason=reason)
-        self.mount = mount
-        self.policy: CommitPolicy = dataclasses.replace(BRIDGE_POLICY, readback=readback)
-
-    def __repr__(self) -> str:
-        return f"BridgeBackend({self.root!r})"
-
-    def open_read(self, parts: Parts) -> BinaryIO:
-        """Open for reading with the client's cached pages of the file dropped first, so checks
-        see what the far side holds."""
-        f = super().open_read(parts)
-        with contextlib.suppress(OSError):
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        return f
-
-    def describe_more(self) -> dict[str, Any]:
-        m, p = self.mount, self.policy
-        return {
-            "mount": {"mount_point": m.mount_point, "fstype": m.fstype} if m else None,
-            "checks": {
-                "fresh_stat": p.fresh_stat,
-                "readback": p.readback,
-                "rename_attempts": p.rename_attempts,
-                "size_after_rename": p.check_after_rename,
-                "dir_fsync_errors_tolerated": [errno.errorcode[e] for e in p.dir_fsync_tolerated],
-            },
-        }
-
-
-def _info(st: os.stat_result) -> FileInfo:
-    mtime = st.st_mtime if st.st_mtime > 0 else None
-    is_dir = statmod.S_ISDIR(st.st_mode)
-    return FileInfo(
-        size=st.st_size,
-        mtime=mtime,
-        is_dir=is_dir,
-        regular=is_dir or statmod.S_ISREG(st.st_mode),
-    )
-
-
-def _kind(mode: int) -> str:
-    for test, what in (
-        (statmod.S_ISLNK, "a symlink"),
-        (statmod.S_ISFIFO, "a FIFO"),
-        (statmod.S_ISSOCK, "a socket"),
-        (statmod.S_ISCHR, "a character device"),
-        (statmod.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return what
-    return "not a regular file"
-
-
-def _not_regular(path: str, what: str) -> IntegrityError:
-    """The error for reading something that is not a regular file (never read, never followed)."""
-    return IntegrityError(f"{path}: not a regular file ({what})", status="size_mismatch")
-
-
-def factory(url: str, options: dict[str, Any]) -> Backend:
-    opts = take_options(options, {"strategy": "auto", "readback": True})
-    if url.startswith("file://"):
-        parsed = urlsplit(url)
-        if parsed.netloc not in ("", "localhost"):
-            raise ConfigurationError(f"file:// URL with a remote host is not supported: {url!r}")
-        path, how = unquote(parsed.path), "file:// URL"
-    else:
-        path, how = os.path.expanduser(url), "local path"
-    strategy = opts["strategy"]
-    if strategy not in ("auto", "local", "bridge"):
-        raise ConfigurationError(f"strategy must be 'auto', 'local' or 'bridge', not {strategy!r}")
-    mount = mount_of(path)
-    where = f"on {mount.fstype} mounted at {mount.mount_point}" if mount else "mount unknown"
-    if strategy == "bridge" or (strategy == "auto" and mount is not None and mount.is_bridge):
-        why = "strategy='bridge' requested" if strategy == "bridge" else "network/FUSE mount"
-        return BridgeBackend(
-            path, reason=f"{how} {where} ({why})", mount=mount, readback=bool(opts["readback"])
-        )
-    why = "strategy='local' requested" if strategy == "local" else "local filesystem"
-    return LocalBackend(path, reason=f"{how} {where} ({why})")

@@ -23,8 +23,10 @@ A file artifact at ``<folder>/<name>`` (:class:`StagedFileSink`):
    loss until step 8.
 7. ``policy.check_after_rename``: the final name's size must match; if not it is removed again
    (un-published) and CommitError is raised.
-8. Sync the folder (directory fsync) so the rename is durable. A tolerated error, or storage with
-   no directory sync, leaves the artifact committed with ``CommitInfo.durable`` False or a note.
+8. Sync the folder (directory fsync) so the rename is durable. Any error here (a tolerated one,
+   EIO, the server gone), or storage with no directory sync, leaves the artifact committed with
+   ``CommitInfo.durable`` False and a note: the publish has happened and is never reported as a
+   failure (a record written after it would otherwise be missing while its data stands).
 
 On any failure before step 6 :meth:`abort` removes the staging file; a staging file orphaned by
 a crash is removed later by gc.
@@ -114,6 +116,20 @@ class _Staged(Generic[D, H]):
             raise AlreadyExistsError(f"{self._shown} already exists") from exc
         self._done = True
 
+    def _sync_published(self, info: CommitInfo) -> None:
+        """Step 8, after the rename: the artifact is published whatever happens here, so a
+        failing folder sync (EIO, the server gone) does not fail the publish. It is recorded
+        as "durability unconfirmed" (``info.durable`` False, a note the commit logs as a
+        warning): the rename may not survive a power loss, but nothing was lost yet."""
+        try:
+            self._step("syncing the folder of", self._ops.sync_folder, self._folder, info)
+        except Exception as exc:
+            info.durable = False
+            info.notes.append(
+                f"{self._shown} is published, but syncing its folder failed ({exc}): "
+                "durability unconfirmed"
+            )
+
 
 def _check_size(shown: str, stored: int | None, expected: int, when: str) -> None:
     if stored != expected:
@@ -169,7 +185,7 @@ class StagedFileSink(_Staged[D, H], FileSink):
             self._rename(info, is_dir=False)
             if ops.policy.check_after_rename:
                 self._check_final()
-            self._step("syncing the folder of", ops.sync_folder, self._folder, info)
+            self._sync_published(info)
             return info
         except BaseException:
             self.abort()
@@ -228,7 +244,7 @@ class StagedDirSink(_Staged[D, H], DirSink):
         self.local_path = local
 
     def publish(self) -> CommitInfo:
-        ops, policy = self._ops, self._ops.policy
+        policy = self._ops.policy
         info = CommitInfo(0)
         try:
             if self._in_place:
@@ -246,7 +262,7 @@ class StagedDirSink(_Staged[D, H], DirSink):
             info.bytes_written = sum(size for _, size, _ in info.files)
             self._rename(info, is_dir=True)
             self._staged = False
-            self._step("syncing the folder of", ops.sync_folder, self._folder, info)
+            self._sync_published(info)
             return info
         except BaseException:
             self.abort()

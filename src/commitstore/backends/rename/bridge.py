@@ -1,0 +1,111 @@
+"""The mounted-bridge strategy (``bridge-checked``: 9p, drvfs, CIFS, NFS, FUSE mounts) and the
+factory that picks it or ``local-rename`` from the path's mount (``mounts.py``).
+
+The bridge is the local recipe with every check a network filesystem needs (fresh stat,
+read-back digest, rename retries, size after the rename, directory-fsync errors reported rather
+than fatal): :data:`BRIDGE_POLICY`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import os
+from typing import Any, BinaryIO
+from urllib.parse import unquote, urlsplit
+
+from commitstore.backends.base import Backend, Capabilities, take_options
+from commitstore.backends.rename.mounts import Mount, mount_of
+from commitstore.backends.rename.ops import CommitPolicy
+from commitstore.backends.rename.posix import LocalBackend
+from commitstore.errors import ConfigurationError
+from commitstore.layout import Parts
+
+BRIDGE_POLICY = CommitPolicy(
+    rename_attempts=6,
+    fresh_stat=True,
+    readback=True,
+    check_after_rename=True,
+    dir_fsync_tolerated=(errno.EINVAL, errno.ENOTSUP, errno.EIO),
+)
+
+
+class BridgeBackend(LocalBackend):
+    """A folder on a mounted network or FUSE filesystem."""
+
+    strategy = "bridge-checked"
+    capabilities = Capabilities(
+        atomic_replace=True,
+        exclusive_create=False,
+        dir_fsync=False,
+        atomic_dir_publish=True,
+        free_space=True,
+    )
+    """``exclusive_create`` is declared per mount (:meth:`__init__`): True only where no other
+    host writes the same files (:attr:`Mount.single_host`)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        reason: str,
+        mount: Mount | None,
+        readback: bool = True,
+    ) -> None:
+        super().__init__(root, reason=reason)
+        self.mount = mount
+        self.policy: CommitPolicy = dataclasses.replace(BRIDGE_POLICY, readback=readback)
+        # renameat2(RENAME_NOREPLACE), link() and the flock publish lock are atomic on this
+        # host's kernel; on a share other hosts write (9p, drvfs, CIFS, NFS, FUSE in general)
+        # neither the no-replace rename (often refused, then link or check-then-rename) nor
+        # flock is guaranteed to reach the far side, so create-only is not declared there.
+        exclusive = mount is not None and mount.single_host
+        self.capabilities = dataclasses.replace(type(self).capabilities, exclusive_create=exclusive)
+
+    def __repr__(self) -> str:
+        return f"BridgeBackend({self.root!r})"
+
+    def open_read(self, parts: Parts) -> BinaryIO:
+        """Open for reading with the client's cached pages of the file dropped first, so checks
+        see what the far side holds."""
+        f = super().open_read(parts)
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        return f
+
+    def describe_more(self) -> dict[str, Any]:
+        m, p = self.mount, self.policy
+        return {
+            "mount": {"mount_point": m.mount_point, "fstype": m.fstype} if m else None,
+            "checks": {
+                "fresh_stat": p.fresh_stat,
+                "readback": p.readback,
+                "rename_attempts": p.rename_attempts,
+                "size_after_rename": p.check_after_rename,
+                "dir_fsync_errors_tolerated": [errno.errorcode[e] for e in p.dir_fsync_tolerated],
+            },
+        }
+
+
+def factory(url: str, options: dict[str, Any]) -> Backend:
+    opts = take_options(options, {"strategy": "auto", "readback": True})
+    if url.startswith("file://"):
+        parsed = urlsplit(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigurationError(f"file:// URL with a remote host is not supported: {url!r}")
+        path, how = unquote(parsed.path), "file:// URL"
+    else:
+        path, how = os.path.expanduser(url), "local path"
+    strategy = opts["strategy"]
+    if strategy not in ("auto", "local", "bridge"):
+        raise ConfigurationError(f"strategy must be 'auto', 'local' or 'bridge', not {strategy!r}")
+    mount = mount_of(path)
+    where = f"on {mount.fstype} mounted at {mount.mount_point}" if mount else "mount unknown"
+    if strategy == "bridge" or (strategy == "auto" and mount is not None and mount.is_bridge):
+        why = "strategy='bridge' requested" if strategy == "bridge" else "network/FUSE mount"
+        return BridgeBackend(
+            path, reason=f"{how} {where} ({why})", mount=mount, readback=bool(opts["readback"])
+        )
+    why = "strategy='local' requested" if strategy == "local" else "local filesystem"
+    return LocalBackend(path, reason=f"{how} {where} ({why})")
