@@ -4,6 +4,7 @@ folder fsynced. Used by every folder sink (each family stages folders locally fi
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat as statmod
 from pathlib import Path
@@ -12,6 +13,22 @@ from commitstore.backends.base import CommitInfo
 from commitstore.digest import hash_stream
 from commitstore.errors import CommitError, InvalidNameError
 from commitstore.layout import validate_name
+
+log = logging.getLogger("commitstore")
+
+
+def close_quietly(fd: int) -> None:
+    """Close a descriptor opened only to read, to fsync or to name a folder (a directory, the
+    lock file, a file already fsynced): close(2) has no unflushed write of it to report, so an
+    error there (EIO, ENOSPC from a network client) loses nothing. Linux releases the descriptor
+    even then, so it is logged, never raised, and never closed twice. EBADF (a descriptor that
+    was not open: a bug) still raises."""
+    try:
+        os.close(fd)
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            raise
+        log.debug("closing descriptor %d: %s (ignored: nothing unflushed)", fd, exc)
 
 
 def fsync_dir(
@@ -85,14 +102,14 @@ def hash_and_sync_tree(
                 os.fsync(fd)
                 size, digest = hash_fd(fd, uncached=uncached)
             finally:
-                os.close(fd)
+                close_quietly(fd)
             files.append((rel, size, digest))
     for d in reversed(dirs):
         dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             fsync_dir(dfd, info or CommitInfo(0), tolerated)
         finally:
-            os.close(dfd)
+            close_quietly(dfd)
     return sorted(files)
 
 

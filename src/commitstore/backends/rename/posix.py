@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
-from commitstore.backends.localtree import fsync_dir
+from commitstore.backends.localtree import close_quietly, fsync_dir
 from commitstore.backends.rename import _syscalls
 from commitstore.backends.rename._localfs import (
     kind_of,
@@ -115,10 +115,10 @@ class LocalBackend(RenameBackend[int, Staging]):
                             "commitstore never follows symlinks below the root"
                         ) from exc
                     raise
-                os.close(fd)
+                close_quietly(fd)
                 fd = nfd
         except BaseException:
-            os.close(fd)
+            close_quietly(fd)
             raise
         return fd
 
@@ -130,7 +130,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         return self.open_dir(parts, create=True)
 
     def close_folder(self, folder: int) -> None:
-        os.close(folder)
+        close_quietly(folder)
 
     def create_staging(self, folder: int, name: str) -> Staging:
         return Staging(os.open(name, _CREATE_FLAGS, 0o666, dir_fd=folder))
@@ -213,7 +213,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                 raise not_regular(self.path_of(parts), "a socket or device") from exc
             raise
         finally:
-            os.close(dirfd)
+            close_quietly(dirfd)
         try:
             mode = os.fstat(fd).st_mode
             if statmod.S_ISDIR(mode):
@@ -222,7 +222,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                 raise not_regular(self.path_of(parts), kind_of(mode))
             os.set_blocking(fd, True)
         except BaseException:
-            os.close(fd)
+            close_quietly(fd)
             raise
         return os.fdopen(fd, "rb", buffering=READ_CHUNK)
 
@@ -237,7 +237,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         except (FileNotFoundError, NotADirectoryError):
             return None
         finally:
-            os.close(dirfd)
+            close_quietly(dirfd)
         return stat_info(st)
 
     @translated("listing")
@@ -258,7 +258,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                     if not statmod.S_ISDIR(st.st_mode):
                         out.append(((*rel, entry), stat_info(st)))
         finally:
-            os.close(topfd)
+            close_quietly(topfd)
         return out
 
     @translated("listing")
@@ -279,7 +279,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                     if statmod.S_ISDIR(st.st_mode):
                         out.append((*rel, entry))
         finally:
-            os.close(topfd)
+            close_quietly(topfd)
         return out
 
     @translated("checking")
@@ -295,7 +295,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         except (FileNotFoundError, NotADirectoryError):
             return None
         finally:
-            os.close(dirfd)
+            close_quietly(dirfd)
         if statmod.S_ISDIR(stats[0].st_mode):
             try:
                 topfd = self.open_dir(parts, create=False)
@@ -307,7 +307,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                         with contextlib.suppress(FileNotFoundError):
                             stats.append(os.stat(entry, dir_fd=dfd, follow_symlinks=False))
             finally:
-                os.close(topfd)
+                close_quietly(topfd)
         if any(st.st_mtime <= 0 for st in stats):
             return None
         return max(max(st.st_mtime, st.st_ctime) for st in stats)
@@ -325,7 +325,7 @@ class LocalBackend(RenameBackend[int, Staging]):
             fsync_dir(dirfd, CommitInfo(0), self.policy.dir_fsync_tolerated)
             return True
         finally:
-            os.close(dirfd)
+            close_quietly(dirfd)
 
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:
@@ -339,7 +339,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         try:
             yield
         finally:
-            os.close(fd)
+            close_quietly(fd)
 
     @translated("locking")
     def _lock_fd(self, parts: Parts) -> int:
@@ -352,11 +352,11 @@ class LocalBackend(RenameBackend[int, Staging]):
                 dir_fd=dirfd,
             )
         finally:
-            os.close(dirfd)
+            close_quietly(dirfd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
-            os.close(fd)
+            close_quietly(fd)
             raise
         return fd
 
