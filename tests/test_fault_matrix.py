@@ -14,80 +14,22 @@ leaves no staging or pending record; ``verify()`` reports no damage.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import commitstore
+from commitstore import open_store
+from commitstore.testing import LocalBackdoor
 
-from .faultshim.check import check_case
+from .faultshim.check import chain_of, check_case
 from .faultshim.ops import OPS
+from .faultshim.runner import FAULTS, Worker, build_shim
 
-ROOT_DIR = Path(__file__).resolve().parent.parent
-SHIM_SRC = Path(__file__).resolve().parent / "faultshim" / "faultshim.c"
-FAULTS = {"EIO": 5, "ENOSPC": 28, "EACCES": 13, "SIGKILL": -9}
 MATRIX: dict[tuple[str, str], int] = {}
 """Cases run, by (operation, fault)."""
-
-
-def build_shim(out: Path) -> Path:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.fail("no C compiler: dev.sh installs gcc (SYSTEM_PACKAGES)")
-    so = out / "faultshim.so"
-    subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(SHIM_SRC), "-ldl"],
-        check=True,
-        capture_output=True,
-    )
-    return so
-
-
-class Worker:
-    """The warm worker process (``tests/faultshim/worker.py``), one JSON line each way."""
-
-    def __init__(self, shim: Path) -> None:
-        src = str(Path(commitstore.__file__).resolve().parent.parent)
-        env = {
-            **os.environ,
-            "LD_PRELOAD": str(shim),
-            "PYTHONPATH": os.pathsep.join([str(ROOT_DIR), src]),
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faultshim.worker", str(shim)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            cwd=ROOT_DIR,
-            env=env,
-            text=True,
-        )
-
-    def run(self, op: str, where: Path, k: int, err: int) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        where.mkdir(parents=True)
-        req = {"op": op, "dir": str(where), "k": k, "err": err}
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, "the matrix worker died"
-        reply: dict[str, Any] = json.loads(line)
-        return reply
-
-    def stop(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -155,10 +97,10 @@ def test_fault_matrix(
     for k, call in enumerate(calls[op], start=1):
         where = tmp_path / f"k{k}"
         reply = worker.run(op, where, k, FAULTS[err])
-        problems = check_case(where / "store", OPS[op], reply, err)
+        root = where / "store"
+        problems = check_case(LocalBackdoor(root), partial(open_store, root), OPS[op], reply, err)
         if problems:
-            outcome = reply.get("chain", reply.get("outcome"))
-            failures.append(f"[{op} call {k} {call!r} {err}] outcome {outcome}: {problems}")
+            failures.append(f"[{op} call {k} {call!r} {err}] {chain_of(reply)}: {problems}")
         shutil.rmtree(where)
     MATRIX[(op, err)] = len(calls[op])
     assert not failures, "\n".join(failures)

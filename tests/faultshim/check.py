@@ -1,5 +1,6 @@
-"""The old-or-new check after one case of a fault matrix, from the raw files of the store (a
-backdoor: ``os`` calls, no commitstore code) and then through a freshly opened store.
+"""The old-or-new check after one case of a fault matrix, from the raw files or objects of the
+store (a backdoor: ``os`` calls, or the server's own client; no commitstore code) and then
+through a freshly opened store.
 
 Layout facts (record and pending-record paths, the record's fields) come from ``docs/format.md``,
 not from commitstore.
@@ -8,14 +9,13 @@ not from commitstore.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import xxhash
 
-from commitstore import NotFoundError, open_store
-from commitstore.testing import record_path
+from commitstore import CommitStore, CommitStoreError, NotFoundError
+from commitstore.testing import Backdoor, record_path
 
 from .ops import GONE, Op, Version
 
@@ -31,28 +31,24 @@ def xxh(data: bytes) -> str:
     return "xxh3_128:" + xxhash.xxh3_128_hexdigest(data)
 
 
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_bytes())
-    except FileNotFoundError:
+def _json(door: Backdoor, rel: str) -> Any:
+    data = door.read(rel)
+    if data is None:
         return None
-    except (ValueError, IsADirectoryError):
+    try:
+        return json.loads(data)
+    except ValueError:
         return "unreadable"
 
 
-def raw_version(root: Path, name: str) -> Version | None:
-    """The bytes of ``root/name``, the ``{path: bytes}`` of a folder there, or None."""
-    path = root / name
-    if path.is_file():
-        return path.read_bytes()
-    if not path.is_dir():
-        return None
-    out: dict[str, bytes] = {}
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            full = Path(dirpath) / f
-            out[full.relative_to(path).as_posix()] = full.read_bytes()
-    return out
+def raw_version(door: Backdoor, name: str, files: list[str]) -> Version | None:
+    """The bytes at ``name``, the ``{path: bytes}`` of a folder there, or None."""
+    data = door.read(name)
+    if data is not None:
+        return data
+    prefix = name + "/"
+    inside = {f[len(prefix) :]: door.read(f) for f in files if f.startswith(prefix)}
+    return {k: v for k, v in inside.items() if v is not None} or None
 
 
 def describes(record: Any, name: str, version: Version) -> bool:
@@ -77,17 +73,15 @@ def describes(record: Any, name: str, version: Version) -> bool:
     return found == files and record.get("size") == sum(len(d) for d in version.values())
 
 
-def state(root: Path, name: str, versions: dict[str, Version], *, settled: bool = False) -> str:
+def state(door: Backdoor, name: str, versions: dict[str, Version], *, settled: bool = False) -> str:
     """What ``name`` verifies as, from the raw files: a label of ``versions``, :data:`GONE` (no
     record claims it), or a description of a broken state. ``settled``: a version that is only
     claimed by the pending record does not count (after gc, every pending record is resolved)."""
-    data = raw_version(root, name)
+    data = raw_version(door, name, door.files())
     label = next((k for k, v in versions.items() if v == data), None)
-    record = _json(root / record_path(name))
-    pending = _json(root / pending_path(name))
-    via_pending = (
-        label is not None and not settled and describes(pending, name, versions[label])
-    )
+    record = _json(door, record_path(name))
+    pending = _json(door, pending_path(name))
+    via_pending = label is not None and not settled and describes(pending, name, versions[label])
     if record is not None:
         if label is not None and describes(record, name, versions[label]):
             return label
@@ -103,14 +97,29 @@ def state(root: Path, name: str, versions: dict[str, Version], *, settled: bool 
     return GONE
 
 
-def leftovers(root: Path) -> list[str]:
-    """Staging names and pending records anywhere below the root."""
-    out = []
-    for dirpath, dirs, files in os.walk(root):
-        for n in (*dirs, *files):
-            if n.startswith((STAGING, PENDING)):
-                out.append(os.path.relpath(os.path.join(dirpath, n), root))
-    return sorted(out)
+def leftovers(door: Backdoor) -> list[str]:
+    """Files with a staging name or a pending record's name anywhere in the store."""
+    return [f for f in door.files() if any(p.startswith((STAGING, PENDING)) for p in f.split("/"))]
+
+
+def chain(exc: BaseException) -> list[list[Any]]:
+    """``[type name, errno, typed]`` of an exception and of each one it was raised from."""
+    out: list[list[Any]] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(out) < 8:
+        typed = isinstance(seen, CommitStoreError)
+        out.append([type(seen).__name__, getattr(seen, "errno", None), typed])
+        seen = seen.__cause__ or seen.__context__
+    return out
+
+
+def chain_of(reply: dict[str, Any]) -> str:
+    """What a case ended with, for a failure message."""
+    if reply.get("killed"):
+        return "killed"
+    if reply.get("outcome") != "raised":
+        return str(reply.get("outcome"))
+    return " <- ".join(f"{n}({e})" if e is not None else n for n, e, _ in reply["chain"])
 
 
 def check_outcome(reply: dict[str, Any], err: str) -> list[str]:
@@ -128,15 +137,14 @@ def check_outcome(reply: dict[str, Any], err: str) -> list[str]:
         top = reply["chain"][0]
         if not top[2]:
             problems.append(f"untyped error escaped: {top[0]}: {reply.get('message')}")
-        elif err == "ENOSPC" and top[0] != "InsufficientSpaceError" and top[1] != 28:
-            # ENOSPC is documented as InsufficientSpaceError; a CommitError saying the new
-            # version stands may wrap it.
-            if not any(c[0] == "InsufficientSpaceError" for c in reply["chain"]):
-                problems.append(f"ENOSPC raised {top[0]}, not InsufficientSpaceError")
+        elif err == "ENOSPC" and not any(c[0] == "InsufficientSpaceError" for c in reply["chain"]):
+            # ENOSPC is documented as InsufficientSpaceError (a CommitError saying the new
+            # version stands may carry it as its cause)
+            problems.append(f"ENOSPC raised {top[0]}, not InsufficientSpaceError")
     return problems
 
 
-def check_states(root: Path, op: Op, reply: dict[str, Any], *, settled: bool) -> list[str]:
+def check_states(door: Backdoor, op: Op, reply: dict[str, Any], *, settled: bool) -> list[str]:
     problems = []
     expect = op.allowed
     if reply.get("outcome") == "ok" and not reply.get("killed"):
@@ -146,26 +154,33 @@ def check_states(root: Path, op: Op, reply: dict[str, Any], *, settled: bool) ->
             deleted = set(reply["summary"]["deleted"])
             expect = {n: {GONE} if n in deleted else {"old"} for n in op.versions}
     for name, versions in op.versions.items():
-        found = state(root, name, versions, settled=settled)
+        found = state(door, name, versions, settled=settled)
         if found not in expect[name]:
             when = "after gc" if settled else "before gc"
             problems.append(f"{name} is {found!r} {when} (allowed: {sorted(expect[name])})")
     return problems
 
 
-def check_case(root: Path, op: Op, reply: dict[str, Any], err: str) -> list[str]:
-    """Every check of one case; an empty list when all hold."""
+def check_case(
+    door: Backdoor,
+    reopen: Callable[[], CommitStore],
+    op: Op,
+    reply: dict[str, Any],
+    err: str,
+) -> list[str]:
+    """Every check of one case (``door``: the store's storage; ``reopen``: a fresh store on it);
+    an empty list when all hold."""
     problems = check_outcome(reply, err)
     if problems and reply.get("outcome") == "setup failed":
         return problems
-    problems += check_states(root, op, reply, settled=False)
+    problems += check_states(door, op, reply, settled=False)
     try:
-        fresh = open_store(root)
+        fresh = reopen()
         fresh.gc(min_age=0)
     except Exception as exc:
         return [*problems, f"reopen + gc raised {type(exc).__name__}: {exc}"]
-    problems += check_states(root, op, reply, settled=True)
-    left = leftovers(root)
+    problems += check_states(door, op, reply, settled=True)
+    left = leftovers(door)
     if left:
         problems.append(f"left after gc: {left}")
     report = fresh.verify()
@@ -173,7 +188,7 @@ def check_case(root: Path, op: Op, reply: dict[str, Any], err: str) -> list[str]
         bad = [(r.name, r.status) for r in report.results if r.status not in ("ok", "no_record")]
         problems.append(f"verify() after gc reports {bad}")
     for name, versions in op.versions.items():
-        found = state(root, name, versions, settled=True)
+        found = state(door, name, versions, settled=True)
         if found == GONE:
             try:
                 fresh.record(name)

@@ -54,7 +54,8 @@ def age_everything(root: Path) -> None:
 class Op:
     """One operation of the matrix.
 
-    ``setup(root)`` commits the starting state and returns the store the operation runs on;
+    ``setup(store, root)`` commits the starting state (``root``: the store's local folder, for
+    the operations that also touch raw files);
     ``run(store, pause)`` is the operation (``pause(True/False)`` stops counting calls around
     what a caller, not commitstore, does); it returns a JSON summary on success.
     ``versions``: every name the check covers, with its possible versions by label;
@@ -63,7 +64,7 @@ class Op:
     """
 
     name: str
-    setup: Callable[[Path], CommitStore]
+    setup: Callable[[CommitStore, Path], None]
     run: Callable[[CommitStore, Callable[[bool], None]], dict[str, Any]]
     versions: dict[str, dict[str, Version]]
     allowed: dict[str, set[str]]
@@ -71,15 +72,17 @@ class Op:
     new_name: set[str] = field(default_factory=set)
 
 
-def _store(root: Path, *files: tuple[str, Version]) -> CommitStore:
-    store = open_store(root)
+def _commit(*files: tuple[str, Version]) -> Callable[[CommitStore, Path], None]:
+    return lambda store, root: _store(store, *files)
+
+
+def _store(store: CommitStore, *files: tuple[str, Version]) -> None:
     for name, version in files:
         if isinstance(version, bytes):
             store.put_bytes(name, version)
         else:
             with store.stage_dir(name) as d:
                 fill(d, version)
-    return store
 
 
 Run = Callable[[CommitStore, Callable[[bool], None]], dict[str, Any]]
@@ -116,11 +119,11 @@ def _stage_dir(name: str, files: dict[str, bytes], overwrite: bool) -> Run:
     return run
 
 
-def _gc_setup(root: Path) -> CommitStore:
+def _gc_setup(store: CommitStore, root: Path) -> None:
     """``a.bin`` whole; ``w.bin``: its new data published, the record not yet (a pending record
     that the data matches: gc makes it the record); ``v.bin``: a pending record written, the
     data not yet published (gc drops it); a stale staging file and staging folder."""
-    store = _store(root, ("a.bin", OLD), ("w.bin", OLD), ("v.bin", OLD))
+    _store(store, ("a.bin", OLD), ("w.bin", OLD), ("v.bin", OLD))
     scratch = root.parent / "scratch"
     other = open_store(scratch)
     other.put_bytes("w.bin", NEW)
@@ -136,18 +139,16 @@ def _gc_setup(root: Path) -> CommitStore:
     fill(root / ".commitstore.tmp.fedcba9876543210.ckpt-9", {"a.bin": b"x", "s/b.bin": b"y"})
     age_everything(root)
     shutil.rmtree(scratch)
-    return store
 
 
-def _prune_setup(root: Path) -> CommitStore:
-    store = _store(
-        root,
+def _prune_setup(store: CommitStore, root: Path) -> None:
+    _store(
+        store,
         ("step_1.pt", OLD + b"1"),
         ("ckpt-2", OLD_DIR),
         ("step_3.pt", OLD + b"3"),
     )
     age_everything(root)
-    return store
 
 
 def _prune(store: CommitStore, pause: Callable[[bool], None]) -> dict[str, Any]:
@@ -155,7 +156,7 @@ def _prune(store: CommitStore, pause: Callable[[bool], None]) -> dict[str, Any]:
     return {"deleted": sorted(report.deleted)}
 
 
-OLD_NEW = {"old": OLD, "new": NEW}
+OLD_NEW: dict[str, Version] = {"old": OLD, "new": NEW}
 OLD_NEW_DIR: dict[str, Version] = {"old": OLD_DIR, "new": NEW_DIR}
 
 OPS: dict[str, Op] = {
@@ -163,7 +164,7 @@ OPS: dict[str, Op] = {
     for op in (
         Op(
             "put_new",
-            lambda root: _store(root, ("a.bin", OLD)),
+            _commit(("a.bin", OLD)),
             _put("n/new.bin", False),
             {"a.bin": {"old": OLD}, "n/new.bin": {"new": NEW}},
             {"a.bin": {"old"}, "n/new.bin": {"new", GONE}},
@@ -172,7 +173,7 @@ OPS: dict[str, Op] = {
         ),
         Op(
             "put_overwrite",
-            lambda root: _store(root, ("w.bin", OLD)),
+            _commit(("w.bin", OLD)),
             _put("w.bin", True),
             {"w.bin": OLD_NEW},
             {"w.bin": {"old", "new"}},
@@ -180,7 +181,7 @@ OPS: dict[str, Op] = {
         ),
         Op(
             "dir_new",
-            lambda root: _store(root, ("a.bin", OLD)),
+            _commit(("a.bin", OLD)),
             _stage_dir("ck/new", NEW_DIR, False),
             {"a.bin": {"old": OLD}, "ck/new": {"new": NEW_DIR}},
             {"a.bin": {"old"}, "ck/new": {"new", GONE}},
@@ -189,7 +190,7 @@ OPS: dict[str, Op] = {
         ),
         Op(
             "dir_overwrite",
-            lambda root: _store(root, ("ck/w", OLD_DIR)),
+            _commit(("ck/w", OLD_DIR)),
             _stage_dir("ck/w", NEW_DIR, True),
             {"ck/w": OLD_NEW_DIR},
             {"ck/w": {"old", "new"}},
@@ -197,7 +198,7 @@ OPS: dict[str, Op] = {
         ),
         Op(
             "delete_file",
-            lambda root: _store(root, ("a.bin", OLD), ("d.bin", OLD)),
+            _commit(("a.bin", OLD), ("d.bin", OLD)),
             _delete("d.bin"),
             {"a.bin": {"old": OLD}, "d.bin": {"old": OLD}},
             {"a.bin": {"old"}, "d.bin": {"old", GONE}},
@@ -205,7 +206,7 @@ OPS: dict[str, Op] = {
         ),
         Op(
             "delete_dir",
-            lambda root: _store(root, ("ck/d", OLD_DIR)),
+            _commit(("ck/d", OLD_DIR)),
             _delete("ck/d"),
             {"ck/d": {"old": OLD_DIR}},
             {"ck/d": {"old", GONE}},

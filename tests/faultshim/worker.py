@@ -1,12 +1,14 @@
-"""The warm worker of the syscall fault matrix: ``python -m tests.faultshim.worker SHIM``, started
-with ``LD_PRELOAD=SHIM``, commitstore already imported.
+"""The warm worker of the fault matrices: ``python -m tests.faultshim.worker [SHIM]``, started
+with ``LD_PRELOAD=SHIM`` for the syscall matrix (no argument: the FUSE request matrix, whose
+faults faultfs injects).
 
-Reads one JSON request a line on stdin, ``{"op", "dir", "k", "err"}``, and forks a child per
-request: the child sets the operation's store up under ``dir/store`` with the shim disarmed,
-arms it (``k == 0``: count and log the calls; else fail the k-th with errno ``err``, or SIGKILL
-itself at it for ``err == -9``), runs the operation, disarms, and reports what happened through
-a pipe. The worker answers one JSON line on stdout: the child's report, and whether it was killed.
-Forking a warm process costs a few milliseconds, where starting an interpreter costs a second.
+Reads one JSON request a line on stdin, ``{"op", "dir", "k", "err"}`` (plus ``"control"`` and
+``"match"`` for faultfs), and forks a child per request: the child sets the operation's store up
+under ``dir/store`` with no fault armed, arms the shim or faultfs (``k == 0``: count and log the
+calls or requests; else fail the k-th with errno ``err``, or SIGKILL the child at it for
+``err == -9``), runs the operation, disarms, and reports what happened through a pipe. The worker
+answers one JSON line on stdout: the child's report, and whether it was killed. Forking a warm
+process costs a few milliseconds, where starting an interpreter costs a second.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from commitstore import CommitStoreError
+from commitstore import open_store
 from commitstore.backends.rename import _syscalls
 
+from .check import chain
 from .ops import OPS
 
 
@@ -43,41 +46,90 @@ def load(shim_path: str) -> ctypes.CDLL:
     return shim
 
 
-def chain(exc: BaseException) -> list[list[Any]]:
-    """``[type name, errno, typed]`` of the exception and each one it was raised from."""
-    out: list[list[Any]] = []
-    seen: BaseException | None = exc
-    while seen is not None and len(out) < 8:
-        out.append(
-            [type(seen).__name__, getattr(seen, "errno", None), isinstance(seen, CommitStoreError)]
-        )
-        seen = seen.__cause__ or seen.__context__
-    return out
+class ShimFaults:
+    """Faults from the preloaded shim: every libc call on the store's files."""
+
+    def __init__(self, shim: ctypes.CDLL, req: dict[str, Any], root: Path) -> None:
+        self.shim, self.req, self.root = shim, req, root
+
+    def arm(self) -> None:
+        self.shim.shim_arm(str(self.root).encode(), int(self.req["k"]), int(self.req["err"]))
+
+    def pause(self, on: bool) -> None:
+        self.shim.shim_pause(int(on))
+
+    def disarm(self, report: dict[str, Any]) -> None:
+        self.shim.shim_disarm()
+        report["count"] = self.shim.shim_count()
+        report["fired"] = bool(self.shim.shim_fired())
+        if int(self.req["k"]) == 0:
+            report["calls"] = self.shim.shim_log().decode(errors="replace").splitlines()
 
 
-def child(shim: ctypes.CDLL, req: dict[str, Any]) -> dict[str, Any]:
+ERRNO_NAMES = {5: "EIO", 28: "ENOSPC", 13: "EACCES", -9: "SIGKILL"}
+
+
+class FuseFaults:
+    """Faults from faultfs (``nth_request``): every request the kernel sends it for the case's
+    folder (``match``). Its control file is switched by rewriting it with a new mtime."""
+
+    def __init__(self, req: dict[str, Any]) -> None:
+        self.req = req
+        self.control = Path(req["control"])
+        self.log = Path(str(self.control) + ".log")
+        self.start = self.log.stat().st_size if self.log.exists() else 0
+
+    def _set(self, faults: dict[str, Any]) -> None:
+        self.control.write_text(json.dumps(faults))
+        stamp = os.stat(self.control).st_mtime_ns + 1_000_000
+        os.utime(self.control, ns=(stamp, stamp))
+
+    def arm(self) -> None:
+        k = int(self.req["k"])
+        fault = {
+            "match": self.req["match"],
+            "n": k,
+            "errno": ERRNO_NAMES.get(int(self.req["err"]), "EIO"),
+        }
+        self._set({"nth_request": {**fault, "log": k == 0}})
+
+    def pause(self, on: bool) -> None:
+        """The caller's own writes into a staging folder go through the mount too: they are
+        counted and may be failed (faultfs cannot tell them apart)."""
+
+    def disarm(self, report: dict[str, Any]) -> None:
+        self._set({})
+        with open(self.log, "rb") as f:
+            f.seek(self.start)
+            events = [json.loads(line) for line in f.read().decode().splitlines() if line]
+        requests = [e for e in events if e["op"] == "request"]
+        report["count"] = len(requests)
+        report["fired"] = any(e["op"] == "nth_request" for e in events)
+        if int(self.req["k"]) == 0:
+            report["calls"] = [f"{e['kind']} {e['path']}" for e in requests]
+
+
+def child(shim: ctypes.CDLL | None, req: dict[str, Any]) -> dict[str, Any]:
     op = OPS[req["op"]]
     root = Path(req["dir"]) / "store"
-    store = op.setup(root)
+    store = open_store(root)
+    op.setup(store, root)
+    faults = ShimFaults(shim, req, root) if shim is not None else FuseFaults(req)
     report: dict[str, Any] = {}
-    shim.shim_arm(str(root).encode(), int(req["k"]), int(req["err"]))
+    faults.arm()
     try:
-        report["summary"] = op.run(store, lambda on: shim.shim_pause(int(on)))
+        report["summary"] = op.run(store, faults.pause)
         report["outcome"] = "ok"
     except BaseException as exc:  # the report says what escaped
         report["outcome"] = "raised"
         report["chain"] = chain(exc)
         report["message"] = str(exc)[:500]
     finally:
-        shim.shim_disarm()
-    report["count"] = shim.shim_count()
-    report["fired"] = bool(shim.shim_fired())
-    if int(req["k"]) == 0:
-        report["calls"] = shim.shim_log().decode(errors="replace").splitlines()
+        faults.disarm(report)
     return report
 
 
-def run_case(shim: ctypes.CDLL, req: dict[str, Any]) -> dict[str, Any]:
+def run_case(shim: ctypes.CDLL | None, req: dict[str, Any]) -> dict[str, Any]:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the worker's loop
@@ -101,7 +153,7 @@ def run_case(shim: ctypes.CDLL, req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    shim = load(sys.argv[1])
+    shim = load(sys.argv[1]) if len(sys.argv) > 1 else None
     for line in sys.stdin:
         reply = run_case(shim, json.loads(line))
         sys.stdout.write(json.dumps(reply) + "\n")

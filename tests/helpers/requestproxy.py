@@ -1,0 +1,148 @@
+"""An HTTP/1.1 fault proxy of the project's own that works request by request (the byte-level
+proxy in ``faultproxy.py`` cannot tell requests apart on a kept-alive connection).
+
+Every request head is parsed (its body is forwarded by ``Content-Length``), counted and logged as
+``"METHOD /path?query"``. Armed with ``fail(n, how, sticky)``: the n-th request (1-based), and
+with ``sticky`` every later one, is not forwarded; the client gets ``how == "error"`` a
+``503 SlowDown`` answer (an S3 error document; SDKs retry it), or ``how == "drop"`` its
+connection closed with no answer. Responses are relayed unparsed (a client sends its next request
+on a connection only after reading the answer, so the count is the order the client sent them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+from .samba import free_port
+
+ERROR = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s"
+)
+ERROR_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>injected by the request fault proxy</Message></Error>"
+)
+
+
+class RequestProxy:
+    """Listens on ``self.port``, forwards to ``upstream_port`` on 127.0.0.1."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.port = free_port()
+        self.log: list[str] = []
+        self.hit: list[str] = []
+        """The requests a fault was applied to."""
+        self._n = 0
+        self._fail_at: int | None = None
+        self._how = "error"
+        self._sticky = False
+        self._lock = threading.Lock()
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", self.port))
+        self._sock.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def count(self) -> None:
+        """Count and log from now on, failing nothing."""
+        self.fail(None)
+
+    def fail(self, n: int | None, how: str = "error", *, sticky: bool = False) -> None:
+        with self._lock:
+            self._n, self._fail_at, self._how, self._sticky = 0, n, how, sticky
+            self.log, self.hit = [], []
+
+    def _claim(self, line: str) -> str | None:
+        """Count a request; the fault to apply to it, or None."""
+        with self._lock:
+            self._n += 1
+            self.log.append(line)
+            at = self._fail_at
+            if at is None or self._n < at or (self._n > at and not self._sticky):
+                return None
+            self.hit.append(line)
+            return self._how
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        server: socket.socket | None = None
+        try:
+            reader = client.makefile("rb")
+            while True:
+                head = _read_head(reader)
+                if head is None:
+                    return
+                length = _content_length(head)
+                body = reader.read(length) if length else b""
+                line = head.split(b"\r\n", 1)[0].decode("latin-1")
+                method, target = [*line.split(" "), "", ""][:2]
+                fault = self._claim(f"{method} {target}")
+                if fault == "drop":
+                    return
+                if fault == "error":
+                    client.sendall(ERROR % (len(ERROR_BODY), ERROR_BODY))
+                    return
+                if server is None:
+                    server = socket.create_connection(self.upstream)
+                    threading.Thread(target=_relay, args=(server, client), daemon=True).start()
+                server.sendall(head + body)
+        except OSError:
+            return
+        finally:
+            for s in (client, server):
+                if s is not None:
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)
+                    with contextlib.suppress(OSError):
+                        s.close()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+
+def _read_head(reader: object) -> bytes | None:
+    lines = []
+    while True:
+        line = reader.readline(65537)  # type: ignore[attr-defined]
+        if not line:
+            return None
+        lines.append(line)
+        if line in (b"\r\n", b"\n"):
+            return b"".join(lines)
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == b"content-length":
+            return int(value.strip())
+        if key.strip().lower() == b"transfer-encoding" and b"chunked" in value.lower():
+            raise OSError("chunked request bodies are not supported by the request proxy")
+    return 0
+
+
+def _relay(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_RDWR)

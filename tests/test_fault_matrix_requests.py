@@ -1,0 +1,171 @@
+"""The fault matrix at the request level: every request of a commit (new name, overwrite) and of
+a delete fails in turn, on the FUSE bridge (faultfs's ``nth_request``: an errno, or the writer
+SIGKILLed at that request) and on S3 (``helpers/requestproxy.py`` in front of moto: the server
+answering 503 from that request on, or the connection dropped at it). After each: a typed error or
+success, and every name old or new, from the backing folder or the bucket (a backdoor), before and
+after a fresh store's gc (``tests/faultshim/check.py``).
+
+The default run covers the overwrite under every fault, and the other operations at the
+requests that change something; ``soak`` runs every request of every operation.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commitstore import CommitStore, open_store
+from commitstore.testing import LocalBackdoor, S3Backdoor
+
+from .faultshim.check import chain, chain_of, check_case
+from .faultshim.ops import OPS
+from .faultshim.runner import FAULTS, Worker
+from .helpers.fusemount import FaultMount
+from .helpers.requestproxy import RequestProxy
+from .helpers.s3servers import BUCKET, MotoServer
+
+CHANGING = {"create", "write", "fsync", "flush", "release", "rename", "unlink", "link", "mkdir"}
+"""FUSE requests that change what the backing folder holds (or make it durable)."""
+COUNTED: dict[str, int] = {}
+
+
+def _soak_unless(default: bool) -> Any:
+    return () if default else (pytest.mark.soak,)
+
+
+# -- FUSE bridge --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultMount]:
+    m = FaultMount(tmp_path_factory.mktemp("matrix-faultfs"))
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+@pytest.fixture(scope="module")
+def fuse_worker() -> Iterator[Worker]:
+    w = Worker(None)
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+FUSE_CASES = [
+    pytest.param(op, err, every, id=f"{op}-{err}-{'all' if every else 'changing'}", marks=marks)
+    for op in ("put_overwrite", "put_new", "delete_file", "dir_new")
+    for err in FAULTS
+    for every, marks in (
+        (False, _soak_unless(op == "put_overwrite" or err in ("EIO", "SIGKILL"))),
+        (True, _soak_unless(False)),
+    )
+]
+
+
+@pytest.mark.parametrize(("op", "err", "every"), FUSE_CASES)
+def test_fuse_request_matrix(
+    mount: FaultMount, fuse_worker: Worker, op: str, err: str, every: bool
+) -> None:
+    """Each request faultfs receives for ``op`` fails in turn (``every``: all of them; else the
+    ones that change something); SIGKILL kills the writer at that request."""
+    tag = f"{op}-{err}-{every}-{time.monotonic_ns()}"
+    counted = fuse_worker.run(
+        op, mount.mnt / f"c{tag}", 0, 0, control=str(mount.control), match=f"/c{tag}/"
+    )
+    assert counted.get("outcome") == "ok", counted
+    calls: list[str] = counted["calls"]
+    picked = [k for k, c in enumerate(calls, 1) if every or c.split(" ")[0] in CHANGING]
+    assert len(picked) >= 5, calls
+    failures = []
+    for k in picked:
+        name = f"k{k}-{tag}"
+        reply = fuse_worker.run(
+            op, mount.mnt / name, k, FAULTS[err], control=str(mount.control), match=f"/{name}/"
+        )
+        mount.clear()
+        root = mount.backing / name / "store"
+        problems = check_case(LocalBackdoor(root), partial(open_store, root), OPS[op], reply, err)
+        if problems:
+            failures.append(
+                f"[{op} request {k} {calls[k - 1]!r} {err}] {chain_of(reply)}: {problems}"
+            )
+        shutil.rmtree(mount.backing / name, ignore_errors=True)
+    COUNTED[f"fuse {op} {err}"] = len(picked)
+    assert not failures, "\n".join(failures)
+
+
+# -- S3 -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def s3proxy(moto: MotoServer) -> Iterator[RequestProxy]:
+    proxy = RequestProxy(moto.port)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+@pytest.fixture(autouse=True)
+def _one_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One retry per request (botocore's default is four, with backoff): a fault still meets the
+    SDK's retry, and a fault that stays costs a fraction of a second."""
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+
+
+S3_FAULTS = {"503-from-here": ("error", True), "drop": ("drop", False), "503": ("error", False)}
+S3_CASES = [
+    pytest.param(op, fault, id=f"{op}-{fault}", marks=_soak_unless(op == "put_overwrite"))
+    for op in ("put_overwrite", "put_new", "delete_file")
+    for fault in S3_FAULTS
+]
+
+
+def _s3_run(
+    moto: MotoServer, proxy: RequestProxy, op: str, fault: tuple[str, bool] | None, k: int
+) -> tuple[dict[str, Any], S3Backdoor, Any]:
+    prefix = f"m{time.monotonic_ns()}"
+    url, opts = moto.url(prefix), {**moto.options(), "endpoint_url": proxy.endpoint}
+    proxy.count()
+    store: CommitStore = open_store(url, **opts)
+    OPS[op].setup(store, Path("/nonexistent"))
+    if fault is None:
+        proxy.count()
+    else:
+        proxy.fail(k, fault[0], sticky=fault[1])
+    reply: dict[str, Any] = {"killed": False}
+    try:
+        OPS[op].run(store, lambda on: None)
+        reply["outcome"] = "ok"
+    except Exception as exc:
+        reply["outcome"], reply["chain"] = "raised", chain(exc)
+        reply["message"] = str(exc)[:300]
+    reply["fired"] = bool(proxy.hit) or fault is None
+    reply["calls"] = list(proxy.log)
+    proxy.count()
+    return reply, S3Backdoor(moto.client(), BUCKET, prefix), lambda: open_store(url, **opts)
+
+
+@pytest.mark.parametrize(("op", "fault"), S3_CASES)
+def test_s3_request_matrix(moto: MotoServer, s3proxy: RequestProxy, op: str, fault: str) -> None:
+    """Each HTTP request of ``op`` in turn gets a 503 (from it on, or that one only) or its
+    connection dropped."""
+    counted, _, _ = _s3_run(moto, s3proxy, op, None, 0)
+    assert counted["outcome"] == "ok", counted
+    calls = counted["calls"]
+    assert len(calls) >= 2, calls
+    failures = []
+    for k in range(1, len(calls) + 1):
+        reply, door, reopen = _s3_run(moto, s3proxy, op, S3_FAULTS[fault], k)
+        problems = check_case(door, reopen, OPS[op], reply, "request")
+        if problems:
+            failures.append(
+                f"[{op} request {k} {calls[k - 1]!r} {fault}] {chain_of(reply)}: {problems}"
+            )
+    COUNTED[f"s3 {op} {fault}"] = len(calls)
+    assert not failures, "\n".join(failures)
