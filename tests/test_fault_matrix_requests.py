@@ -1,12 +1,13 @@
 """The fault matrix at the request level: every request of a commit (new name, overwrite) and of
 a delete fails in turn, on the FUSE bridge (faultfs's ``nth_request``: an errno, or the writer
 SIGKILLed at that request) and on S3 (``helpers/requestproxy.py`` in front of moto: the server
-answering 503 from that request on, or the connection dropped at it). After each: a typed error or
+answering 500 from that request on, or the connection dropped at it). After each: a typed error or
 success, and every name old or new, from the backing folder or the bucket (a backdoor), before and
 after a fresh store's gc (``tests/faultshim/check.py``).
 
-The default run covers the overwrite under every fault, and the other operations at the
-requests that change something; ``soak`` runs every request of every operation.
+The default run covers, on FUSE, every request that changes something under EIO and SIGKILL
+(the overwrite under every fault), and on S3 the overwrite stopped at each of its requests;
+``soak`` runs every request of every operation under every fault.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def test_fuse_request_matrix(
     )
     assert counted.get("outcome") == "ok", counted
     calls: list[str] = counted["calls"]
-    picked = [k for k, c in enumerate(calls, 1) if every or c.split(" ")[0] in CHANGING]
-    assert len(picked) >= 5, calls
+    kinds = [c.split(" ")[0] for c in calls]
+    picked = [k for k, kind in enumerate(kinds, 1) if every or kind in CHANGING]
+    assert len(picked) >= 3, calls
     failures = []
     for k in picked:
         name = f"k{k}-{tag}"
@@ -91,7 +93,11 @@ def test_fuse_request_matrix(
         )
         mount.clear()
         root = mount.backing / name / "store"
-        problems = check_case(LocalBackdoor(root), partial(open_store, root), OPS[op], reply, err)
+        hit = reply.get("hit_pids", [])
+        # A SIGKILL that landed on a request the kernel sent on its own (pid 0) after the
+        # writer's last one found no process to kill: that request just failed with EIO.
+        seen = "EIO" if err == "SIGKILL" and hit and not any(hit) else err
+        problems = check_case(LocalBackdoor(root), partial(open_store, root), OPS[op], reply, seen)
         if problems:
             failures.append(
                 f"[{op} request {k} {calls[k - 1]!r} {err}] {chain_of(reply)}: {problems}"
@@ -118,9 +124,14 @@ def _one_retry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
 
 
-S3_FAULTS = {"503-from-here": ("error", True), "drop": ("drop", False), "503": ("error", False)}
+S3_FAULTS = {"500-from-here": ("error", True), "drop": ("drop", False), "500": ("error", False)}
 S3_CASES = [
-    pytest.param(op, fault, id=f"{op}-{fault}", marks=_soak_unless(op == "put_overwrite"))
+    pytest.param(
+        op,
+        fault,
+        id=f"{op}-{fault}",
+        marks=_soak_unless(op == "put_overwrite" and fault == "500-from-here"),
+    )
     for op in ("put_overwrite", "put_new", "delete_file")
     for fault in S3_FAULTS
 ]
@@ -153,7 +164,7 @@ def _s3_run(
 
 @pytest.mark.parametrize(("op", "fault"), S3_CASES)
 def test_s3_request_matrix(moto: MotoServer, s3proxy: RequestProxy, op: str, fault: str) -> None:
-    """Each HTTP request of ``op`` in turn gets a 503 (from it on, or that one only) or its
+    """Each HTTP request of ``op`` in turn gets a 500 (from it on, or that one only) or its
     connection dropped."""
     counted, _, _ = _s3_run(moto, s3proxy, op, None, 0)
     assert counted["outcome"] == "ok", counted

@@ -104,7 +104,8 @@ class FuseFaults:
             events = [json.loads(line) for line in f.read().decode().splitlines() if line]
         requests = [e for e in events if e["op"] == "request"]
         report["count"] = len(requests)
-        report["fired"] = any(e["op"] == "nth_request" for e in events)
+        report["hit_pids"] = [e["pid"] for e in events if e["op"] == "nth_request"]
+        report["fired"] = bool(report["hit_pids"])
         if int(self.req["k"]) == 0:
             report["calls"] = [f"{e['kind']} {e['path']}" for e in requests]
 

@@ -4,9 +4,11 @@ proxy in ``faultproxy.py`` cannot tell requests apart on a kept-alive connection
 Every request head is parsed (its body is forwarded by ``Content-Length``), counted and logged as
 ``"METHOD /path?query"``. Armed with ``fail(n, how, sticky)``: the n-th request (1-based), and
 with ``sticky`` every later one, is not forwarded; the client gets ``how == "error"`` a
-``503 SlowDown`` answer (an S3 error document; SDKs retry it), or ``how == "drop"`` its
-connection closed with no answer. Responses are relayed unparsed (a client sends its next request
-on a connection only after reading the answer, so the count is the order the client sent them).
+``500 InternalError`` answer (an S3 error document; the SDK retries it), or ``how == "drop"`` its
+connection closed with no answer (bodies are streamed after the head, so a client waiting for
+``100 Continue`` gets it from the server). Responses are relayed unparsed (a client sends its
+next request on a connection only after reading the answer, so the count is the order the client
+sent them).
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import threading
 from .samba import free_port
 
 ERROR = (
-    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
+    b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
     b"Connection: close\r\n\r\n%s"
 )
 ERROR_BODY = (
-    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code>'
     b"<Message>injected by the request fault proxy</Message></Error>"
 )
 
@@ -88,7 +90,6 @@ class RequestProxy:
                 if head is None:
                     return
                 length = _content_length(head)
-                body = reader.read(length) if length else b""
                 line = head.split(b"\r\n", 1)[0].decode("latin-1")
                 method, target = [*line.split(" "), "", ""][:2]
                 fault = self._claim(f"{method} {target}")
@@ -100,7 +101,15 @@ class RequestProxy:
                 if server is None:
                     server = socket.create_connection(self.upstream)
                     threading.Thread(target=_relay, args=(server, client), daemon=True).start()
-                server.sendall(head + body)
+                # The head goes first: a client that sent "Expect: 100-continue" waits for the
+                # server's answer to it before it sends the body.
+                server.sendall(head)
+                while length > 0:
+                    chunk = reader.read1(min(length, 1 << 16))
+                    if not chunk:
+                        return
+                    server.sendall(chunk)
+                    length -= len(chunk)
         except OSError:
             return
         finally:

@@ -11,7 +11,12 @@ from pathlib import Path
 
 from commitstore.backends.base import CommitInfo
 from commitstore.digest import hash_stream
-from commitstore.errors import CommitError, InvalidNameError
+from commitstore.errors import (
+    CommitError,
+    CommitStoreError,
+    InsufficientSpaceError,
+    InvalidNameError,
+)
 from commitstore.layout import validate_name
 
 log = logging.getLogger("commitstore")
@@ -63,6 +68,27 @@ def hash_and_sync_tree(
     tolerated: tuple[int, ...] = (errno.EINVAL, errno.ENOTSUP),
     info: CommitInfo | None = None,
 ) -> list[tuple[str, int, str]]:
+    """:func:`_hash_and_sync_tree`, with every I/O error typed: ENOSPC/EDQUOT as
+    InsufficientSpaceError, anything else as CommitError naming the file (nothing is published
+    by then; callers hash before they publish)."""
+    try:
+        return _hash_and_sync_tree(top, uncached=uncached, tolerated=tolerated, info=info)
+    except CommitStoreError:
+        raise
+    except OSError as exc:
+        where = exc.filename or str(top)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientSpaceError(f"no space left while syncing {where}") from exc
+        raise CommitError(f"syncing {where} failed: {exc.strerror or exc}") from exc
+
+
+def _hash_and_sync_tree(
+    top: Path,
+    *,
+    uncached: bool = False,
+    tolerated: tuple[int, ...] = (errno.EINVAL, errno.ENOTSUP),
+    info: CommitInfo | None = None,
+) -> list[tuple[str, int, str]]:
     """fsync every file under ``top``, then hash it (past the page cache when ``uncached``);
     fsync every folder bottom-up (``tolerated`` errors mark ``info`` durability unconfirmed).
     Returns (path, size, digest), sorted by path.
@@ -76,6 +102,8 @@ def hash_and_sync_tree(
     dirs: list[str] = []
 
     def failed(exc: OSError) -> None:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientSpaceError(f"no space left while listing {exc.filename}") from exc
         raise CommitError(f"{exc.filename}: cannot be listed ({exc.strerror})") from exc
 
     for dirpath, dirnames, filenames in os.walk(top, onerror=failed):

@@ -20,7 +20,8 @@ applies to paths containing its ``match`` string (default: all):
 - ``mtime_zero``:   {"match"}              stat() reports st_mtime 0
 - ``nth_request``:  {"match", "n": N, "errno": "EIO"}  the N-th request of any kind (getattr,
   open, write, fsync, rename, release...) on a matching path fails with that errno, or with
-  ``"errno": "SIGKILL"`` the process that sent it is killed (SIGKILL) and the request fails
+  ``"errno": "SIGKILL"`` the process that sent it is killed (SIGKILL; a request the kernel
+  sent on its own, with no process, kills the sender of the next one) and the request fails
   with EIO; with ``"log": true`` every counted request is logged as {"op": "request", "path",
   "n", "kind"} (``n: 0`` counts and logs only). A request the fault hit is logged as
   {"op": "nth_request", "path", "kind", "pid"}.
@@ -97,11 +98,14 @@ class FaultFS(Operations):  # type: ignore[misc]
             n = self._bump("nth_request")
             if fault.get("log"):
                 self._event("request", path, n=n, kind=op)
-            if n == int(fault.get("n", 0)):
+            pid = fuse_get_context()[2]
+            if n == int(fault.get("n", 0)) or (self._counts.get("kill_next") and pid > 0):
                 code = str(fault.get("errno", "EIO"))
-                pid = fuse_get_context()[2]
                 self._event("nth_request", path, kind=op, pid=pid)
                 if code == "SIGKILL":
+                    # A request the kernel sends on its own (release after close: pid 0)
+                    # kills the next process that sends one.
+                    self._counts["kill_next"] = int(pid <= 0)
                     if pid > 0:
                         os.kill(pid, signal.SIGKILL)
                     code = "EIO"
