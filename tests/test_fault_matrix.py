@@ -44,8 +44,8 @@ def worker(
         if MATRIX:
             reporter = request.config.pluginmanager.get_plugin("terminalreporter")
             line = (
-                f"syscall fault matrix: {sum(MATRIX.values())} cases "
-                f"({len(OPS)} operations x {len(FAULTS)} faults x every call)"
+                f"syscall fault matrix: {sum(MATRIX.values())} cases run "
+                f"({len(OPS)} operations x {len(FAULTS)} faults x their calls)"
             )
             if reporter is not None:
                 reporter.write_line("")
@@ -87,14 +87,53 @@ def test_the_shim_sees_every_step_of_a_commit(calls: dict[str, list[str]]) -> No
     assert fns.index("flock") < pending < data < record < drop
 
 
-@pytest.mark.parametrize("err", list(FAULTS))
-@pytest.mark.parametrize("op", list(OPS))
+FULL = ("put_new", "put_overwrite", "delete_file")
+"""Operations whose every call is in the default run; of the others, the default run takes the
+calls that change the store or make it durable (:data:`CHANGING`), ``soak`` the rest."""
+CHANGING = (
+    "write",
+    "pwrite",
+    "fsync",
+    "fdatasync",
+    "flock",
+    "ftruncate",
+    "fallocate",
+    "posix_fallocate",
+    "rename",
+    "link",
+    "unlink",
+    "mkdir",
+    "rmdir",
+)
+
+
+def picked(op: str, seq: list[str], part: str) -> list[int]:
+    """The 1-based call indices of ``op`` in ``part`` ("core": the default run; "rest": soak)."""
+    core = [k for k, c in enumerate(seq, 1) if op in FULL or c.split(" ")[0].startswith(CHANGING)]
+    if part == "core":
+        return core
+    return [k for k in range(1, len(seq) + 1) if k not in set(core)]
+
+
+CASES = [
+    pytest.param(
+        op, err, part, id=f"{op}-{err}-{part}", marks=[pytest.mark.soak] * (part == "rest")
+    )
+    for op in OPS
+    for err in FAULTS
+    for part in ("core", *(() if op in FULL else ("rest",)))
+]
+
+
+@pytest.mark.parametrize(("op", "err", "part"), CASES)
 def test_fault_matrix(
-    worker: Worker, calls: dict[str, list[str]], tmp_path: Path, op: str, err: str
+    worker: Worker, calls: dict[str, list[str]], tmp_path: Path, *, op: str, err: str, part: str
 ) -> None:
     """Each call of ``op`` in turn fails with ``err`` (or the process dies there): old or new."""
     failures = []
-    for k, call in enumerate(calls[op], start=1):
+    ks = picked(op, calls[op], part)
+    for k in ks:
+        call = calls[op][k - 1]
         where = tmp_path / f"k{k}"
         reply = worker.run(op, where, k, FAULTS[err])
         root = where / "store"
@@ -102,12 +141,14 @@ def test_fault_matrix(
         if problems:
             failures.append(f"[{op} call {k} {call!r} {err}] {chain_of(reply)}: {problems}")
         shutil.rmtree(where)
-    MATRIX[(op, err)] = len(calls[op])
+    MATRIX[(op, err + part)] = len(ks)
     assert not failures, "\n".join(failures)
 
 
 def test_matrix_size(calls: dict[str, list[str]]) -> None:
-    """Several hundred cases: every call of every operation, under every fault."""
-    sizes = {op: len(seq) for op, seq in calls.items()}
-    assert all(n >= 10 for n in sizes.values()), sizes
-    assert sum(sizes.values()) * len(FAULTS) >= 400, sizes
+    """Several hundred cases in the default run, over a thousand with soak: every operation
+    under every fault."""
+    core = {op: len(picked(op, seq, "core")) for op, seq in calls.items()}
+    assert all(n >= 8 for n in core.values()), core
+    assert sum(core.values()) * len(FAULTS) >= 600, core
+    assert sum(len(seq) for seq in calls.values()) * len(FAULTS) >= 2000
