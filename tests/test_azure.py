@@ -174,3 +174,27 @@ def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
     proxied: tuple[Target, FaultProxy],
 ) -> None:
     check_persistent_fault(*proxied, size=5 * MiB, at=256 * 1024)
+
+
+def test_reads_are_pinned_to_the_version_opened(azurite: Azurite) -> None:
+    """A blob replaced between two range reads (the 8 MiB read buffer refills by range) raises
+    IntegrityError: never the other version's bytes after the ones already read, and never,
+    after a verified open, bytes that were not the ones checked."""
+    from commitstore import IntegrityError
+
+    t = make_target(azurite)
+    size = 10 * MiB  # more than one 8 MiB buffered read
+    old, new = b"o" * size, b"n" * size
+    for verify in ("none", "full"):
+        name = f"pin-{verify}.bin"
+        t.store.put_bytes(name, old)
+        f = t.store.open(name, verify=verify)
+        first = f.read(MiB)
+        assert first == old[:MiB]
+        t.door.write(name, new)  # same size, another version, behind the reader's back
+        assert t.door.read(name) == new
+        with pytest.raises(IntegrityError) as info:
+            rest = f.read()
+            assert rest == old[MiB:], "mixed versions"  # only reached without pinning
+        assert info.value.status == "hash_mismatch" and "replaced" in str(info.value)
+        f.close()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -118,41 +120,82 @@ def test_put_folder_and_info(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert cli(capsys, "info", url, "-o", "novalue")[0] == 2
 
 
-def _run_cli(*args: str, cwd: Path, stderr_tty: bool = False) -> tuple[int, str, str]:
-    """The real CLI in a child (``python -m commitstore``); with ``stderr_tty`` its stderr is a
-    pseudo-terminal and what it draws there is returned as stderr."""
-    import os
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    cmd = [sys.executable, "-m", "commitstore", *args]
-    if not stderr_tty:
-        done = subprocess.run(
-            cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=120, check=False
-        )
-        return done.returncode, done.stdout, done.stderr
-    master, slave = os.openpty()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=slave)
-    os.close(slave)
-    drawn = b""
+def _drain(fd: int) -> bytes:
+    data = b""
     while True:
         try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the other side of a pseudo-terminal closed
             break
         if not chunk:
             break
-        drawn += chunk
-    os.close(master)
-    out = proc.stdout.read().decode() if proc.stdout else ""
-    return proc.wait(timeout=120), out, drawn.decode(errors="replace")
+        data += chunk
+    os.close(fd)
+    return data
+
+
+def _run_cli(
+    *args: str, cwd: Path, stderr_tty: bool = False, interpreter: bool = False
+) -> tuple[int, str, str]:
+    """The CLI in a child process: its exit status, stdout and stderr. The child is forked from
+    this warm process and runs the CLI's entry point (``commitstore.cli.main``, what
+    ``python -m commitstore`` runs) on real file descriptors, with no interpreter start;
+    ``interpreter`` starts ``python -m commitstore`` instead. With ``stderr_tty`` stderr is a
+    pseudo-terminal, and what the CLI draws there is returned as stderr."""
+    import threading
+
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.openpty() if stderr_tty else os.pipe()
+    proc: subprocess.Popen[bytes] | None = None
+    pid = 0
+    if interpreter:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "commitstore", *args], cwd=cwd, env=env, stdout=out_w,
+            stderr=err_w,
+        )  # fmt: skip
+    else:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 99
+            try:
+                os.chdir(cwd)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                try:
+                    code = main(list(args))
+                except SystemExit as exc:  # argparse's usage errors
+                    code = exc.code if isinstance(exc.code, int) else 2
+                except BaseException:  # what the real CLI would show: a traceback
+                    traceback.print_exc()
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    outs: list[bytes] = []
+    reader = threading.Thread(target=lambda: outs.append(_drain(out_r)))
+    reader.start()
+    err = _drain(err_r)
+    reader.join()
+    if proc is not None:
+        code = proc.wait(timeout=120)
+    else:
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return code, outs[0].decode(errors="replace"), err.decode(errors="replace")
 
 
 def test_progress_bar_drawn_by_the_cli_on_a_terminal_only(tmp_path: Path) -> None:
     big = tmp_path / "big.bin"
-    big.write_bytes(b"p" * (40 * 1024 * 1024))  # above the bar's 32 MiB threshold
-    code, out, drawn = _run_cli("put", str(big), str(tmp_path / "s"), cwd=tmp_path, stderr_tty=True)
+    big.write_bytes(b"p" * (33 * 1024 * 1024))  # above the bar's 32 MiB threshold
+    code, out, drawn = _run_cli(
+        "put", str(big), str(tmp_path / "s"), cwd=tmp_path, stderr_tty=True, interpreter=True
+    )
     assert code == 0 and "committed big.bin" in out, (out, drawn)
-    assert "put big.bin [" in drawn and "100.0%" in drawn and "40.0 MiB/40.0 MiB" in drawn
+    assert "put big.bin [" in drawn and "100.0%" in drawn and "33.0 MiB/33.0 MiB" in drawn
     assert "#" * 30 in drawn
     code, out, err = _run_cli(
         "put", str(big), str(tmp_path / "s"), "--name", "again.bin", cwd=tmp_path
@@ -196,8 +239,6 @@ def test_cli_never_creates_a_mistyped_store(tmp_path: Path) -> None:
 
 
 def test_cli_reports_bad_records_without_traceback(tmp_path: Path) -> None:
-    import os
-
     from commitstore import open_store
     from commitstore.testing import record_path
 

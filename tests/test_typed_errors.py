@@ -206,3 +206,24 @@ def test_folder_fsync_failure_after_the_rename_still_commits(
     assert store.verify("dd/ckpt").ok
     warned = [r.getMessage() for r in caplog.records if "durability unconfirmed" in r.getMessage()]
     assert warned and "is published" in warned[0], caplog.text
+
+
+def test_read_errors_of_an_open_file_are_storage_errors(fault_mount: FaultMount) -> None:
+    root = fault_mount.mnt / "s-read"
+    store = open_store(root, strategy="bridge")  # drops cached pages: reads reach the mount
+    data = b"r" * 100_000
+    store.put_bytes("r/a.bin", data)
+    fault_mount.set(read_eio={"match": "/s-read/r/a.bin"})
+    try:
+        for call in (
+            lambda: store.read_bytes("r/a.bin"),
+            lambda: store.open("r/a.bin", verify="none").read(),
+            lambda: store.get_file("r/a.bin", root.parent / "out-read.bin"),
+        ):
+            with pytest.raises(StorageError) as info:
+                call()
+            assert info.value.errno == errno.EIO and "a.bin" in str(info.value)
+    finally:
+        fault_mount.clear()
+    assert store.read_bytes("r/a.bin") == data
+    assert not (root.parent / "out-read.bin").exists()

@@ -155,11 +155,13 @@ class BackendUnavailableError(CommitStoreError):
 
 
 class StorageError(CommitStoreError, OSError):
-    """The storage refused or failed an operation outside a commit (listing, stat, read, lock,
-    removal): permission denied, read-only filesystem, I/O error. Also an ``OSError`` whose
-    ``errno`` is the storage's own (``EACCES``, ``EROFS``, ``EIO``...), so callers may test it.
-    Permanent: repeating the call does not help until the storage is fixed. (During a commit the
-    same failures raise :class:`CommitError`; no space is always
+    """The storage refused or failed an operation outside the commit recipe (listing, stat,
+    read, the publish lock, removal): permission denied, read-only filesystem, I/O error. Also
+    an ``OSError`` whose ``errno`` is the storage's own (``EACCES``, ``EROFS``, ``EIO``...), so
+    callers may test it.
+    Permanent: repeating the call does not help until the storage is fixed. (Inside the commit
+    recipe itself, while staging, writing, flushing or renaming, the same failures raise
+    :class:`CommitError`, and nothing is published; no space is always
     :class:`InsufficientSpaceError`.)"""
 
     def __init__(self, code: int, message: str, *, path: str | None = None) -> None:

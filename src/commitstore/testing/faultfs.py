@@ -13,6 +13,7 @@ applies to paths containing its ``match`` string (default: all):
 - ``short_write``:  {"match", "after": N}  bytes past N are dropped but reported as written
 - ``flip_write``:   {"match", "at": N}     the byte at offset N lands flipped, write reports success
 - ``write_delay``:  {"match", "seconds"}   each write() sleeps first
+- ``read_eio``:     {"match"}              read() fails with EIO
 - ``fsync_eio``:    {"match"}              fsync() of a file fails with EIO
 - ``fsyncdir_eio``: {"match"}              fsync() of a folder fails with EIO
 - ``rename_errno``: {"match", "errno": "EACCES", "times": 2}  the first N renames fail
@@ -218,6 +219,8 @@ class FaultFS(Operations):  # type: ignore[misc]
         return os.open(self._full(path), os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        if self._fault("read_eio", path) is not None:
+            raise FuseOSError(errno.EIO)
         return os.pread(fh, size, offset)
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:

@@ -26,7 +26,12 @@ from commitstore.backends.object._azureerrors import translate
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.backends.object.upload import ObjectStat, Upload, Written
 from commitstore.digest import READ_CHUNK
-from commitstore.errors import AlreadyExistsError, ConfigurationError, NotFoundError
+from commitstore.errors import (
+    AlreadyExistsError,
+    ConfigurationError,
+    IntegrityError,
+    NotFoundError,
+)
 from commitstore.layout import Parts
 
 MiB = 1024 * 1024
@@ -125,9 +130,12 @@ class AzureBackend(ObjectBackend):
 
     # -- Backend API -------------------------------------------------------------------
     def open_read(self, parts: Parts) -> BinaryIO:
+        """Seekable reads by range, every range pinned to the ETag of the version opened
+        (``If-Match``): a blob replaced while it is read raises IntegrityError, never hands out
+        bytes of two versions (nor, after a verified open, of an unverified one)."""
         client = self.blob(parts)
         props = self.call("opening", parts, client.get_blob_properties)
-        raw = _RangeReader(self, parts, client, int(props.size))
+        raw = _RangeReader(self, parts, client, int(props.size), props.etag)
         return io.BufferedReader(raw, READ_CHUNK)
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
@@ -150,11 +158,14 @@ class AzureBackend(ObjectBackend):
 
 
 class _RangeReader(io.RawIOBase):
-    """Seekable reads by HTTP range; errors translated."""
+    """Seekable reads by HTTP range of one version (``etag``); errors translated."""
 
-    def __init__(self, backend: AzureBackend, parts: Parts, client: Any, size: int) -> None:
+    def __init__(
+        self, backend: AzureBackend, parts: Parts, client: Any, size: int, etag: str
+    ) -> None:
         super().__init__()
         self._b, self._parts, self._client, self._size, self._pos = backend, parts, client, size, 0
+        self._etag = etag
 
     def readable(self) -> bool:
         return True
@@ -174,11 +185,28 @@ class _RangeReader(io.RawIOBase):
         n = min(len(b), self._size - self._pos)
         if n <= 0:
             return 0
-        data = self._b.call(
-            "reading",
-            self._parts,
-            lambda: self._client.download_blob(offset=self._pos, length=n).readall(),
-        )
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceModifiedError
+
+        def fetch() -> bytes:
+            try:
+                stream = self._client.download_blob(
+                    offset=self._pos,
+                    length=n,
+                    etag=self._etag,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+                return bytes(stream.readall())
+            except ResourceModifiedError as exc:
+                shown = self._b.shown(self._parts)
+                raise IntegrityError(
+                    f"{shown} was replaced while it was read (ETag {self._etag} is gone); "
+                    "no byte of the other version was handed out",
+                    name="/".join(self._parts),
+                    status="hash_mismatch",
+                ) from exc
+
+        data = self._b.call("reading", self._parts, fetch)
         b[: len(data)] = data
         self._pos += len(data)
         return len(data)

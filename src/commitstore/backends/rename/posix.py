@@ -16,11 +16,12 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import io
 import os
 import stat as statmod
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
 from commitstore.backends.localtree import close_quietly, fsync_dir
@@ -224,7 +225,8 @@ class LocalBackend(RenameBackend[int, Staging]):
         except BaseException:
             close_quietly(fd)
             raise
-        return os.fdopen(fd, "rb", buffering=READ_CHUNK)
+        raw: Any = _ReadFile(fd, self.path_of(parts))
+        return io.BufferedReader(raw, READ_CHUNK)
 
     @translated("checking")
     def stat(self, parts: Parts) -> FileInfo | None:
@@ -364,3 +366,30 @@ class LocalBackend(RenameBackend[int, Staging]):
     def free_space(self, parts: Parts) -> int | None:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
+
+
+class _ReadFile(io.FileIO):
+    """An open file for reading whose read errors (EIO...) come out translated (StorageError),
+    like every other call of the backend; still a real file (``fileno`` works)."""
+
+    def __init__(self, fd: int, shown: str) -> None:
+        super().__init__(fd, "rb", closefd=True)
+        self._shown = shown
+
+    def readinto(self, buffer: Any) -> int | None:
+        try:
+            return super().readinto(buffer)
+        except OSError as exc:
+            raise storage_error(exc, "reading", self._shown) from exc
+
+    def readall(self) -> bytes:
+        try:
+            return super().readall()
+        except OSError as exc:
+            raise storage_error(exc, "reading", self._shown) from exc
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return super().read(size)
+        except OSError as exc:
+            raise storage_error(exc, "reading", self._shown) from exc
