@@ -7,7 +7,6 @@ reads, a :class:`Mismatch` the caller turns into an IntegrityError).
 
 from __future__ import annotations
 
-import errno
 import logging
 from dataclasses import dataclass
 from typing import Literal
@@ -24,13 +23,10 @@ from commitstore._scan import (
 from commitstore.backends import Backend, FileInfo
 from commitstore.digest import hash_stream
 from commitstore.errors import (
-    CommitStoreError,
     ConfigurationError,
-    InsufficientSpaceError,
     IntegrityError,
     InvalidNameError,
     NotFoundError,
-    StorageError,
 )
 from commitstore.layout import (
     Parts,
@@ -198,15 +194,6 @@ def _compare_file(
         return MISSING
     except (IntegrityError, InvalidNameError):  # replaced by a symlink or FIFO since the stat
         return NOT_A_FILE
-    except CommitStoreError:
-        raise
-    except OSError as exc:  # a read of the opened stream failed (EIO, EACCES...): typed
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise InsufficientSpaceError(f"reading {'/'.join(parts)}: {exc}") from exc
-        code = exc.errno if exc.errno is not None else errno.EIO
-        raise StorageError(
-            code, f"reading {'/'.join(parts)} failed: {exc.strerror or exc}"
-        ) from exc
     return compare(size, digest, found_size=found_size, found_digest=found_digest, level=level)
 
 
