@@ -136,6 +136,7 @@ def test_fault_matrix(
         call = calls[op][k - 1]
         where = tmp_path / f"k{k}"
         reply = worker.run(op, where, k, FAULTS[err])
+        reply["call"] = call
         root = where / "store"
         problems = check_case(LocalBackdoor(root), partial(open_store, root), OPS[op], reply, err)
         if problems:

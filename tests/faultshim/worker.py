@@ -78,6 +78,7 @@ class FuseFaults:
         self.control = Path(req["control"])
         self.log = Path(str(self.control) + ".log")
         self.start = self.log.stat().st_size if self.log.exists() else 0
+        self.marks: list[int] = []
 
     def _set(self, faults: dict[str, Any]) -> None:
         self.control.write_text(json.dumps(faults))
@@ -95,13 +96,19 @@ class FuseFaults:
 
     def pause(self, on: bool) -> None:
         """The caller's own writes into a staging folder go through the mount too: they are
-        counted and may be failed (faultfs cannot tell them apart)."""
+        counted and may be failed (faultfs cannot tell them apart), so the log offsets of the
+        caller's stretch are noted: a fault hit there is the caller's own error."""
+        self.marks.append(self.log.stat().st_size)
 
     def disarm(self, report: dict[str, Any]) -> None:
         self._set({})
         with open(self.log, "rb") as f:
             f.seek(self.start)
-            events = [json.loads(line) for line in f.read().decode().splitlines() if line]
+            raw = f.read()
+        events = [json.loads(line) for line in raw.decode().splitlines() if line]
+        if len(self.marks) >= 2:
+            a, b = (m - self.start for m in self.marks[:2])
+            report["hit_in_caller"] = b'"op": "nth_request"' in raw[a:b]
         requests = [e for e in events if e["op"] == "request"]
         report["count"] = len(requests)
         report["hit_pids"] = [e["pid"] for e in events if e["op"] == "nth_request"]

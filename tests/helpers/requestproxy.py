@@ -155,3 +155,100 @@ def _relay(src: socket.socket, dst: socket.socket) -> None:
     finally:
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_RDWR)
+
+
+SMB2_COMMANDS = (
+    "NEGOTIATE",
+    "SESSION_SETUP",
+    "LOGOFF",
+    "TREE_CONNECT",
+    "TREE_DISCONNECT",
+    "CREATE",
+    "CLOSE",
+    "FLUSH",
+    "READ",
+    "WRITE",
+    "LOCK",
+    "IOCTL",
+    "CANCEL",
+    "ECHO",
+    "QUERY_DIRECTORY",
+    "CHANGE_NOTIFY",
+    "QUERY_INFO",
+    "SET_INFO",
+    "OPLOCK_BREAK",
+)
+
+
+class SmbMessageProxy:
+    """The same per message of SMB2 over TCP (each one framed by a 4-byte length): counted and
+    logged by command (``CREATE``, ``WRITE``, ``SET_INFO``...; a compound counts once, by its
+    first command), and ``fail(n)`` drops both connections instead of forwarding the n-th (the
+    client reconnects; what it retries is its own business)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.port = free_port()
+        self.log: list[str] = []
+        self.hit: list[str] = []
+        self._n = 0
+        self._fail_at: int | None = None
+        self._lock = threading.Lock()
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", self.port))
+        self._sock.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def count(self) -> None:
+        self.fail(None)
+
+    def fail(self, n: int | None) -> None:
+        with self._lock:
+            self._n, self._fail_at, self.log, self.hit = 0, n, [], []
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        server: socket.socket | None = None
+        try:
+            server = socket.create_connection(self.upstream)
+            threading.Thread(target=_relay, args=(server, client), daemon=True).start()
+            reader = client.makefile("rb")
+            while True:
+                frame = reader.read(4)
+                if len(frame) < 4:
+                    return
+                body = reader.read(int.from_bytes(frame[1:4], "big"))
+                kind = "encrypted"
+                if body[:4] == b"\xfeSMB" and len(body) >= 14:
+                    code = int.from_bytes(body[12:14], "little")
+                    kind = SMB2_COMMANDS[code] if code < len(SMB2_COMMANDS) else str(code)
+                with self._lock:
+                    self._n += 1
+                    self.log.append(kind)
+                    drop = self._n == self._fail_at
+                    if drop:
+                        self.hit.append(kind)
+                if drop:
+                    return
+                server.sendall(frame + body)
+        except OSError:
+            return
+        finally:
+            for s in (client, server):
+                if s is not None:
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)
+                    with contextlib.suppress(OSError):
+                        s.close()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
