@@ -26,9 +26,9 @@ from commitstore.testing import LocalBackdoor
 
 from .faultshim.check import chain_of, check_case
 from .faultshim.ops import OPS
-from .faultshim.runner import FAULTS, Worker, build_shim
+from .faultshim.runner import FAULTS, MatrixSummary, Worker, build_shim
 
-MATRIX: dict[tuple[str, str], int] = {}
+MATRIX: dict[str, int] = {}
 """Cases run, by (operation, fault)."""
 
 
@@ -36,20 +36,12 @@ MATRIX: dict[tuple[str, str], int] = {}
 def worker(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Worker]:
+    MatrixSummary.of(request.config).sizes["syscall fault matrix (local)"] = MATRIX
     w = Worker(build_shim(tmp_path_factory.mktemp("shim")))
     try:
         yield w
     finally:
         w.stop()
-        if MATRIX:
-            reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-            line = (
-                f"syscall fault matrix: {sum(MATRIX.values())} cases run "
-                f"({len(OPS)} operations x {len(FAULTS)} faults x their calls)"
-            )
-            if reporter is not None:
-                reporter.write_line("")
-                reporter.write_line(line)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +134,7 @@ def test_fault_matrix(
         if problems:
             failures.append(f"[{op} call {k} {call!r} {err}] {chain_of(reply)}: {problems}")
         shutil.rmtree(where)
-    MATRIX[(op, err + part)] = len(ks)
+    MATRIX[f"{op} {err} {part}"] = len(ks)
     assert not failures, "\n".join(failures)
 
 

@@ -27,7 +27,7 @@ from commitstore.testing import LocalBackdoor, S3Backdoor
 
 from .faultshim.check import chain, chain_of, check_case
 from .faultshim.ops import OPS
-from .faultshim.runner import FAULTS, Worker
+from .faultshim.runner import FAULTS, MatrixSummary, Worker
 from .helpers.fusemount import FaultMount
 from .helpers.requestproxy import RequestProxy, SmbMessageProxy
 from .helpers.s3servers import BUCKET, MotoServer
@@ -53,7 +53,8 @@ def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultMount]:
 
 
 @pytest.fixture(scope="module")
-def fuse_worker() -> Iterator[Worker]:
+def fuse_worker(request: pytest.FixtureRequest) -> Iterator[Worker]:
+    MatrixSummary.of(request.config).sizes["request fault matrix (FUSE, S3, SMB)"] = COUNTED
     w = Worker(None)
     try:
         yield w
@@ -118,7 +119,8 @@ def test_fuse_request_matrix(
 
 # -- S3 -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def s3proxy(moto: MotoServer) -> Iterator[RequestProxy]:
+def s3proxy(moto: MotoServer, request: pytest.FixtureRequest) -> Iterator[RequestProxy]:
+    MatrixSummary.of(request.config).sizes["request fault matrix (FUSE, S3, SMB)"] = COUNTED
     proxy = RequestProxy(moto.port)
     try:
         yield proxy
@@ -202,7 +204,8 @@ def samba(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SambaServer]:
 
 
 @pytest.fixture(scope="module")
-def smbproxy(samba: SambaServer) -> Iterator[SmbMessageProxy]:
+def smbproxy(samba: SambaServer, request: pytest.FixtureRequest) -> Iterator[SmbMessageProxy]:
+    MatrixSummary.of(request.config).sizes["request fault matrix (FUSE, S3, SMB)"] = COUNTED
     proxy = SmbMessageProxy(samba.port)
     try:
         yield proxy

@@ -73,3 +73,29 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class MatrixSummary:
+    """A pytest plugin, registered by the matrix modules, that prints each matrix's size at the
+    end of the session's terminal summary: ``sizes[title] = {case group: cases run}``."""
+
+    NAME = "commitstore-fault-matrix-summary"
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, dict[str, int]] = {}
+
+    @classmethod
+    def of(cls, config: pytest.Config) -> MatrixSummary:
+        found = config.pluginmanager.get_plugin(cls.NAME)
+        if isinstance(found, MatrixSummary):
+            return found
+        summary = cls()
+        config.pluginmanager.register(summary, cls.NAME)
+        return summary
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for title, groups in self.sizes.items():
+            if groups:
+                terminalreporter.write_line(
+                    f"{title}: {sum(groups.values())} cases run in {len(groups)} groups"
+                )
