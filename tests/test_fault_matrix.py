@@ -79,7 +79,7 @@ def test_the_shim_sees_every_step_of_a_commit(calls: dict[str, list[str]]) -> No
     assert fns.index("flock") < pending < data < record < drop
 
 
-FULL = ("put_new", "put_overwrite", "delete_file")
+FULL = ("put_new", "put_overwrite", "put_overwrite_bridge", "delete_file")
 """Operations whose every call is in the default run; of the others, the default run takes the
 calls that change the store or make it durable (:data:`CHANGING`), ``soak`` the rest."""
 CHANGING = (
@@ -130,7 +130,13 @@ def test_fault_matrix(
         reply = worker.run(op, where, k, FAULTS[err])
         reply["call"] = call
         root = where / "store"
-        problems = check_case(LocalBackdoor(root), partial(open_store, root), OPS[op], reply, err)
+        problems = check_case(
+            LocalBackdoor(root),
+            partial(open_store, root, strategy=OPS[op].strategy),
+            OPS[op],
+            reply,
+            err,
+        )
         if problems:
             failures.append(f"[{op} call {k} {call!r} {err}] {chain_of(reply)}: {problems}")
         shutil.rmtree(where)

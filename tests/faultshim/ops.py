@@ -70,6 +70,9 @@ class Op:
     allowed: dict[str, set[str]]
     on_success: dict[str, set[str]] | None = None
     new_name: set[str] = field(default_factory=set)
+    strategy: str = "auto"
+    """``open_store(strategy=)``: "bridge" runs the mounted-network recipe on a local folder
+    (fresh stat, read-back, size check after the rename, rename retries)."""
 
 
 def _commit(*files: tuple[str, Version]) -> Callable[[CommitStore, Path], None]:
@@ -178,6 +181,15 @@ OPS: dict[str, Op] = {
             {"w.bin": OLD_NEW},
             {"w.bin": {"old", "new"}},
             {"w.bin": {"new"}},
+        ),
+        Op(
+            "put_overwrite_bridge",
+            _commit(("w.bin", OLD)),
+            _put("w.bin", True),
+            {"w.bin": OLD_NEW},
+            {"w.bin": {"old", "new"}},
+            {"w.bin": {"new"}},
+            strategy="bridge",
         ),
         Op(
             "dir_new",

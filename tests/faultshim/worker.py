@@ -120,7 +120,7 @@ class FuseFaults:
 def child(shim: ctypes.CDLL | None, req: dict[str, Any]) -> dict[str, Any]:
     op = OPS[req["op"]]
     root = Path(req["dir"]) / "store"
-    store = open_store(root)
+    store = open_store(root, strategy=op.strategy)
     op.setup(store, root)
     faults = ShimFaults(shim, req, root) if shim is not None else FuseFaults(req)
     report: dict[str, Any] = {}
