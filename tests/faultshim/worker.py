@@ -106,8 +106,8 @@ class FuseFaults:
             f.seek(self.start)
             raw = f.read()
         events = [json.loads(line) for line in raw.decode().splitlines() if line]
-        if len(self.marks) >= 2:
-            a, b = (m - self.start for m in self.marks[:2])
+        if self.marks:  # a failed caller write never reached pause(False)
+            a, b = (m - self.start for m in [*self.marks, self.start + len(raw)][:2])
             report["hit_in_caller"] = b'"op": "nth_request"' in raw[a:b]
         requests = [e for e in events if e["op"] == "request"]
         report["count"] = len(requests)
