@@ -393,3 +393,10 @@ class _ReadFile(io.FileIO):
             return super().read(size)
         except OSError as exc:
             raise storage_error(exc, "reading", self._shown) from exc
+
+    def close(self) -> None:
+        """Nothing of a file opened to read is unflushed: an error of close(2) (EIO from a
+        network client) loses nothing, and the descriptor is released anyway, so it is not
+        raised (as for every descriptor the backend opens only to read)."""
+        with contextlib.suppress(OSError):
+            super().close()
