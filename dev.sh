@@ -9,7 +9,7 @@ VENV=${COMMITSTORE_VENV:-.venv}
 PY=${PYTHON:-python3}
 
 # Debian packages the test-suite needs (servers and tools it starts itself).
-SYSTEM_PACKAGES=(util-linux fuse3 libfuse2 samba smbclient)
+SYSTEM_PACKAGES=(util-linux fuse3 libfuse2 samba smbclient gcc libc6-dev)
 
 need_root_apt() {
     local missing=()

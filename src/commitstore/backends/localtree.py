@@ -4,14 +4,36 @@ folder fsynced. Used by every folder sink (each family stages folders locally fi
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat as statmod
 from pathlib import Path
 
 from commitstore.backends.base import CommitInfo
 from commitstore.digest import hash_stream
-from commitstore.errors import CommitError, InvalidNameError
+from commitstore.errors import (
+    CommitError,
+    CommitStoreError,
+    InsufficientSpaceError,
+    InvalidNameError,
+)
 from commitstore.layout import validate_name
+
+log = logging.getLogger("commitstore")
+
+
+def close_quietly(fd: int) -> None:
+    """Close a descriptor opened only to read, to fsync or to name a folder (a directory, the
+    lock file, a file already fsynced): close(2) has no unflushed write of it to report, so an
+    error there (EIO, ENOSPC from a network client) loses nothing. Linux releases the descriptor
+    even then, so it is logged, never raised, and never closed twice. EBADF (a descriptor that
+    was not open: a bug) still raises."""
+    try:
+        os.close(fd)
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            raise
+        log.debug("closing descriptor %d: %s (ignored: nothing unflushed)", fd, exc)
 
 
 def fsync_dir(
@@ -46,6 +68,27 @@ def hash_and_sync_tree(
     tolerated: tuple[int, ...] = (errno.EINVAL, errno.ENOTSUP),
     info: CommitInfo | None = None,
 ) -> list[tuple[str, int, str]]:
+    """:func:`_hash_and_sync_tree`, with every I/O error typed: ENOSPC/EDQUOT as
+    InsufficientSpaceError, anything else as CommitError naming the file (nothing is published
+    by then; callers hash before they publish)."""
+    try:
+        return _hash_and_sync_tree(top, uncached=uncached, tolerated=tolerated, info=info)
+    except CommitStoreError:
+        raise
+    except OSError as exc:
+        where = exc.filename or str(top)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientSpaceError(f"no space left while syncing {where}") from exc
+        raise CommitError(f"syncing {where} failed: {exc.strerror or exc}") from exc
+
+
+def _hash_and_sync_tree(
+    top: Path,
+    *,
+    uncached: bool = False,
+    tolerated: tuple[int, ...] = (errno.EINVAL, errno.ENOTSUP),
+    info: CommitInfo | None = None,
+) -> list[tuple[str, int, str]]:
     """fsync every file under ``top``, then hash it (past the page cache when ``uncached``);
     fsync every folder bottom-up (``tolerated`` errors mark ``info`` durability unconfirmed).
     Returns (path, size, digest), sorted by path.
@@ -59,6 +102,8 @@ def hash_and_sync_tree(
     dirs: list[str] = []
 
     def failed(exc: OSError) -> None:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientSpaceError(f"no space left while listing {exc.filename}") from exc
         raise CommitError(f"{exc.filename}: cannot be listed ({exc.strerror})") from exc
 
     for dirpath, dirnames, filenames in os.walk(top, onerror=failed):
@@ -85,14 +130,14 @@ def hash_and_sync_tree(
                 os.fsync(fd)
                 size, digest = hash_fd(fd, uncached=uncached)
             finally:
-                os.close(fd)
+                close_quietly(fd)
             files.append((rel, size, digest))
     for d in reversed(dirs):
         dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             fsync_dir(dfd, info or CommitInfo(0), tolerated)
         finally:
-            os.close(dfd)
+            close_quietly(dfd)
     return sorted(files)
 
 

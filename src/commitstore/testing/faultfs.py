@@ -19,6 +19,13 @@ applies to paths containing its ``match`` string (default: all):
 - ``rename_errno``: {"match", "errno": "EACCES", "times": 2}  the first N renames fail
 - ``link_eperm``:   {"match"}              link() fails with EPERM (as on 9p/drvfs)
 - ``mtime_zero``:   {"match"}              stat() reports st_mtime 0
+- ``nth_request``:  {"match", "n": N, "errno": "EIO"}  the N-th request of any kind (getattr,
+  open, write, fsync, rename, release...) on a matching path fails with that errno, or with
+  ``"errno": "SIGKILL"`` the process that sent it is killed (SIGKILL; a request the kernel
+  sent on its own, with no process, kills the sender of the next one) and the request fails
+  with EIO; with ``"log": true`` every counted request is logged as {"op": "request", "path",
+  "n", "kind"} (``n: 0`` counts and logs only). A request the fault hit is logged as
+  {"op": "nth_request", "path", "kind", "pid"}.
 
 Every operation that changes something is appended to CONTROL + ".log" as a JSON line
 ({"op", "path", ...}), so tests can prove what did (and did not) happen, e.g. no copy fallback.
@@ -29,12 +36,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from typing import Any
 
-from fuse import FUSE, FuseOSError, Operations
+from fuse import FUSE, FuseOSError, Operations, fuse_get_context
+
+UNCOUNTED = frozenset({"init", "destroy"})
 
 
 class FaultFS(Operations):  # type: ignore[misc]
@@ -80,6 +90,28 @@ class FaultFS(Operations):  # type: ignore[misc]
 
     def _full(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
+
+    def __call__(self, op: str, *args: Any) -> Any:
+        """Every request passes here first: ``nth_request`` counts them and fails one."""
+        path = args[0] if args and isinstance(args[0], str) else ""
+        fault = None if op in UNCOUNTED else self._fault("nth_request", path)
+        if fault is not None:
+            n = self._bump("nth_request")
+            if fault.get("log"):
+                self._event("request", path, n=n, kind=op)
+            pid = fuse_get_context()[2]
+            if n == int(fault.get("n", 0)) or (self._counts.get("kill_next") and pid > 0):
+                code = str(fault.get("errno", "EIO"))
+                self._event("nth_request", path, kind=op, pid=pid)
+                if code == "SIGKILL":
+                    # A request the kernel sends on its own (release after close: pid 0)
+                    # kills the next process that sends one.
+                    self._counts["kill_next"] = int(pid <= 0)
+                    if pid > 0:
+                        os.kill(pid, signal.SIGKILL)
+                    code = "EIO"
+                raise FuseOSError(getattr(errno, code))
+        return super().__call__(op, *args)
 
     # -- metadata -------------------------------------------------------------------------
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:

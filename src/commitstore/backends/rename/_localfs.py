@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from commitstore.backends.base import CommitInfo, FileInfo
-from commitstore.backends.localtree import hash_fd
+from commitstore.backends.localtree import close_quietly, hash_fd
 from commitstore.backends.rename import _syscalls as _posix
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.errors import (
@@ -176,7 +176,7 @@ def readback_digest(dirfd: int, name: str) -> tuple[int, str]:
     try:
         return hash_fd(fd, uncached=True)
     finally:
-        os.close(fd)
+        close_quietly(fd)
 
 
 class _HasPaths(Protocol):

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
-from commitstore.backends.localtree import fsync_dir
+from commitstore.backends.localtree import close_quietly, fsync_dir
 from commitstore.backends.rename import _syscalls
 from commitstore.backends.rename._localfs import (
     kind_of,
@@ -116,10 +116,10 @@ class LocalBackend(RenameBackend[int, Staging]):
                             "commitstore never follows symlinks below the root"
                         ) from exc
                     raise
-                os.close(fd)
+                close_quietly(fd)
                 fd = nfd
         except BaseException:
-            os.close(fd)
+            close_quietly(fd)
             raise
         return fd
 
@@ -131,7 +131,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         return self.open_dir(parts, create=True)
 
     def close_folder(self, folder: int) -> None:
-        os.close(folder)
+        close_quietly(folder)
 
     def create_staging(self, folder: int, name: str) -> Staging:
         return Staging(os.open(name, _CREATE_FLAGS, 0o666, dir_fd=folder))
@@ -214,7 +214,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                 raise not_regular(self.path_of(parts), "a socket or device") from exc
             raise
         finally:
-            os.close(dirfd)
+            close_quietly(dirfd)
         try:
             mode = os.fstat(fd).st_mode
             if statmod.S_ISDIR(mode):
@@ -223,7 +223,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                 raise not_regular(self.path_of(parts), kind_of(mode))
             os.set_blocking(fd, True)
         except BaseException:
-            os.close(fd)
+            close_quietly(fd)
             raise
         raw: Any = _ReadFile(fd, self.path_of(parts))
         return io.BufferedReader(raw, READ_CHUNK)
@@ -239,7 +239,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         except (FileNotFoundError, NotADirectoryError):
             return None
         finally:
-            os.close(dirfd)
+            close_quietly(dirfd)
         return stat_info(st)
 
     @translated("listing")
@@ -260,7 +260,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                     if not statmod.S_ISDIR(st.st_mode):
                         out.append(((*rel, entry), stat_info(st)))
         finally:
-            os.close(topfd)
+            close_quietly(topfd)
         return out
 
     @translated("listing")
@@ -281,7 +281,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                     if statmod.S_ISDIR(st.st_mode):
                         out.append((*rel, entry))
         finally:
-            os.close(topfd)
+            close_quietly(topfd)
         return out
 
     @translated("checking")
@@ -297,7 +297,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         except (FileNotFoundError, NotADirectoryError):
             return None
         finally:
-            os.close(dirfd)
+            close_quietly(dirfd)
         if statmod.S_ISDIR(stats[0].st_mode):
             try:
                 topfd = self.open_dir(parts, create=False)
@@ -309,7 +309,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                         with contextlib.suppress(FileNotFoundError):
                             stats.append(os.stat(entry, dir_fd=dfd, follow_symlinks=False))
             finally:
-                os.close(topfd)
+                close_quietly(topfd)
         if any(st.st_mtime <= 0 for st in stats):
             return None
         return max(max(st.st_mtime, st.st_ctime) for st in stats)
@@ -327,7 +327,7 @@ class LocalBackend(RenameBackend[int, Staging]):
             fsync_dir(dirfd, CommitInfo(0), self.policy.dir_fsync_tolerated)
             return True
         finally:
-            os.close(dirfd)
+            close_quietly(dirfd)
 
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:
@@ -341,7 +341,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         try:
             yield
         finally:
-            os.close(fd)
+            close_quietly(fd)
 
     @translated("locking")
     def _lock_fd(self, parts: Parts) -> int:
@@ -354,11 +354,11 @@ class LocalBackend(RenameBackend[int, Staging]):
                 dir_fd=dirfd,
             )
         finally:
-            os.close(dirfd)
+            close_quietly(dirfd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
-            os.close(fd)
+            close_quietly(fd)
             raise
         return fd
 
@@ -393,3 +393,10 @@ class _ReadFile(io.FileIO):
             return super().read(size)
         except OSError as exc:
             raise storage_error(exc, "reading", self._shown) from exc
+
+    def close(self) -> None:
+        """Nothing of a file opened to read is unflushed: an error of close(2) (EIO from a
+        network client) loses nothing, and the descriptor is released anyway, so it is not
+        raised (as for every descriptor the backend opens only to read)."""
+        with contextlib.suppress(OSError):
+            super().close()

@@ -195,13 +195,11 @@ class StagedFileSink(_Staged[D, H], FileSink):
                 self._close_folder()
 
     def _check_final(self) -> None:
-        """Step 7: the final name must hold what was written, else un-publish it."""
-        try:
-            stored = self._step("checking", self._ops.size_of, self._folder, self._final)
-        except CommitStoreError as exc:
-            if exc.retryable:  # the storage is unreachable: what it holds is unknown
-                raise
-            stored = None
+        """Step 7: the final name must hold what was written, else un-publish it. A stat that
+        fails (EIO, unreachable) says nothing about what the name holds: the error is raised and
+        nothing is removed (after a replace the old version is gone already; the data there is
+        the new one, which the commit's pending record still describes)."""
+        stored = self._step("checking", self._ops.size_of, self._folder, self._final)
         if stored != self.bytes_written:
             with contextlib.suppress(Exception):
                 self._ops.remove_at(self._folder, self._final)
