@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import commitstore
 from commitstore import (
     CommitStoreError,
     InsufficientSpaceError,
@@ -227,3 +228,14 @@ def test_read_errors_of_an_open_file_are_storage_errors(fault_mount: FaultMount)
         fault_mount.clear()
     assert store.read_bytes("r/a.bin") == data
     assert not (root.parent / "out-read.bin").exists()
+
+
+def test_put_file_of_a_missing_or_unreadable_source_is_typed(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "store")
+    with pytest.raises(commitstore.NotFoundError, match="no such local file"):
+        store.put_file("a.pt", tmp_path / "missing.bin")
+    with pytest.raises(commitstore.StorageError) as err:
+        store.put_file("b.pt", tmp_path)  # a folder: EISDIR
+    assert err.value.errno == errno.EISDIR
+    assert store.list() == []
+    assert [p.name for p in (tmp_path / "store").iterdir() if p.name != ".commitstore"] == []

@@ -15,13 +15,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from commitstore import _check, _fetch, _folder, _read, _scan
-from commitstore._commit import Committer, check_flag, check_new, make_record, mode_of
+from commitstore import _check, _fetch, _folder, _read, _scan, _write
+from commitstore._commit import Committer, check_flag
 from commitstore._stage import Stage
-from commitstore.backends import Backend, CommitInfo, FileSink
-from commitstore.backends.localtree import hash_and_sync_tree
-from commitstore.digest import copy_chunks, manifest_digest
-from commitstore.errors import CommitError, ConfigurationError
+from commitstore.backends import Backend
+from commitstore.errors import ConfigurationError
 from commitstore.layout import redact_url, validate_name
 from commitstore.maintenance.adopt import AdoptReport, adopt
 from commitstore.maintenance.gc import GcReport, collect
@@ -29,7 +27,7 @@ from commitstore.maintenance.prune import PruneReport, prune
 from commitstore.maintenance.retention import Retention, check_age
 from commitstore.mirrors.replicator import MirrorState, Replicator
 from commitstore.mirrors.sync import SyncReport, latest_any, restore, sync_mirrors
-from commitstore.records import FileRecord, Record, VerifyReport
+from commitstore.records import Record, VerifyReport
 
 __all__ = ["CommitStore"]
 
@@ -192,23 +190,15 @@ class CommitStore:
             AlreadyExistsError: ``overwrite=False`` and the name is taken (checked now and again,
                 atomically, at commit).
         """
-        parts, step, meta = check_new(name, step, metadata)
-        check_flag(alias, "alias")
-        mode = mode_of(overwrite)
-        sink = self.committer.open_file(parts, mode)
-
-        def finish(s: FileSink, size: int, digest: str) -> tuple[Record, CommitInfo]:
-            record = make_record(name, step, meta, size=size, digest=digest, alias=alias)
-            infos: list[CommitInfo] = []
-
-            def publish_data() -> Record:
-                infos.append(s.publish(size=size, digest=digest))
-                self.committer.note(infos[0], name)
-                return record
-
-            return self.committer.commit(parts, mode, publish_data, intent=record), infos[0]
-
-        return Stage(name, sink, finish, after=self._after_commit)
+        return _write.open_stage(
+            self.committer,
+            name,
+            step=step,
+            metadata=metadata,
+            overwrite=overwrite,
+            alias=alias,
+            after=self._after_commit,
+        )
 
     @contextlib.contextmanager
     def stage_dir(
@@ -226,47 +216,15 @@ class CommitStore:
         naming rules: CommitError). Same checks of ``name``, ``step`` and ``metadata`` as
         :meth:`stage`, before any I/O.
         """
-        parts, step, meta = check_new(name, step, metadata)
-        mode = mode_of(overwrite)
-        sink = self.committer.open_dir(parts, mode)
-        try:
-            yield sink.local_path
-        except BaseException:
-            sink.abort()
-            raise
-
-        def dir_record(files: list[tuple[str, int, str]]) -> Record:
-            entries = tuple(FileRecord(p, size, d) for p, size, d in files)
-            return make_record(
-                name,
-                step,
-                meta,
-                size=sum(f.size for f in entries),
-                digest=manifest_digest(files),
-                files=entries,
-                kind="dir",
-            )
-
-        try:
-            # Hashed once before anything is published, so the record is known first (the
-            # commit's pending record); the sink hashes again as it publishes.
-            intent = dir_record(hash_and_sync_tree(sink.local_path))
-
-            def publish_data() -> Record:
-                info = sink.publish()
-                self.committer.note(info, name)
-                return (
-                    intent
-                    if sorted(info.files)
-                    == sorted((f.path, f.size, f.digest) for f in intent.files)
-                    else dir_record(info.files)
-                )
-
-            record = self.committer.commit(parts, mode, publish_data, intent=intent)
-        except BaseException:
-            sink.abort()
-            raise
-        self._after_commit(record)
+        with _write.stage_dir(
+            self.committer,
+            name,
+            step=step,
+            metadata=metadata,
+            overwrite=overwrite,
+            after=self._after_commit,
+        ) as path:
+            yield path
 
     def begin_folder(
         self,
@@ -296,12 +254,7 @@ class CommitStore:
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
         """Commit ``data`` as ``name`` (same protocol as :meth:`stage`); checks free space first."""
-        parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
-        self.committer.check_free(parts, memoryview(data).nbytes)
-        with self.stage(name, **kw) as st:
-            st.write(data)
-        assert st.record is not None
-        return st.record
+        return _write.put_bytes(self.committer, self.stage, name, data, kw)
 
     def put_file(
         self,
@@ -314,18 +267,10 @@ class CommitStore:
         """Commit a local file as ``name``, streamed with constant memory; checks free space first.
 
         Raises:
+            NotFoundError (a ``FileNotFoundError``), StorageError: the local file cannot be read.
             CommitError: the source changed size while it was copied (nothing published).
         """
-        parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
-        with open(local_path, "rb") as src:
-            size = os.fstat(src.fileno()).st_size
-            self.committer.check_free(parts, size)
-            with self.stage(name, **kw) as st:
-                copy_chunks(src, st.write, progress=progress)
-                if st.tell() != size:
-                    raise CommitError(f"{local_path}: changed size while it was copied")
-        assert st.record is not None
-        return st.record
+        return _write.put_file(self.committer, self.stage, name, local_path, kw, progress=progress)
 
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be
