@@ -9,15 +9,13 @@ to stay under S3's 10,000. Every failure path aborts the upload; nothing is comp
 close). After completion a fresh HEAD must show the expected size. ``IfNoneMatch="*"``
 (create-only) is used for ``PutMode.CREATE`` exactly where the endpoint honours it, which is probed
 once per store (or set with ``conditional_writes=``), never assumed. The shared sink
-(``upload.py``) drives the upload; this module holds S3's primitives (:class:`S3Upload`).
+(``upload.py``) drives the upload; this module holds S3's primitives, ``s3upload.py`` the
+upload session (:class:`S3Upload`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import concurrent.futures
-import hashlib
 import io
 import os
 from typing import Any, BinaryIO, cast
@@ -27,13 +25,13 @@ from commitstore.backends.base import PendingUpload, take_options
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
 from commitstore.backends.object._transport import TranslatedReader
 from commitstore.backends.object.base import ObjectBackend
-from commitstore.backends.object.upload import ObjectStat, Upload, Written
-from commitstore.errors import CommitError, CommitStoreError, ConfigurationError, NotFoundError
+from commitstore.backends.object.s3upload import S3Upload, content_md5
+from commitstore.backends.object.upload import ObjectStat, Upload
+from commitstore.errors import CommitError, ConfigurationError, NotFoundError
 from commitstore.layout import Parts
 
 MiB = 1024 * 1024
 MAX_SINGLE_PUT = 5 * 1024 * MiB
-MAX_PARTS = 10_000
 
 
 class S3Backend(ObjectBackend):
@@ -258,100 +256,6 @@ class S3Backend(ObjectBackend):
             "single_put_max": self.single_put_max,
             "sign_payload": self.sign_payload,
         }
-
-
-class S3Upload(Upload):
-    """A multipart upload, created by its first part; ``CompleteMultipartUpload`` (or one
-    ``PutObject``) is the commit, with ``IfNoneMatch="*"`` for create-only. Parts go
-    concurrently; part size doubles every 1,000 parts (under 10,000 parts up to ~16 TiB)."""
-
-    max_parts = MAX_PARTS
-
-    def __init__(self, backend: S3Backend, parts: Parts, *, create_only: bool) -> None:
-        self._b, self._parts, self._key = backend, parts, backend.key(parts)
-        self._cond = {"IfNoneMatch": "*"} if create_only else {}
-        self.part_size = backend.part_size
-        self.max_inflight = backend.max_inflight
-        self._upload_id: str | None = None
-
-    def send_part(
-        self, number: int, body: io.BytesIO, length: int, *, final: bool
-    ) -> concurrent.futures.Future[Any]:
-        b = self._b
-        if self._upload_id is None:
-            created = b.call(
-                "starting the upload of", self._parts, "create_multipart_upload", Key=self._key
-            )
-            self._upload_id = created["UploadId"]
-        if number % 1000 == 0:
-            self.part_size *= 2
-        upload_id = self._upload_id
-
-        async def part() -> dict[str, Any]:
-            try:
-                done = await b.send_body(
-                    "uploading a part of",
-                    self._parts,
-                    "upload_part",
-                    body,
-                    Key=self._key,
-                    UploadId=upload_id,
-                    PartNumber=number,
-                )
-            except NotFoundError as exc:
-                raise _gone(exc, b.shown(self._parts)) from exc
-            return {"PartNumber": number, "ETag": done["ETag"]}
-
-        return asyncio.run_coroutine_threadsafe(part(), b.fs.loop)
-
-    def complete(self, receipts: list[Any]) -> Written:
-        try:
-            done = self._b.call(
-                "completing the upload of",
-                self._parts,
-                "complete_multipart_upload",
-                Key=self._key,
-                UploadId=self._upload_id,
-                MultipartUpload={"Parts": sorted(receipts, key=lambda p: p["PartNumber"])},
-                **self._cond,
-            )
-        except NotFoundError as exc:
-            raise _gone(exc, self._b.shown(self._parts)) from exc
-        self._upload_id = None  # completed: nothing left to abort
-        return Written(done.get("ETag"))
-
-    def put_whole(self, body: io.BytesIO, length: int) -> Written:
-        coro = self._b.send_body(
-            "uploading", self._parts, "put_object", body, Key=self._key, **self._cond
-        )
-        return Written(self._b.run_coro(coro).get("ETag"))
-
-    def abort(self) -> None:
-        if self._upload_id is not None:
-            upload_id, self._upload_id = self._upload_id, None
-            self._b.call(
-                "aborting the upload of",
-                self._parts,
-                "abort_multipart_upload",
-                Key=self._key,
-                UploadId=upload_id,
-            )
-
-
-def content_md5(body: io.BytesIO) -> dict[str, str]:
-    """The ``ContentMD5`` parameter for ``body`` (the server refuses a body that does not match);
-    MD5 as a transfer checksum, not for security."""
-    with body.getbuffer() as view:
-        digest = hashlib.md5(view, usedforsecurity=False).digest()
-    return {"ContentMD5": base64.b64encode(digest).decode("ascii")}
-
-
-def _gone(err: CommitStoreError, shown: str) -> CommitStoreError:
-    """NoSuchUpload during an upload is a failed commit (the upload was aborted meanwhile, by gc
-    or a lifecycle rule, or the request reached the server garbled), not a missing artifact."""
-    if isinstance(err, NotFoundError):
-        return CommitError(f"{shown}: the multipart upload no longer exists (aborted meanwhile?)")
-    return err
 
 
 def _ts(entry: dict[str, Any]) -> float | None:
