@@ -7,16 +7,57 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from commitstore.digest import is_valid_digest, manifest_digest
 from commitstore.errors import ConfigurationError, InvalidNameError
 from commitstore.layout import validate_name
 
-if TYPE_CHECKING:
-    from commitstore.records import FileRecord, Record
+
+class FileEntry(Protocol):
+    """A folder record's file entry (``records.FileRecord``), as the checks read it."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def digest(self) -> str: ...
+
+
+class RecordFields(Protocol):
+    """A record (``records.Record``), as the checks read it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def step(self) -> int | None: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def files(self) -> Sequence[FileEntry]: ...
+
+    @property
+    def created(self) -> datetime: ...
+
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def alias(self) -> bool: ...
 
 
 class RecordFormatError(ValueError):
@@ -111,7 +152,7 @@ def _check_text(text: str) -> None:
         raise RecordFormatError(f"metadata text is not valid Unicode: {text[:40]!r}") from exc
 
 
-def check_files(files: tuple[FileRecord, ...]) -> None:
+def check_files(files: Sequence[FileEntry]) -> None:
     """Folder entries: each path a relative ``/``-separated name valid by the artifact-name rules
     (``layout.validate_name``), strictly increasing (sorted, unique), no path also a folder of
     another; sizes in range; digests well-formed.
@@ -145,9 +186,9 @@ def check_files(files: tuple[FileRecord, ...]) -> None:
                 raise RecordFormatError(f"{head!r} is recorded both as a file and as a folder")
 
 
-def check_record(record: Record) -> None:
-    """Everything the decoder requires of a record, on a :class:`Record` (the encoder refuses what
-    the decoder would reject).
+def check_record(record: RecordFields) -> None:
+    """Everything the decoder requires of a record, on a ``records.Record`` (the encoder refuses
+    what the decoder would reject).
 
     Raises:
         RecordFormatError: with the first problem found.

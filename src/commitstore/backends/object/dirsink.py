@@ -33,16 +33,38 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from commitstore.backends.base import CommitInfo, DirSink, PutMode
+from commitstore.backends.base import Capabilities, CommitInfo, DirSink, FileInfo, FileSink, PutMode
 from commitstore.backends.localtree import hash_and_sync_tree
+from commitstore.backends.object.upload import ObjectStat
 from commitstore.digest import manifest_digest
 from commitstore.errors import AlreadyExistsError, CommitError, CommitStoreError
 from commitstore.layout import Parts, staged_parts
 
-if TYPE_CHECKING:
-    from commitstore.backends.object.base import ObjectBackend
+
+class ObjectStore(Protocol):
+    """What the folder sink needs of an object backend (``object/base.py`` provides it)."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def key(self, parts: Parts) -> str: ...
+
+    def head(self, parts: Parts) -> ObjectStat | None: ...
+
+    def delete_key(self, parts: Parts, key: str) -> None: ...
+
+    def copy_checked(self, src: Parts, dst: Parts, *, size: int, digest: str) -> None: ...
+
+    def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink: ...
+
+    def stat(self, parts: Parts) -> FileInfo | None: ...
+
+    def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]: ...
+
+    def remove(self, parts: Parts) -> bool: ...
+
 
 CHUNK = 8 * 1024 * 1024
 Files = list[tuple[str, int, str]]
@@ -53,7 +75,7 @@ class ObjectDirSink(DirSink):
 
     def __init__(
         self,
-        backend: ObjectBackend,
+        backend: ObjectStore,
         parts: Parts,
         *,
         mode: PutMode,
@@ -136,7 +158,7 @@ class ObjectDirSink(DirSink):
             ) from exc
 
 
-def complete_replace(b: ObjectBackend, parts: Parts, files: Files, root: Parts) -> None:
+def complete_replace(b: ObjectStore, parts: Parts, files: Files, root: Parts) -> None:
     """Copy every staged file under ``root`` over its final key below ``parts``, delete the
     files the new version lacks (and an object at ``parts`` itself: a file artifact before),
     then the staged copy. Idempotent: run again after a crash or failure (gc's roll-forward),

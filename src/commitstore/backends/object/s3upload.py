@@ -8,16 +8,34 @@ import base64
 import concurrent.futures
 import hashlib
 import io
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from commitstore.backends.object.upload import Upload, Written
 from commitstore.errors import CommitError, CommitStoreError, NotFoundError
 from commitstore.layout import Parts
 
-if TYPE_CHECKING:
-    from commitstore.backends.object.s3 import S3Backend
-
 MAX_PARTS = 10_000
+
+
+class S3Calls(Protocol):
+    """What an upload session needs of its store (``s3.S3Backend`` provides it)."""
+
+    fs: Any
+    part_size: int
+    max_inflight: int
+
+    def key(self, parts: Parts) -> str: ...
+
+    def shown(self, parts: Parts) -> str: ...
+
+    def call(self, what: str, parts: Parts, method: str, **kwargs: Any) -> Any: ...
+
+    def send_body(
+        self, what: str, parts: Parts, method: str, body: io.BytesIO, **kwargs: Any
+    ) -> Coroutine[Any, Any, Any]: ...
+
+    def run_coro(self, coro: Any) -> Any: ...
 
 
 class S3Upload(Upload):
@@ -27,7 +45,7 @@ class S3Upload(Upload):
 
     max_parts = MAX_PARTS
 
-    def __init__(self, backend: S3Backend, parts: Parts, *, create_only: bool) -> None:
+    def __init__(self, backend: S3Calls, parts: Parts, *, create_only: bool) -> None:
         self._b, self._parts, self._key = backend, parts, backend.key(parts)
         self._cond = {"IfNoneMatch": "*"} if create_only else {}
         self.part_size = backend.part_size
