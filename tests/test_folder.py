@@ -30,7 +30,7 @@ def test_two_handles_one_commit_and_replace(tmp_path: Path) -> None:
     root = tmp_path / "store"
     store, other = open_store(str(root)), open_store(str(root))
     store.put_bytes("ckpt-1", b"old")
-    folder = store.begin_folder("run/ckpt-2", metadata={"k": 1})
+    folder = store.begin_folder("run/ckpt-2", step=2, metadata={"k": 1})
     a = other.join_folder(folder.token).write_bytes("shard/a.bin", b"A" * 10)
     b = folder.write_bytes("b.bin", b"B" * 3)
     assert [r.name for r in store.list()] == ["ckpt-1"]

@@ -239,3 +239,13 @@ def test_put_file_of_a_missing_or_unreadable_source_is_typed(tmp_path: Path) -> 
     assert err.value.errno == errno.EISDIR
     assert store.list() == []
     assert [p.name for p in (tmp_path / "store").iterdir() if p.name != ".commitstore"] == []
+
+
+def test_an_error_is_unavailable_by_its_words_never_by_digits_inside_a_url() -> None:
+    from commitstore.backends.object._transport import is_unavailable
+
+    url = "http://127.0.0.1:1/o?name=probe-c59325036347&upload_id=1664c872305"
+    assert not is_unavailable(OSError(f"Forbidden: {url}"))  # "503" only inside the URL
+    assert not is_unavailable(OSError("Forbidden: key ab5030cd"))
+    assert is_unavailable(OSError(f"503 Service Unavailable: {url}"))
+    assert is_unavailable(OSError("An error occurred (SlowDown) when calling PutObject"))

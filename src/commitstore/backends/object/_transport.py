@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,9 @@ UNAVAILABLE_WORDS = (
     "502",
 )
 """Words in an ``OSError``'s text that mean a 5xx answer (s3fs folds those into OSError)."""
+
+
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+")
 
 
 def is_unavailable(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> bool:
@@ -41,7 +45,12 @@ def is_unavailable(exc: BaseException, extra: tuple[type[BaseException], ...] = 
     code = getattr(exc, "code", None)
     if isinstance(code, int) and 500 <= code < 600:
         return True
-    return isinstance(exc, OSError) and any(w in str(exc) for w in UNAVAILABLE_WORDS)
+    if not isinstance(exc, OSError):
+        return False
+    # Whole words only, and never inside a URL: a random key or upload id ("...c5932503634...")
+    # once made a 403 look like a 503.
+    text = _URL.sub(" ", str(exc))
+    return any(re.search(rf"(?<![0-9A-Za-z]){w}(?![0-9A-Za-z])", text) for w in UNAVAILABLE_WORDS)
 
 
 def short(exc: BaseException) -> str:
