@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import safetensors.torch as safetensors_torch
+import torch
 
 from commitstore import open_store
-
-torch = pytest.importorskip("torch")
-safetensors_torch = pytest.importorskip("safetensors.torch")
 
 
 def _hf_folder(path: Path) -> None:

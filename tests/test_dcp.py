@@ -13,20 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch.distributed.checkpoint import DefaultSavePlanner  # noqa: E402
-from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
-from torch.distributed.checkpoint.state_dict import (  # noqa: E402
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultSavePlanner
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_state_dict,
 )
 
-import commitstore.dcp as cdcp  # noqa: E402
-from commitstore import (  # noqa: E402
+import commitstore.dcp as cdcp
+from commitstore import (
     AlreadyExistsError,
     ConfigurationError,
     IntegrityError,
@@ -34,9 +32,9 @@ from commitstore import (  # noqa: E402
     open_store,
 )
 
-from .helpers.dcpgroup import plain_model, run_group, sharded_model  # noqa: E402
-from .helpers.s3servers import BUCKET, MotoServer  # noqa: E402
-from .helpers.samba import PASSWORD, SambaServer  # noqa: E402
+from .helpers.dcpgroup import plain_model, run_group, sharded_model
+from .helpers.s3servers import BUCKET, MotoServer
+from .helpers.samba import PASSWORD, SambaServer
 
 FULL = StateDictOptions(full_state_dict=True)
 

@@ -10,15 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from commitstore import ConfigurationError, open_store  # noqa: E402
-from commitstore.hf import CommitStoreCallback, commit_folder, latest_checkpoint  # noqa: E402
+from commitstore import ConfigurationError, open_store
+from commitstore.hf import CommitStoreCallback, commit_folder, latest_checkpoint
 
 
-class _Data(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
+class _Data(torch.utils.data.Dataset):  # type: ignore[misc]
     def __len__(self) -> int:
         return 64
 
@@ -27,7 +26,7 @@ class _Data(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
         return {"input_ids": ids, "labels": ids}
 
 
-class _Seen(transformers.TrainerCallback):  # type: ignore[misc,name-defined]
+class _Seen(transformers.TrainerCallback):  # type: ignore[misc]
     """Placed before the store's callback: what the Trainer wrote, and where training began."""
 
     def __init__(self) -> None:

@@ -12,17 +12,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("lightning.pytorch")
-
-import lightning.pytorch as pl  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-from commitstore import CommitStore, InvalidNameError, open_store  # noqa: E402
-from commitstore._stage import Stage  # noqa: E402
-from commitstore.lightning import CommitStoreCheckpointIO  # noqa: E402
+from commitstore import CommitStore, InvalidNameError, open_store
+from commitstore._stage import Stage
+from commitstore.lightning import CommitStoreCheckpointIO
 
 torch.set_num_threads(1)
 

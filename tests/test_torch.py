@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import commitstore.torch as cs_torch  # noqa: E402
-from commitstore import (  # noqa: E402
+import commitstore.torch as cs_torch
+from commitstore import (
     CommitStore,
     CommitStoreError,
     ConfigurationError,
@@ -29,12 +28,12 @@ from commitstore import (  # noqa: E402
     NotFoundError,
     open_store,
 )
-from commitstore.backends import PutMode  # noqa: E402
-from commitstore.digest import digest_bytes  # noqa: E402
+from commitstore.backends import PutMode
+from commitstore.digest import digest_bytes
 
-from .helpers.faultproxy import FaultProxy  # noqa: E402
-from .helpers.s3servers import MotoServer  # noqa: E402
-from .helpers.samba import PASSWORD, SambaServer  # noqa: E402
+from .helpers.faultproxy import FaultProxy
+from .helpers.s3servers import MotoServer
+from .helpers.samba import PASSWORD, SambaServer
 
 MiB = 1024 * 1024
 torch.set_num_threads(1)
