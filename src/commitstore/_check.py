@@ -30,7 +30,7 @@ from commitstore.errors import (
     InvalidNameError,
     NotFoundError,
 )
-from commitstore.layout import Parts, staged_parts, validate_name
+from commitstore.layout import Parts, aside_parts, staged_parts, validate_name
 from commitstore.records import (
     Record,
     RecordFormatError,
@@ -187,6 +187,8 @@ def _locate_once(
     if result.status == "ok":
         return result, record, parts
     pending = pending_version(backend, record)
+    if result.status == "missing" and (moved := _aside(backend, record, pending, level)):
+        return moved
     if pending is None:
         return result, record, parts
     if check_exact(backend, pending, level).status == "ok":
@@ -199,9 +201,36 @@ def _locate_once(
     return result, record, parts
 
 
+ASIDE_NOTE = (
+    "the {} version, moved aside by a replace that stopped before the new one was in "
+    "(gc or the next replace moves it back)"
+)
+
+
+def _aside(
+    backend: Backend, record: Record, pending: Record | None, level: str
+) -> tuple[VerifyResult, Record, Parts] | None:
+    """The name is missing: the version a stopped move-aside replace (``backends/rename/
+    aside.py``) left under the name's aside entry, if it verifies as ``record`` (the old
+    version) or ``pending``. Only rename-family storage has aside entries."""
+    parts = tuple(record.name.split("/"))
+    if not backend.staging_names or backend.stat(parts) is not None:
+        return None
+    where = aside_parts(parts)
+    for version, which in ((record, "old"), (pending, "new")):
+        if version is not None and check_at(backend, version, where, level).status == "ok":
+            return VerifyResult(record.name, "ok", ASIDE_NOTE.format(which)), version, where
+    return None
+
+
 def check_exact(backend: Backend, record: Record, level: str) -> VerifyResult:
     """:func:`check` against ``record`` alone (no pending version considered)."""
-    parts = tuple(record.name.split("/"))
+    return check_at(backend, record, tuple(record.name.split("/")), level)
+
+
+def check_at(backend: Backend, record: Record, parts: Parts, level: str) -> VerifyResult:
+    """:func:`check_exact` of the bytes stored at ``parts`` (the name, or where a stopped
+    replace left that version: its aside entry)."""
     if record.kind == "dir":
         return _check_dir(backend, parts, record, level)
     info = backend.stat(parts)

@@ -17,6 +17,7 @@ from commitstore.layout import (
     RECORDS_DIR,
     Parts,
     intent_parts,
+    is_aside_part,
     is_record_leaf,
     is_staging_part,
     name_from_record_parts,
@@ -182,7 +183,7 @@ def unrecorded(backend: Backend, records: list[Record], bad: list[VerifyResult])
     claimed = {b.name for b in bad}
     out = []
     for rel, _info in backend.walk(()):
-        if rel[0] == META_DIR or any(is_staging_part(p) for p in rel):
+        if rel[0] == META_DIR or any(is_staging_part(p) or is_aside_part(p) for p in rel):
             continue
         name = "/".join(rel)
         if name in files or name in claimed:

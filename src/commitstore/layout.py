@@ -30,6 +30,8 @@ without staging names (object stores), so gc can find what a dead writer uploade
 STAGED_DIR = "staged"
 STAGED_PREFIX = ".commitstore.stg."
 STAGED_HASHED_PREFIX = ".commitstore.stgh."
+ASIDE_PREFIX = ".commitstore.old."
+ASIDE_HASHED_PREFIX = ".commitstore.oldh."
 MAX_PART_BYTES = 255
 
 _STEP_RE = re.compile(
@@ -107,6 +109,41 @@ def staging_part(final_part: str) -> str:
     """A fresh staging name for ``final_part``, unique, hidden from globs, never a valid name."""
     hint = final_part.encode("utf-8")[:64].decode("utf-8", "ignore")
     return f"{STAGING_PREFIX}{secrets.token_hex(8)}.{hint}"
+
+
+def aside_part(final_part: str) -> str:
+    """Where a replace that cannot swap in one step moves the old entry of ``final_part`` while
+    the new one moves in (``backends/rename/aside.py``): ``.commitstore.old.<final_part>`` in
+    the same folder, or ``.commitstore.oldh.<xxh3_128 hex>`` when that is too long for one
+    file name (the same hash as the record's, :func:`record_parts`). Deterministic, so a later
+    process finds it; reserved, so never an artifact name."""
+    leaf = f"{ASIDE_PREFIX}{final_part}"
+    if len(leaf.encode("utf-8")) > MAX_PART_BYTES:
+        leaf = f"{ASIDE_HASHED_PREFIX}{xxhash.xxh3_128_hexdigest(final_part.encode())}"
+    return leaf
+
+
+def aside_parts(parts: Parts) -> Parts:
+    """:func:`aside_part` of the artifact ``parts``, beside it."""
+    return (*parts[:-1], aside_part(parts[-1]))
+
+
+def is_aside_part(part: str) -> bool:
+    """True for names made by :func:`aside_part`."""
+    return part.startswith(ASIDE_PREFIX) or part.startswith(ASIDE_HASHED_PREFIX)
+
+
+def aside_record_parts(aside: Parts) -> Parts | None:
+    """Where the record of the artifact whose aside entry is ``aside`` lives: the artifact's
+    own record path when the aside spells the name out, the hashed record path for a hashed
+    aside (its name is then only known from inside the record). None for other names."""
+    *head, leaf = aside
+    if leaf.startswith(ASIDE_HASHED_PREFIX):
+        hexpart = leaf[len(ASIDE_HASHED_PREFIX) :]
+        return (META_DIR, RECORDS_DIR, *head, f"{RECORD_HASHED_PREFIX}{hexpart}{RECORD_SUFFIX}")
+    if leaf.startswith(ASIDE_PREFIX):
+        return record_parts((*head, leaf[len(ASIDE_PREFIX) :]))
+    return None
 
 
 def folder_marker_parts(write_id: str) -> Parts:

@@ -183,6 +183,20 @@ class Backend(abc.ABC):
         Only where :attr:`staging_names` is True. Default: not supported."""
         raise NotImplementedError(f"{type(self).__name__} cannot publish a staged folder")
 
+    def restore_aside(self, parts: Parts) -> bool:
+        """Move the entry a stopped move-aside replace left under the aside name of ``parts``
+        (``layout.aside_parts``) back under ``parts``, with a no-replace move (never a copy):
+        the roll-back of ``backends/rename/aside.py``. The caller holds the publish lock and
+        has checked that ``parts`` is missing and the aside entry is a version of it. False if
+        there was no aside entry. Default: storage whose replaces never move anything aside
+        (object stores, memory): nothing to restore.
+
+        Raises:
+            AlreadyExistsError: ``parts`` exists (nothing was moved). CommitError,
+                StorageError: the move failed (the aside entry stays where it was).
+        """
+        return False
+
     def walk_folders(self, parts: Parts) -> list[Parts]:
         """Every folder below ``parts`` (recursively, empty ones included), relative to
         ``parts``. Default: none (storage without real folders)."""

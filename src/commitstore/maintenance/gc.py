@@ -19,11 +19,13 @@ from commitstore.layout import (
     RECORDS_DIR,
     Parts,
     intent_parts,
+    is_aside_part,
     is_intent_leaf,
     is_staging_part,
     record_parts,
     validate_name,
 )
+from commitstore.maintenance import _asides
 from commitstore.records import RecordFormatError, decode_record
 
 
@@ -37,7 +39,9 @@ class GcItem:
     """``"staging"`` (a staging file or folder), ``"upload"`` (an unfinished multipart upload) or
     ``"pending"`` (the pending record of an interrupted commit: made the record if the data is
     the new version, dropped if it is the old one) or ``"folder"`` (object stores: the files of
-    a multi-writer folder commit that never got its record, with its marker)."""
+    a multi-writer folder commit that never got its record, with its marker), ``"aside"`` (the
+    old version a stopped move-aside replace left beside the name, removed once the name
+    verifies) or ``"restored"`` (such an old version moved back under the missing name)."""
     age: float | None
     """Seconds since it was last modified (started, for uploads); None when unknown."""
     reason: str = ""
@@ -63,29 +67,42 @@ def _committed_folders(backend: Backend) -> set[Parts]:
 
 
 def _root_of(rel: Parts, committed: set[Parts]) -> Parts | None:
-    """The staging entry ``rel`` belongs to: its first part with a staging name, unless a path
-    before it is a committed folder artifact (then its contents, and never a candidate)."""
+    """The staging or aside entry ``rel`` belongs to: its first part with a staging or aside
+    name, unless a path before it is a committed folder artifact (then its contents, and never
+    a candidate)."""
     for i, part in enumerate(rel):
         if rel[:i] in committed:
             return None
-        if is_staging_part(part):
+        if is_staging_part(part) or is_aside_part(part):
             return rel[: i + 1]
     return None
 
 
-def staging_roots(backend: Backend) -> set[Parts]:
-    """Each staging file or folder (empty ones included) at the store's level: never anything
-    inside a committed folder artifact, even when named like staging (frameworks write
-    ``.commitstore.tmp.cache`` files of their own)."""
+def store_level_roots(backend: Backend) -> tuple[set[Parts], set[Parts]]:
+    """Each staging file or folder (empty ones included) and each aside entry of a stopped
+    replace (``backends/rename/aside.py``) at the store's level: never anything inside a
+    committed folder artifact, even when named like them (frameworks write
+    ``.commitstore.tmp.cache`` files of their own). One walk of the store."""
     if not backend.staging_names:
-        return set()
+        return set(), set()
     committed = _committed_folders(backend)
     paths = [rel for rel, _info in backend.walk(())] + backend.walk_folders(())
-    return {root for rel in paths if (root := _root_of(rel, committed)) is not None}
+    roots = {root for rel in paths if (root := _root_of(rel, committed)) is not None}
+    asides = {r for r in roots if is_aside_part(r[-1])}
+    return roots - asides, asides
+
+
+def staging_roots(backend: Backend) -> set[Parts]:
+    """The staging entries of :func:`store_level_roots`."""
+    return store_level_roots(backend)[0]
 
 
 def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
     """Remove staging leftovers and unfinished uploads older than ``min_age`` seconds.
+
+    Aside entries of stopped replaces are settled first (``_asides``: moved back under a
+    missing name whatever their age; removed only once the name verifies; never deleted while
+    the name is missing or does not verify).
 
     Guarantees: only entries whose own name has the reserved staging prefix, outside every
     committed folder artifact (checked against the records), and only uploads under this store's
@@ -109,7 +126,13 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
         removed.append(GcItem(path, kind, age))
         return True
 
-    for root in sorted(staging_roots(backend)):
+    roots, asides = store_level_roots(backend)
+    for aside in sorted(asides):  # first: a pending record is settled against the name
+        settled, kind, age, why = _asides.settle(
+            backend, aside, min_age=min_age, now=now, dry_run=dry_run
+        )
+        (removed if settled else kept).append(GcItem("/".join(aside), kind, age, why))
+    for root in sorted(roots):
         info = backend.stat(root)
         if info is None:
             continue  # published or removed by its writer meanwhile

@@ -17,6 +17,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 from commitstore.backends.base import CommitInfo, FileInfo
 from commitstore.backends.localtree import close_quietly, hash_fd
 from commitstore.backends.rename import _syscalls as _posix
+from commitstore.backends.rename import aside
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.errors import (
     AlreadyExistsError,
@@ -113,8 +114,10 @@ def publish_at(
     wins; where the filesystem lacks it (FUSE, 9p), ``link`` + ``unlink`` for files, and where links
     are refused too, check-then-rename under the store's publish lock. ``overwrite=True``:
     ``rename``, or ``RENAME_EXCHANGE`` then removal of the old copy when the types differ or the old
-    one is a non-empty folder. Renames are retried per ``policy``. Raises AlreadyExistsError or
-    OSError; ``tmp`` is left for the caller to clean.
+    one is a non-empty folder; where the filesystem refuses the exchange (FUSE, 9p: EINVAL), the
+    move-aside protocol of ``aside.py`` (the old entry to its aside name, the new one in, the
+    aside removed). Renames are retried per ``policy``. Raises AlreadyExistsError or OSError;
+    ``tmp`` is left for the caller to clean.
     """
 
     def rename() -> None:
@@ -161,13 +164,52 @@ def publish_at(
     except OSError as exc:
         if exc.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
             raise
-    _posix.renameat2(dirfd, tmp, dirfd, final, _posix.RENAME_EXCHANGE)
+    try:
+        _posix.renameat2(dirfd, tmp, dirfd, final, _posix.RENAME_EXCHANGE)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise
+        # FUSE, 9p, CIFS: no exchange. The move-aside protocol, under the publish lock.
+        notes = info.notes if info is not None else []
+        aside.replace(_DirMoves(dirfd, shown, policy, info), tmp, final, notes)
+        return
     # ``tmp`` now holds the previous artifact, which is no longer visible; drop it.
     st = os.stat(tmp, dir_fd=dirfd, follow_symlinks=False)
     if statmod.S_ISDIR(st.st_mode):
         rmtree_at(dirfd, tmp)
     else:
         os.unlink(tmp, dir_fd=dirfd)
+
+
+class _DirMoves:
+    """:class:`aside.AsideMoves` on the entries of the open folder ``dirfd``."""
+
+    def __init__(
+        self, dirfd: int, shown: str, policy: CommitPolicy, info: CommitInfo | None
+    ) -> None:
+        self.dirfd, self.shown, self.policy, self.info = dirfd, shown, policy, info
+
+    def exists(self, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=self.dirfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def move(self, src: str, dst: str) -> None:
+        publish_at(
+            self.dirfd, src, dst, overwrite=False, shown=dst, policy=self.policy, info=self.info
+        )
+
+    def remove(self, name: str) -> None:
+        try:
+            st = os.stat(name, dir_fd=self.dirfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if statmod.S_ISDIR(st.st_mode):
+            rmtree_at(self.dirfd, name)
+        else:
+            os.unlink(name, dir_fd=self.dirfd)
 
 
 def readback_digest(dirfd: int, name: str) -> tuple[int, str]:

@@ -16,11 +16,12 @@ depends on the filesystem and is declared in :attr:`capabilities` and ``describe
 - Any other fsspec filesystem: ``fs.mv``, existence checked before a create-only move; a
   filesystem whose ``mv`` is fsspec's copy-then-delete is refused unless ``allow_copy_move``.
 
-Where replace is not one step (folders everywhere, files without posix-rename) the old entry is
-moved aside to a staging name, the new one moved in, then the old one removed; a crash between
-the first two moves leaves nothing under the name and both versions under staging names (gc
-removes them). Folders are filled locally and uploaded file by file into a staging folder, each
-file size-checked, before the one move.
+Where replace is not one step (folders everywhere, files without posix-rename or a one-request
+replace) it is the move-aside protocol of ``aside.py``: the old entry moves to its deterministic
+aside name ``.commitstore.old.<name>``, the new one moves in, the aside is removed. A crash
+between the first two moves leaves the name missing and the old version aside, which readers
+serve and gc moves back. Folders are filled locally and uploaded file by file into a staging
+folder, each file size-checked, before the one move.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
+from commitstore.backends.rename import aside
 from commitstore.backends.rename._fsspec_moves import Mover, storage_error, translate
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK, hash_stream
 from commitstore.errors import CommitStoreError, IntegrityError, NotFoundError
-from commitstore.layout import Parts, staging_part
+from commitstore.layout import Parts
 
 
 def _mtime(info: dict[str, Any]) -> float | None:
@@ -239,9 +241,9 @@ class FsspecBackend(RenameBackend[str, Any]):
         self, folder: str, src: str, dst: str, *, mode: PutMode, is_dir: bool, info: CommitInfo
     ) -> None:
         """CREATE: the no-replace move. REPLACE of a file: posix-rename (atomic) or one
-        replacing request where the filesystem has one; otherwise (and for folders) the old
-        entry moves aside to a staging name, the new one moves in, the old one is removed. If
-        the new one cannot move in, the old one is moved back."""
+        replacing request where the filesystem has one; otherwise (and for folders) the
+        move-aside protocol (``aside.py``): the old entry moves to its aside name, the new one
+        moves in, the aside is removed; if the new one cannot move in, the old one moves back."""
         mover, s, d = self.mover, self._at(folder, src), self._at(folder, dst)
         if mode is PutMode.CREATE:
             mover.move(s, d, replace=False)
@@ -251,20 +253,7 @@ class FsspecBackend(RenameBackend[str, Any]):
                 info.notes.append(f"replaced with one non-atomic request ({mover.kind})")
             mover.move(s, d, replace=True)
             return
-        if self._raw_info(d) is None:
-            mover.move(s, d, replace=False)
-            return
-        old = self._at(folder, staging_part(dst))
-        mover.move(d, old, replace=False)
-        try:
-            mover.move(s, d, replace=False)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                mover.move(old, d, replace=False)
-            raise
-        info.notes.append("replaced by moving the old version aside first (not atomic)")
-        with contextlib.suppress(Exception):  # an orphan under a staging name: gc removes it
-            self._remove_path(old)
+        aside.replace(_FsspecMoves(self, folder), src, dst, info.notes)
 
     def sync_folder(self, folder: str, info: CommitInfo) -> None:
         info.notes.append(f"{self.mover.kind}: no directory sync")
@@ -376,3 +365,20 @@ class FsspecBackend(RenameBackend[str, Any]):
                 "size_after_move": self.policy.check_after_rename,
             },
         }
+
+
+class _FsspecMoves:
+    """:class:`aside.AsideMoves` on the entries of the remote folder ``folder``."""
+
+    def __init__(self, backend: FsspecBackend, folder: str) -> None:
+        self.backend, self.folder = backend, folder
+
+    def exists(self, name: str) -> bool:
+        return self.backend._raw_info(self.backend._at(self.folder, name)) is not None
+
+    def move(self, src: str, dst: str) -> None:
+        at = self.backend._at
+        self.backend.mover.move(at(self.folder, src), at(self.folder, dst), replace=False)
+
+    def remove(self, name: str) -> None:
+        self.backend._remove_path(self.backend._at(self.folder, name))

@@ -36,9 +36,11 @@ the storage allows (POSIX) the caller fills the staging folder in place on the t
 (SMB) the caller fills a local temporary folder, which is uploaded file by file into a staging
 folder on the target at publish, each file checked as in step 5. Every file is fsynced and hashed
 and every folder fsynced (bottom-up) before the one rename of step 6. REPLACE of an existing
-folder: POSIX exchanges the two atomically (RENAME_EXCHANGE) and then removes the old one; SMB
-moves the old folder to a staging name, renames the new one in, then removes the old (a crash in
-between leaves nothing under the name, and both folders under staging names).
+folder: POSIX exchanges the two atomically (RENAME_EXCHANGE) and then removes the old one; where
+there is no exchange (SMB, fsspec, FUSE/9p bridges) the move-aside protocol of ``aside.py``
+moves the old folder to its deterministic aside name, the new one in, then removes the aside (a
+crash in between leaves the name missing and the old folder aside: readers serve it, gc moves it
+back).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from commitstore.backends.base import Backend, CommitInfo, DirSink, FileSink, Pu
 from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.backends.rename.ops import D, H, RenameOps, write_all
 from commitstore.errors import AlreadyExistsError, CommitError, CommitStoreError
-from commitstore.layout import Parts, staging_part
+from commitstore.layout import Parts, aside_parts, staging_part
 
 T = TypeVar("T")
 
@@ -312,6 +314,21 @@ class StagedFolderPublish(_Staged[D, H]):
             self._close_folder()
 
 
+class _StagedMove(_Staged[D, H]):
+    """One no-replace rename of ``src`` (an entry beside ``parts``) onto ``parts``, translated
+    as the sinks translate theirs (:meth:`RenameBackend.restore_aside`)."""
+
+    def __init__(self, ops: RenameOps[D, H], src: str, parts: Parts) -> None:
+        super().__init__(ops, parts, PutMode.CREATE)
+        self._tmp = src
+
+    def move(self, *, is_dir: bool) -> None:
+        try:
+            self._rename(CommitInfo(0), is_dir=is_dir)
+        finally:
+            self._close_folder()
+
+
 class RenameBackend(Backend, RenameOps[D, H]):
     """A rename-family backend: the sinks and ``describe`` come from here."""
 
@@ -327,6 +344,16 @@ class RenameBackend(Backend, RenameOps[D, H]):
         if staging[:-1] != parts[:-1]:
             raise CommitError(f"{self.shown(staging)}: not a staging folder beside {parts[-1]}")
         return StagedFolderPublish(self, staging[-1], parts, mode).publish()
+
+    def restore_aside(self, parts: Parts) -> bool:
+        """The aside entry of ``parts`` moved back with this backend's no-replace rename
+        (:meth:`RenameOps.rename` with ``PutMode.CREATE``)."""
+        aside = aside_parts(parts)
+        info = self.stat(aside)
+        if info is None:
+            return False
+        _StagedMove(self, aside[-1], parts).move(is_dir=info.is_dir)
+        return True
 
     def describe_more(self) -> dict[str, Any]:
         """Strategy-specific entries of :meth:`describe` (mount, checks, user)."""

@@ -31,12 +31,13 @@ from commitstore.backends.base import (
     PutMode,
     take_options,
 )
+from commitstore.backends.rename import aside
 from commitstore.backends.rename._smbconn import SmbConnection, SmbReader, call, translate
 from commitstore.backends.rename.ops import CommitPolicy, write_all
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK, hash_stream, read_chunks
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError
-from commitstore.layout import META_DIR, Parts, staging_part
+from commitstore.layout import META_DIR, Parts
 
 LOCK_WAIT = 120.0
 """Seconds to wait for another client's publish lock before giving up."""
@@ -140,22 +141,13 @@ class SmbBackend(RenameBackend[Parts, Any]):
     def rename(
         self, folder: Parts, src: str, dst: str, *, mode: PutMode, is_dir: bool, info: CommitInfo
     ) -> None:
-        """Files: ``rename`` (fails if ``dst`` exists) or ``replace``. Folders replace by moving
-        the old one aside under a staging name, renaming the new one in, removing the old. If
-        the new one cannot be renamed in, the old one is moved back (never left aside)."""
-        replace = mode is PutMode.REPLACE
-        if is_dir and replace and self.stat((*folder, dst)) is not None:
-            old = staging_part(dst)
-            self._move(folder, dst, old, replace=False)
-            try:
-                self._move(folder, src, dst, replace=False)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    self._move(folder, old, dst, replace=False)
-                raise
-            self.remove((*folder, old))
+        """Files: ``rename`` (fails if ``dst`` exists) or ``replace`` (one step). A folder
+        replaces a folder by the move-aside protocol (``aside.py``): the old one moves to its
+        aside name, the new one moves in, the aside is removed; a stale aside is settled first."""
+        if is_dir and mode is PutMode.REPLACE:
+            aside.replace(_SmbMoves(self, folder), src, dst, info.notes)
         else:
-            self._move(folder, src, dst, replace=replace and not is_dir)
+            self._move(folder, src, dst, replace=mode is PutMode.REPLACE)
 
     def _move(self, folder: Parts, src: str, dst: str, *, replace: bool) -> None:
         fn = smbclient.replace if replace else smbclient.rename
@@ -328,6 +320,22 @@ class SmbBackend(RenameBackend[Parts, Any]):
                 "readback": self.policy.readback,
             },
         }
+
+
+class _SmbMoves:
+    """:class:`aside.AsideMoves` on the entries of the share folder ``folder``."""
+
+    def __init__(self, backend: SmbBackend, folder: Parts) -> None:
+        self.backend, self.folder = backend, folder
+
+    def exists(self, name: str) -> bool:
+        return self.backend.stat((*self.folder, name)) is not None
+
+    def move(self, src: str, dst: str) -> None:
+        self.backend._move(self.folder, src, dst, replace=False)
+
+    def remove(self, name: str) -> None:
+        self.backend.remove((*self.folder, name))
 
 
 def factory(url: str, options: dict[str, Any]) -> Backend:

@@ -1,0 +1,113 @@
+"""gc's part of the move-aside replace (``backends/rename/aside.py``): settle the aside entries
+``.commitstore.old.<name>`` that replaces stopped by a crash or a failure left behind.
+
+Rules, each applied under the publish lock (so no writer of this host is between its moves):
+
+- The name is missing and the aside entry verifies (``"full"``) as the name's record or its
+  pending record: it is moved back under the name (roll back; ``Backend.restore_aside``),
+  whatever its age. Moving it back destroys nothing.
+- The name holds a version that verifies as its record or its pending record: the aside entry
+  is garbage (the replace got its new version in), removed once older than ``min_age``.
+- Anything else (the name missing and the aside matching no record; the name not verifying;
+  no record or pending record to tell): the aside entry is kept, with the reason. An aside
+  entry is never deleted while the name is missing or does not verify, at any ``min_age``.
+"""
+
+from __future__ import annotations
+
+from commitstore._check import check_at
+from commitstore._scan import read_intent, read_record
+from commitstore.backends import Backend
+from commitstore.errors import AlreadyExistsError, CommitStoreError, InvalidNameError
+from commitstore.layout import (
+    ASIDE_PREFIX,
+    INTENT_HASHED_PREFIX,
+    RECORD_HASHED_PREFIX,
+    Parts,
+    aside_parts,
+    aside_record_parts,
+    validate_name,
+)
+from commitstore.records import Record, RecordFormatError, decode_record
+
+
+def _name_of(backend: Backend, aside: Parts) -> Parts | None:
+    """The artifact whose aside entry ``aside`` is: spelled out in the aside name, or (a hashed
+    aside, for a long name) read from the record or pending record stored under the same hash.
+    None if it cannot be known."""
+    leaf = aside[-1]
+    if leaf.startswith(ASIDE_PREFIX):
+        try:
+            return validate_name("/".join((*aside[:-1], leaf[len(ASIDE_PREFIX) :])))
+        except InvalidNameError:
+            return None
+    rec = aside_record_parts(aside)
+    if rec is None:
+        return None
+    pending = (*rec[:-1], INTENT_HASHED_PREFIX + rec[-1][len(RECORD_HASHED_PREFIX) :])
+    for path in (rec, pending):
+        try:
+            parts = validate_name(decode_record(backend.read_small(path)).name)
+        except (CommitStoreError, RecordFormatError):
+            continue
+        if aside_parts(parts) == aside:
+            return parts
+    return None
+
+
+def _versions(backend: Backend, parts: Parts) -> list[Record]:
+    """The name's record and pending record, those that can be read."""
+    out = []
+    try:
+        found = read_record(backend, parts)
+    except (RecordFormatError, CommitStoreError):
+        found = None
+    if found is not None:
+        out.append(found.record)
+    pending = read_intent(backend, parts)
+    if pending is not None:
+        out.append(pending.record)
+    return out
+
+
+def settle(
+    backend: Backend, aside: Parts, *, min_age: float, now: float, dry_run: bool
+) -> tuple[bool, str, float | None, str]:
+    """Apply the module's rules to one aside entry (see there), under the publish lock.
+
+    Returns (done, kind, age, reason): ``done`` True if it was (in a dry run: would be)
+    restored (kind ``"restored"``) or removed (kind ``"aside"``); else ``reason`` says why it
+    was kept. ``age`` in seconds, None when unknown."""
+    with backend.publish_lock():
+        info = backend.stat(aside)
+        if info is None:
+            return False, "aside", None, "settled meanwhile"
+        mtime = backend.last_change(aside) if info.is_dir else info.mtime
+        age = None if mtime is None else max(0.0, now - mtime)
+        parts = _name_of(backend, aside)
+        if parts is None:
+            return False, "aside", age, "the artifact it belongs to is unknown"
+        versions = _versions(backend, parts)
+        if backend.stat(parts) is None:
+            if not any(check_at(backend, v, aside, "full").status == "ok" for v in versions):
+                return False, "aside", age, "the name is missing and this matches no record of it"
+            if not dry_run:  # whatever its age: moving it back loses nothing
+                try:
+                    backend.restore_aside(parts)
+                except AlreadyExistsError:  # the name appeared meanwhile (another host)
+                    return False, "aside", age, "the name appeared meanwhile"
+            return True, "restored", age, ""
+        if not any(check_at(backend, v, parts, "full").status == "ok" for v in versions):
+            return (
+                False,
+                "aside",
+                age,
+                "the name does not verify: this may be its last good version",
+            )
+        if age is None:
+            return False, "aside", None, "unknown mtime"
+        if age < min_age:
+            return False, "aside", age, "younger than min_age"
+        if not dry_run:
+            backend.remove(aside)
+        return True, "aside", age, ""
