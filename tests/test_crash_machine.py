@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from commitstore import CommitError, open_store
+from commitstore import open_store
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target
 from commitstore.testing.crashmachine import run_crash_machine
 
@@ -126,12 +126,6 @@ def test_crash_machine_soak(kind: str, request: pytest.FixtureRequest, tmp_path:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=CommitError,
-    reason="a folder replacing a folder is published with renameat2(RENAME_EXCHANGE), which "
-    "FUSE refuses (EINVAL), and the bridge strategy has no other way yet",
-)
 def test_folder_overwrite_on_a_fuse_bridge(mount: FaultMount) -> None:
     t = bridge_targets(mount)()
     for data in (b"old", b"new"):

@@ -265,11 +265,6 @@ def test_smb_request_matrix(samba: SambaServer, smbproxy: SmbMessageProxy, op: s
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: a folder replace on the bridge needs RENAME_EXCHANGE, which FUSE (and "
-    "9p, CIFS) refuse with EINVAL; the replace always fails, with no fault at all",
-)
 def test_bridge_folder_replace(mount: FaultMount) -> None:
     """``stage_dir(name, overwrite=True)`` over an existing folder on a FUSE mount commits (the
     matrix leaves ``dir_overwrite`` out on FUSE until it does)."""

@@ -158,6 +158,9 @@ def publish_at(
             raise AlreadyExistsError(f"{shown} already exists")
         _retrying(policy, info, rename)
         return
+    # An aside entry a stopped move-aside replace left (FUSE, 9p) is settled first (one stat
+    # of a missing name otherwise), so the name holds its old version before it is replaced.
+    aside.settle_stale(_DirMoves(dirfd, shown, policy, info), final)
     try:
         _retrying(policy, info, rename)
         return
