@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -110,7 +110,11 @@ def sftp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SftpServer]:
         server.stop()
 
 
-def make_place(backend: str, request: pytest.FixtureRequest) -> Place:
+class Fixtures(Protocol):
+    def getfixturevalue(self, name: str) -> Any: ...
+
+
+def make_place(backend: str, request: Fixtures) -> Place:
     sub = f"t{uuid.uuid4().hex[:12]}"
     if backend == "bridge":
         mount: FaultMount = request.getfixturevalue("mount")
@@ -222,9 +226,10 @@ def staging_left(place: Place) -> list[str]:
 
 
 # -- a writer stopped at a point of the protocol ---------------------------------------------
-def kill_at(place: Place, kind: str, point: str) -> None:
-    """Fork a writer replacing the old version with the new one; it stops at ``point`` of the
-    move-aside protocol and says so, and is SIGKILLed there."""
+def kill_at(place: Place, kind: str, stop_at: str, leaf: str = "w") -> None:
+    """Fork a writer replacing the old version with the new one; it stops at ``stop_at`` of the
+    move-aside protocol's replace of ``leaf`` (the data's name, or its record's) and says so,
+    and is SIGKILLed there."""
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
@@ -232,8 +237,8 @@ def kill_at(place: Place, kind: str, point: str) -> None:
             os.close(ready_r)
             store = place.open()
 
-            def reached(at: str) -> None:
-                if at == point:
+            def reached(point: str, name: str) -> None:
+                if (point, name) == (stop_at, leaf):
                     os.write(ready_w, b"k")
                     time.sleep(120)
 
@@ -247,7 +252,7 @@ def kill_at(place: Place, kind: str, point: str) -> None:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     os.close(ready_r)
-    assert got == b"k", f"the writer did not stop at {point!r} (it sent {got!r})"
+    assert got == b"k", f"the writer did not stop at {stop_at!r} (it sent {got!r})"
 
 
 EXPECTED = {"aside": ("old-aside", "old", "restored"), "in": ("new", "new", "aside")}
@@ -299,6 +304,35 @@ def test_the_next_replace_settles_a_stale_aside(
     readers_agree(place, kind, "new", tmp_path)
 
 
+@pytest.mark.crash
+@pytest.mark.parametrize("point", ["aside", "in"])
+def test_sigkill_in_the_record_replace_leaves_new(
+    point: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Without posix-rename the record itself is replaced by the same protocol: a writer killed
+    with its old record aside (the record missing) or the new one in. The data is the new
+    version and its pending record says so; readers find the old record under its aside name
+    (never "not committed"), and gc moves it back, then makes the pending record the record."""
+    place = make_place("sftp-file", request)
+    commit(place.open(), "file", "old")
+    record_leaf = record_path(NAME).rsplit("/", 1)[1]
+    kill_at(place, "file", point, leaf=record_leaf)
+    record_aside = record_path(NAME).replace(
+        "/.commitstore.rec.", "/.commitstore.old..commitstore.rec."
+    )
+    assert describes(place.door.read(record_aside), OLD_FILE, "file")
+    assert (place.door.read(record_path(NAME)) is None) == (point == "aside")
+    assert state(place, "file") == "new"
+    assert [r.name for r in place.open().list()] == [NAME]
+    readers_agree(place, "file", "new", tmp_path)
+    report = place.open().gc(min_age=0)
+    kinds = sorted(i.kind for i in report.removed if i.kind != "staging")
+    assert kinds == (["pending", "restored"] if point == "aside" else ["aside", "pending"]), report
+    assert place.door.read(record_aside) is None
+    assert describes(place.door.read(record_path(NAME)), NEW_FILE, "file")
+    readers_agree(place, "file", "new", tmp_path)
+
+
 # -- failures (not crashes) of the moves -----------------------------------------------------
 class FailingMoves:
     """The backend's own moves, except that the ones numbered in ``fail`` (1: old -> aside,
@@ -321,10 +355,9 @@ class FailingMoves:
 
 
 @pytest.mark.parametrize("fail", [{2}, {2, 3}], ids=["new-in", "new-in-and-move-back"])
-@pytest.mark.parametrize(("backend", "kind"), CASES, ids=IDS)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_a_failed_move_leaves_old(
-    backend: str,
-    kind: str,
+    case: tuple[str, str],
     fail: set[int],
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
@@ -332,12 +365,16 @@ def test_a_failed_move_leaves_old(
 ) -> None:
     """The new version cannot move in: the old one is moved back (or, if that fails too,
     stays aside, where readers find it and gc moves it back). A typed error either way."""
+    backend, kind = case
     place = make_place(backend, request)
     commit(place.open(), kind, "old")
     real = aside_mod.replace
     calls: list[FailingMoves] = []
 
     def replace(moves: aside_mod.AsideMoves, src: str, dst: str, notes: list[str]) -> None:
+        if dst != NAME.rsplit("/", 1)[1]:  # a record on SFTP without posix-rename: untouched
+            real(moves, src, dst, notes)
+            return
         calls.append(FailingMoves(moves, fail))
         real(calls[-1], src, dst, notes)
 
@@ -364,8 +401,8 @@ def test_a_refused_rename_on_the_bridge_leaves_old(
     place = make_place("bridge", _Request(mount))
     commit(place.open(), "dir", "old")
 
-    def reached(at: str) -> None:
-        if at == "aside":
+    def reached(point: str, name: str) -> None:
+        if point == "aside":
             mount.set(rename_errno={"match": f"/{NAME}", "errno": "EIO", "times": 100})
 
     monkeypatch.setattr(aside_mod, "_reached", reached)
@@ -447,8 +484,8 @@ def test_a_long_name_is_restored_through_its_hashed_aside(mount: FaultMount) -> 
             os.close(r)
             child = place.open()
 
-            def reached(at: str) -> None:
-                if at == "aside":
+            def reached(point: str, name: str) -> None:
+                if point == "aside":
                     os.write(w, b"k")
                     time.sleep(120)
 

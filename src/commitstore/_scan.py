@@ -16,12 +16,14 @@ from commitstore.layout import (
     META_DIR,
     RECORDS_DIR,
     Parts,
+    aside_parts,
     intent_parts,
     is_aside_part,
     is_record_leaf,
     is_staging_part,
     name_from_record_parts,
     record_parts,
+    unaside_part,
     validate_name,
 )
 from commitstore.records import (
@@ -54,7 +56,7 @@ def read_record(backend: Backend, parts: Parts) -> StoredRecord | None:
             not valid by the schema) or names another artifact.
     """
     try:
-        raw = backend.read_small(record_parts(parts))
+        raw = _read_record_bytes(backend, record_parts(parts))
     except NotFoundError:
         return None
     except (IntegrityError, InvalidNameError) as exc:  # a symlink, FIFO... where a record goes
@@ -63,6 +65,25 @@ def read_record(backend: Backend, parts: Parts) -> StoredRecord | None:
     if record.name != "/".join(parts):
         raise RecordFormatError(f"record names {record.name!r}, expected {'/'.join(parts)!r}")
     return StoredRecord(raw, record)
+
+
+def _read_record_bytes(backend: Backend, where: Parts) -> bytes:
+    """The record stored at ``where``; when it is missing, the old record a stopped move-aside
+    replace of it left under its aside name (``backends/rename/aside.py``: a record replace on
+    storage without a one-step replace), which gc or the next commit moves back."""
+    try:
+        return backend.read_small(where)
+    except NotFoundError:
+        if not backend.staging_names:
+            raise
+        return backend.read_small(aside_parts(where))
+
+
+def _logical(rel: Parts) -> Parts:
+    """The record path an entry of the records folder stands for: itself, or the record whose
+    aside entry it is."""
+    last = unaside_part(rel[-1])
+    return rel if last is None else (*rel[:-1], last)
 
 
 def read_intent(backend: Backend, parts: Parts) -> StoredRecord | None:
@@ -99,10 +120,13 @@ def scan_records(
     """
     if listing is None:
         listing = backend.walk((META_DIR, RECORDS_DIR))
+    present = {rel for rel, _info in listing}
     leaves = [
         (rel, info)
         for rel, info in listing
-        if not is_staging_part(rel[-1]) and is_record_leaf(rel[-1])
+        if not is_staging_part(rel[-1])
+        and is_record_leaf(_logical(rel)[-1])
+        and (_logical(rel) == rel or _logical(rel) not in present)  # an aside of a missing one
     ]
     tagged = bool(leaves) and all(info.tag for _rel, info in leaves)
     cached = _recordcache.load(backend) if tagged else {}
@@ -122,7 +146,7 @@ def scan_records(
     def load(leaf: tuple[Parts, FileInfo]) -> Record | VerifyResult | None:
         rel, info = leaf
         where = "/".join((META_DIR, RECORDS_DIR, *rel))
-        shown = name_from_record_parts(rel) or where
+        shown = name_from_record_parts(_logical(rel)) or where
         if not info.regular:
             return VerifyResult(shown, "bad_record", f"{where}: {NOT_REGULAR}")
         if info.size > MAX_RECORD_BYTES:
@@ -132,7 +156,7 @@ def scan_records(
         try:
             record = decode_record(fetch(rel, info))
             parts = validate_name(record.name)
-            if record_parts(parts) != (META_DIR, RECORDS_DIR, *rel):
+            if record_parts(parts) != (META_DIR, RECORDS_DIR, *_logical(rel)):
                 raise RecordFormatError(f"record names {record.name!r} but is stored at {where}")
         except (RecordFormatError, InvalidNameError) as exc:
             return VerifyResult(shown, "bad_record", str(exc))

@@ -133,6 +133,11 @@ def is_aside_part(part: str) -> bool:
     return part.startswith(ASIDE_PREFIX) or part.startswith(ASIDE_HASHED_PREFIX)
 
 
+def unaside_part(part: str) -> str | None:
+    """The name whose aside entry ``part`` is, when the aside spells it out; else None."""
+    return part[len(ASIDE_PREFIX) :] if part.startswith(ASIDE_PREFIX) else None
+
+
 def aside_record_parts(aside: Parts) -> Parts | None:
     """Where the record of the artifact whose aside entry is ``aside`` lives: the artifact's
     own record path when the aside spells the name out, the hashed record path for a hashed

@@ -11,6 +11,10 @@ Rules, each applied under the publish lock (so no writer of this host is between
 - Anything else (the name missing and the aside matching no record; the name not verifying;
   no record or pending record to tell): the aside entry is kept, with the reason. An aside
   entry is never deleted while the name is missing or does not verify, at any ``min_age``.
+- The store's own files (records, pending records, the record cache) are replaced by the same
+  protocol where the storage has no one-step replace: an aside of one whose file is missing
+  moves back (a record only if it is a valid record of that path); one whose file is present
+  is garbage, removed once older than ``min_age``.
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ from commitstore.errors import AlreadyExistsError, CommitStoreError, InvalidName
 from commitstore.layout import (
     ASIDE_PREFIX,
     INTENT_HASHED_PREFIX,
+    META_DIR,
     RECORD_HASHED_PREFIX,
     Parts,
     aside_parts,
     aside_record_parts,
+    is_record_leaf,
+    record_parts,
+    unaside_part,
     validate_name,
 )
 from commitstore.records import Record, RecordFormatError, decode_record
@@ -84,6 +92,8 @@ def settle(
             return False, "aside", None, "settled meanwhile"
         mtime = backend.last_change(aside) if info.is_dir else info.mtime
         age = None if mtime is None else max(0.0, now - mtime)
+        if aside[0] == META_DIR:
+            return _bookkeeping(backend, aside, age, min_age=min_age, dry_run=dry_run)
         parts = _name_of(backend, aside)
         if parts is None:
             return False, "aside", age, "the artifact it belongs to is unknown"
@@ -111,3 +121,38 @@ def settle(
         if not dry_run:
             backend.remove(aside)
         return True, "aside", age, ""
+
+
+def _bookkeeping(
+    backend: Backend, aside: Parts, age: float | None, *, min_age: float, dry_run: bool
+) -> tuple[bool, str, float | None, str]:
+    """An aside entry of the store's own files (a record, a pending record, the record cache:
+    replaced by the same protocol where the storage has no one-step replace). The file missing:
+    the aside moves back (a record only if it is a valid record of that path). Present: the
+    aside is garbage, removed once older than ``min_age``."""
+    last = unaside_part(aside[-1])
+    if last is None:
+        return False, "aside", age, "the file it belongs to is unknown"
+    target = (*aside[:-1], last)
+    if backend.stat(target) is None:
+        if is_record_leaf(last):
+            try:
+                record = decode_record(backend.read_small(aside))
+                valid = record_parts(validate_name(record.name)) == target
+            except (CommitStoreError, RecordFormatError):
+                valid = False
+            if not valid:
+                return False, "aside", age, "the record is missing and this is not a record of it"
+        if not dry_run:
+            try:
+                backend.restore_aside(target)
+            except AlreadyExistsError:
+                return False, "aside", age, "the file appeared meanwhile"
+        return True, "restored", age, ""
+    if age is None:
+        return False, "aside", None, "unknown mtime"
+    if age < min_age:
+        return False, "aside", age, "younger than min_age"
+    if not dry_run:
+        backend.remove(aside)
+    return True, "aside", age, ""

@@ -42,10 +42,10 @@ class AsideMoves(Protocol):
         """Remove the file or folder tree ``name`` if it exists."""
 
 
-def _reached(point: str) -> None:
-    """Called at each point of the protocol (``"aside"``: the old entry is aside and the name
-    is missing; ``"in"``: the new entry is in, the aside not yet removed). Does nothing; crash
-    tests replace it in a forked writer to stop it there."""
+def _reached(point: str, name: str) -> None:
+    """Called at each point of the protocol's replace of ``name`` (``"aside"``: the old entry
+    is aside and the name is missing; ``"in"``: the new entry is in, the aside not yet
+    removed). Does nothing; crash tests replace it in a forked writer to stop it there."""
 
 
 def settle_stale(moves: AsideMoves, dst: str) -> bool:
@@ -72,14 +72,14 @@ def replace(moves: AsideMoves, src: str, dst: str, notes: list[str]) -> None:
         return
     aside = aside_part(dst)
     moves.move(dst, aside)
-    _reached("aside")
+    _reached("aside", dst)
     try:
         moves.move(src, dst)
     except BaseException:
         with contextlib.suppress(Exception):  # if this fails too, gc or a reader finds it aside
             moves.move(aside, dst)
         raise
-    _reached("in")
+    _reached("in", dst)
     notes.append("replaced by moving the old version aside first (not atomic)")
     try:
         moves.remove(aside)
