@@ -140,7 +140,16 @@ CASES = [
     ("sftp", "dir"),
     ("sftp-file", "file"),
 ]
-IDS = [f"{b}-{k}" for b, k in CASES]
+CHEAP = ("bridge", "sftp-file")
+"""Where the extra cases run by default (the fastest servers); ``nox -s soak`` runs them all."""
+
+
+def cases(default: tuple[str, ...] = tuple(b for b, _k in CASES)) -> list[Any]:
+    """:data:`CASES`, those whose backend is not in ``default`` marked soak."""
+    return [
+        pytest.param(b, k, id=f"{b}-{k}", marks=() if b in default else (pytest.mark.soak,))
+        for b, k in CASES
+    ]
 
 
 # -- what the raw files say ------------------------------------------------------------------
@@ -261,7 +270,7 @@ EXPECTED = {"aside": ("old-aside", "old", "restored"), "in": ("new", "new", "asi
 
 @pytest.mark.crash
 @pytest.mark.parametrize("point", ["aside", "in"])
-@pytest.mark.parametrize(("backend", "kind"), CASES, ids=IDS)
+@pytest.mark.parametrize(("backend", "kind"), cases())
 def test_sigkill_at_each_point_leaves_old_or_new(
     backend: str, kind: str, point: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -288,7 +297,7 @@ def test_sigkill_at_each_point_leaves_old_or_new(
 
 @pytest.mark.crash
 @pytest.mark.parametrize("point", ["aside", "in"])
-@pytest.mark.parametrize(("backend", "kind"), CASES, ids=IDS)
+@pytest.mark.parametrize(("backend", "kind"), cases(CHEAP))
 def test_the_next_replace_settles_a_stale_aside(
     backend: str, kind: str, point: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -354,8 +363,13 @@ class FailingMoves:
         self.moves.remove(name)
 
 
-@pytest.mark.parametrize("fail", [{2}, {2, 3}], ids=["new-in", "new-in-and-move-back"])
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize(
+    ("case", "fail"),
+    [
+        *(pytest.param(c.values, {2, 3}, id=f"{c.id}-new-in-and-move-back") for c in cases()),
+        *(pytest.param(c.values, {2}, id=f"{c.id}-new-in", marks=c.marks) for c in cases(CHEAP)),
+    ],
+)
 def test_a_failed_move_leaves_old(
     case: tuple[str, str],
     fail: set[int],
