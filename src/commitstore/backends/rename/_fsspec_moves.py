@@ -170,9 +170,10 @@ class SftpMover(Mover):
         )
         if not self.atomic_replace:
             self.notes.append(
-                "replace: the server has no posix-rename; the old file is moved aside to a "
-                "staging name, then the new one moved in: a crash between the two leaves "
-                "nothing under the name (both versions stay under staging names)"
+                "replace: the server has no posix-rename; the old file is moved aside "
+                "(.commitstore.old.<name>), then the new one moved in: between the two another "
+                "host may find nothing under the name (a crash there leaves the old version "
+                "aside; readers serve it, gc moves it back)"
             )
 
     def _run(self, fn: Any, *args: Any) -> Any:

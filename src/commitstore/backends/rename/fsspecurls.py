@@ -234,8 +234,9 @@ def generic_factory(url: str, options: dict[str, Any]) -> Backend:
             "name (it never verifies: its size or digest differs from every record)"
         )
     mover.notes += [
-        "replace: the old entry is moved aside to a staging name first, then the new one is "
-        "moved in: a crash between the two leaves nothing under the name",
+        "replace: the old entry is moved aside (.commitstore.old.<name>) first, then the new "
+        "one is moved in: between the two another host may find nothing under the name (a "
+        "crash there leaves the old version aside; readers serve it, gc moves it back)",
         "create-only: existence is checked, then the move is made; not atomic",
         "durability: flushed and closed through fsspec; the filesystem's own guarantee",
     ]
