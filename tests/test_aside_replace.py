@@ -144,7 +144,10 @@ CHEAP = ("bridge", "sftp-file")
 """Where the extra cases run by default (the fastest servers); ``nox -s soak`` runs them all."""
 
 
-def cases(default: tuple[str, ...] = tuple(b for b, _k in CASES)) -> list[Any]:
+ALL = tuple(backend for backend, _kind in CASES)
+
+
+def cases(default: tuple[str, ...] = ALL) -> list[Any]:
     """:data:`CASES`, those whose backend is not in ``default`` marked soak."""
     return [
         pytest.param(b, k, id=f"{b}-{k}", marks=() if b in default else (pytest.mark.soak,))

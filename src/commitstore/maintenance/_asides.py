@@ -80,16 +80,17 @@ def _versions(backend: Backend, parts: Parts) -> list[Record]:
 
 def settle(
     backend: Backend, aside: Parts, *, min_age: float, now: float, dry_run: bool
-) -> tuple[bool, str, float | None, str]:
+) -> tuple[bool, str, float | None, str] | None:
     """Apply the module's rules to one aside entry (see there), under the publish lock.
 
     Returns (done, kind, age, reason): ``done`` True if it was (in a dry run: would be)
     restored (kind ``"restored"``) or removed (kind ``"aside"``); else ``reason`` says why it
-    was kept. ``age`` in seconds, None when unknown."""
+    was kept. ``age`` in seconds, None when unknown. None if the entry is gone (a writer
+    settled it meanwhile)."""
     with backend.publish_lock():
         info = backend.stat(aside)
         if info is None:
-            return False, "aside", None, "settled meanwhile"
+            return None
         mtime = backend.last_change(aside) if info.is_dir else info.mtime
         age = None if mtime is None else max(0.0, now - mtime)
         if aside[0] == META_DIR:

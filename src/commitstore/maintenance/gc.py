@@ -128,10 +128,10 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
 
     roots, asides = store_level_roots(backend)
     for aside in sorted(asides):  # first: a pending record is settled against the name
-        settled, kind, age, why = _asides.settle(
-            backend, aside, min_age=min_age, now=now, dry_run=dry_run
-        )
-        (removed if settled else kept).append(GcItem("/".join(aside), kind, age, why))
+        settled = _asides.settle(backend, aside, min_age=min_age, now=now, dry_run=dry_run)
+        if settled is not None:
+            gone, kind, age, why = settled
+            (removed if gone else kept).append(GcItem("/".join(aside), kind, age, why))
     for root in sorted(roots):
         info = backend.stat(root)
         if info is None:
