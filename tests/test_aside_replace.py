@@ -1,7 +1,7 @@
 """The move-aside replace (``backends/rename/aside.py``) on every backend that needs it, against
 real servers: folders on a FUSE bridge (faultfs), on SMB (Samba), WebDAV (wsgidav) and SFTP
-(asyncssh), and files on SFTP with posix-rename switched off in the client (the replace then
-has no one-step form). A writer forked from this process is stopped at each point of the
+(asyncssh), and files on an SFTP server that refuses posix-rename (the replace then has no
+one-step form). A writer forked from this process is stopped at each point of the
 protocol (``aside._reached``) and SIGKILLed there, or one of its moves fails; then the raw
 files and records on the server's disk (a backdoor, not commitstore) must hold the old version
 or the new one, before and after ``gc(min_age=0)``, and commitstore's readers must agree.
@@ -59,18 +59,13 @@ class Place:
     url: str
     options: dict[str, Any]
     disk: Path
-    no_posix_rename: bool = False
     door: LocalBackdoor = field(init=False)
 
     def __post_init__(self) -> None:
         self.door = LocalBackdoor(self.disk)
 
     def open(self) -> CommitStore:
-        store = open_store(self.url, **self.options)
-        if self.no_posix_rename:  # the replace of a server without posix-rename@openssh.com
-            backend: Any = store.committer.backend
-            backend.mover.atomic_replace = False
-        return store
+        return open_store(self.url, **self.options)
 
 
 # -- servers (one each per module) -----------------------------------------------------------
@@ -110,6 +105,16 @@ def sftp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SftpServer]:
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def sftp_plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SftpServer]:
+    """An SFTP server that refuses posix-rename (``SSH_FX_OP_UNSUPPORTED``)."""
+    server = SftpServer(tmp_path_factory.mktemp("aside-sftp-plain"), posix_rename=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 class Fixtures(Protocol):
     def getfixturevalue(self, name: str) -> Any: ...
 
@@ -128,9 +133,12 @@ def make_place(backend: str, request: Fixtures) -> Place:
     if backend == "webdav":
         rem = remote(request.getfixturevalue("dav"), {"password": DAV_PASSWORD})
         return Place(backend, rem.url, rem.options, rem.disk)
-    assert backend.startswith("sftp")
-    rem = remote(request.getfixturevalue("sftp"), {"password": SFTP_PASSWORD, "known_hosts": None})
-    return Place(backend, rem.url, rem.options, rem.disk, no_posix_rename=backend == "sftp-file")
+    assert backend in ("sftp", "sftp-file")
+    server = request.getfixturevalue("sftp" if backend == "sftp" else "sftp_plain")
+    rem = remote(server, {"password": SFTP_PASSWORD, "known_hosts": None})
+    place = Place(backend, rem.url, rem.options, rem.disk)
+    assert place.open().describe()["capabilities"]["atomic_replace"] is (backend == "sftp")
+    return place
 
 
 CASES = [

@@ -4,7 +4,10 @@ The child (``python -m tests.helpers.sftpserver ROOT PORT``) generates a host ke
 user by password, serves the SFTP subsystem chrooted at ROOT (so ``sftp://.../srv/run1`` is
 ``ROOT/srv/run1`` on disk) and prints ``ready`` once it listens. asyncssh's server announces the
 ``posix-rename@openssh.com``, ``fsync@openssh.com`` and ``statvfs@openssh.com`` extensions and
-maps them to ``os.replace``, ``os.fsync`` and ``os.statvfs``.
+maps them to ``os.replace``, ``os.fsync`` and ``os.statvfs``. With ``posix_rename=False``
+(a third argument ``no-posix-rename``) the server answers posix-rename requests with
+``SSH_FX_OP_UNSUPPORTED``, as servers without the extension do: a replace then has no one-step
+form.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ ROOT_DIR = Path(__file__).resolve().parents[2]
 class SftpServer:
     """The child process; :meth:`stop` sends SIGTERM, :meth:`kill` SIGKILL (a crashed server)."""
 
-    def __init__(self, root: Path, *, port: int | None = None) -> None:
+    def __init__(self, root: Path, *, port: int | None = None, posix_rename: bool = True) -> None:
         from .samba import free_port
 
+        self.posix_rename = posix_rename
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = port if port is not None else free_port()
@@ -37,7 +41,14 @@ class SftpServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.sftpserver", str(self.root), str(self.port)],
+            [
+                sys.executable,
+                "-m",
+                "tests.helpers.sftpserver",
+                str(self.root),
+                str(self.port),
+                *(() if self.posix_rename else ("no-posix-rename",)),
+            ],
             cwd=ROOT_DIR,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -76,8 +87,14 @@ class SftpServer:
         return {"password": PASSWORD}
 
 
-async def _serve(root: str, port: int) -> None:
+async def _serve(root: str, port: int, *, posix_rename: bool) -> None:
     import asyncssh
+
+    class NoPosixRename(asyncssh.SFTPServer):
+        def posix_rename(self, oldpath: bytes, newpath: bytes) -> None:
+            raise asyncssh.SFTPOpUnsupported("posix-rename is switched off")
+
+    server_class = asyncssh.SFTPServer if posix_rename else NoPosixRename
 
     class Server(asyncssh.SSHServer):
         def begin_auth(self, username: str) -> bool:
@@ -95,7 +112,7 @@ async def _serve(root: str, port: int) -> None:
         port,
         server_host_keys=[key],
         server_factory=Server,
-        sftp_factory=lambda chan: asyncssh.SFTPServer(chan, chroot=root.encode()),
+        sftp_factory=lambda chan: server_class(chan, chroot=root.encode()),
         allow_scp=False,
         process_factory=None,
     )
@@ -107,4 +124,4 @@ async def _serve(root: str, port: int) -> None:
 
 if __name__ == "__main__":
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(sys.argv[1], int(sys.argv[2])))
+        asyncio.run(_serve(sys.argv[1], int(sys.argv[2]), posix_rename=sys.argv[3:] == []))
