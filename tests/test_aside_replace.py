@@ -478,6 +478,20 @@ def test_gc_keeps_an_aside_that_does_not_verify_while_the_name_is_missing(
     assert content(place.door, NAME, "dir") is None
 
 
+@pytest.mark.crash
+def test_a_dry_run_reports_the_roll_back_and_moves_nothing(mount: FaultMount) -> None:
+    place = make_place("bridge", _Request(mount))
+    commit(place.open(), "dir", "old")
+    kill_at(place, "dir", "aside")
+    report = place.open().gc(min_age=0, dry_run=True)
+    assert [(i.path, i.kind) for i in report.removed if i.kind == "restored"] == [
+        (ASIDE, "restored")
+    ], report
+    assert state(place, "dir") == "old-aside"
+    place.open().gc(min_age=0)
+    assert state(place, "dir") == "old"
+
+
 def test_gc_leaves_files_named_like_asides_inside_a_committed_folder(tmp_path: Path) -> None:
     """Inside a committed folder artifact, files named like aside entries are the caller's:
     gc neither moves nor removes them, and the folder verifies."""
