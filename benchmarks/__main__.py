@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import argparse
 
-from ._harness import mark_start
 from . import bridge, dcp, gcs, local, mirrors, s3, scale, smb, torchio
+from ._harness import mark_start
 
 SUITES = {
     "local": local.main,

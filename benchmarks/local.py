@@ -38,9 +38,7 @@ TARGETS = {
 }
 
 
-def _measure(
-    tmp: str, size: int, repeat: int, sweeps: dict[str, Any]
-) -> dict[str, dict[str, Any]]:
+def _measure(tmp: str, size: int, repeat: int, sweeps: dict[str, Any]) -> dict[str, dict[str, Any]]:
     target = Path(tmp) / "artifact.bin"
     t = str(target)
 

@@ -37,6 +37,7 @@ from commitstore.backends.rename._localfs import (
     storage_error,
     translated,
 )
+from commitstore.backends.rename._maphash import ReadFile
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK
@@ -225,7 +226,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         except BaseException:
             close_quietly(fd)
             raise
-        raw: Any = _ReadFile(fd, self.path_of(parts))
+        raw: Any = ReadFile(fd, self.path_of(parts))
         return io.BufferedReader(raw, READ_CHUNK)
 
     @translated("checking")
@@ -366,37 +367,3 @@ class LocalBackend(RenameBackend[int, Staging]):
     def free_space(self, parts: Parts) -> int | None:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
-
-
-class _ReadFile(io.FileIO):
-    """An open file for reading whose read errors (EIO...) come out translated (StorageError),
-    like every other call of the backend; still a real file (``fileno`` works)."""
-
-    def __init__(self, fd: int, shown: str) -> None:
-        super().__init__(fd, "rb", closefd=True)
-        self._shown = shown
-
-    def readinto(self, buffer: Any) -> int | None:
-        try:
-            return super().readinto(buffer)
-        except OSError as exc:
-            raise storage_error(exc, "reading", self._shown) from exc
-
-    def readall(self) -> bytes:
-        try:
-            return super().readall()
-        except OSError as exc:
-            raise storage_error(exc, "reading", self._shown) from exc
-
-    def read(self, size: int | None = -1) -> bytes:
-        try:
-            return super().read(size)
-        except OSError as exc:
-            raise storage_error(exc, "reading", self._shown) from exc
-
-    def close(self) -> None:
-        """Nothing of a file opened to read is unflushed: an error of close(2) (EIO from a
-        network client) loses nothing, and the descriptor is released anyway, so it is not
-        raised (as for every descriptor the backend opens only to read)."""
-        with contextlib.suppress(OSError):
-            super().close()
