@@ -151,3 +151,11 @@ def test_matrix_size(calls: dict[str, list[str]]) -> None:
     assert all(n >= 8 for n in core.values()), core
     assert sum(core.values()) * len(FAULTS) >= 600, core
     assert sum(len(seq) for seq in calls.values()) * len(FAULTS) >= 2000
+
+
+def test_the_direct_put_goes_through_the_direct_writer(calls: dict[str, list[str]]) -> None:
+    """``put_overwrite_direct`` writes its 8 KiB buffered head, four 8 KiB direct buffers (from
+    the worker thread) and its tail: six writes, where a buffered write takes one or two. So its
+    cases fail the direct writes themselves."""
+    writes = [c for c in calls["put_overwrite_direct"] if c.split(" ")[0] == "write"]
+    assert len(writes) == 6, calls["put_overwrite_direct"]
