@@ -22,6 +22,7 @@ write is short (the rest is written buffered). The tail that is not a multiple o
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import mmap
@@ -84,19 +85,14 @@ class DirectWriter:
         """Write everything taken and wait; O_DIRECT is off afterwards (the tail is buffered)."""
         used = self._used
         aligned = used - used % ALIGN
+        tail = self._bufs[self._fill]  # its aligned head goes direct, the rest buffered after
         if aligned:
             self._submit(aligned)
-            tail = memoryview(self._bufs[self._fill ^ 1])[aligned:used]
-        else:
-            tail = memoryview(self._bufs[self._fill])[:used]
         self._wait()
-        try:
-            if self.direct:
-                set_direct(self.fd, False)
-                self.direct = False
-            _write_all(self.fd, tail)
-        finally:
-            tail.release()
+        if self.direct:
+            set_direct(self.fd, False)
+            self.direct = False
+        _write_all(self.fd, tail, aligned, used)
         self._used = 0
 
     def close(self) -> None:
@@ -105,7 +101,8 @@ class DirectWriter:
         self._pool.shutdown(wait=True)
         self._pending = None
         for buf in self._bufs:
-            buf.close()
+            with contextlib.suppress(BufferError):  # a view still held: freed with it
+                buf.close()
 
     def _submit(self, length: int) -> None:
         self._wait()
@@ -120,21 +117,22 @@ class DirectWriter:
 
     def _write(self, buf: mmap.mmap, length: int) -> None:
         """In the worker: write ``buf[:length]`` at the file's offset, falling back to buffered
-        writes when the filesystem refuses direct ones or one comes back short."""
+        writes when the filesystem refuses direct ones or one comes back short. (Slices of the
+        buffer are only ever temporaries: a traceback keeping this frame holds no view of it,
+        so the buffer can still be closed.)"""
+        done = 0
         with memoryview(buf) as whole:
-            view = whole[:length]
-            while view.nbytes:
+            while done < length:
                 try:
-                    n = os.write(self.fd, view)
+                    n = os.write(self.fd, whole[done:length])
                 except OSError as exc:
                     if exc.errno != errno.EINVAL or not self.direct:
                         raise
                     self._buffered()  # the filesystem takes no direct writes after all
                     continue
-                if n < view.nbytes and self.direct:
+                if done + n < length and self.direct:
                     self._buffered()  # the offset is no longer aligned
-                view = view[n:]
-            view.release()
+                done += n
 
     def _buffered(self) -> None:
         """(In the worker, while the caller waits or fills the other buffer.)"""
@@ -142,6 +140,8 @@ class DirectWriter:
         self.direct = False
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    while data.nbytes:
-        data = data[os.write(fd, data) :]
+def _write_all(fd: int, buf: mmap.mmap, start: int, end: int) -> None:
+    """Write ``buf[start:end]`` (buffered), slices only as temporaries (see ``_write``)."""
+    with memoryview(buf) as whole:
+        while start < end:
+            start += os.write(fd, whole[start:end])
