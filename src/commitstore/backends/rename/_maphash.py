@@ -5,6 +5,9 @@ already cached, a ``read`` copies each page into a buffer only for the hash to r
 hashing a shared read-only mapping of the file skips that copy. Mapping a file has two hazards a
 read does not have, and :func:`hash_mapped` guards against both:
 
+Each 8 MiB slice is mapped, hashed and unmapped in turn (so the process never maps more than
+one slice: its RSS does not grow with the file).
+
 - **A file that shrinks while mapped** (another process truncates it) makes any access past the
   new end raise SIGBUS, which kills the process. The mapping is used only under a read lease
   (``fcntl(F_SETLEASE, F_RDLCK)``): the kernel refuses the lease while anyone has the file open
@@ -118,21 +121,14 @@ def _read_slice(fd: int, buf: memoryview, offset: int, h: Hasher) -> int:
 
 def hash_mapped(fd: int) -> tuple[int, str] | None:
     """(size, digest) of the whole file open read-only on ``fd``, hashed from the page cache
-    where it is resident (see the module docstring); None when the mapped path cannot be used
-    (the caller then reads the file itself). Read errors raise OSError, as a read would."""
+    (see the module docstring); None when the mapped path cannot be used (the caller then
+    reads the file itself). Read errors raise OSError, as a read would."""
     if _libc is None or not _notice_is_ours():
         return None
     if os.fstat(fd).st_size < MIN_SIZE or not _take_lease(fd):
         return None
     try:
-        size = os.fstat(fd).st_size  # stable from here while the lease is held
-        addr = _mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
-        if addr in (None, _MAP_FAILED):
-            return None
-        try:
-            return _hash(fd, addr, size)
-        finally:
-            _munmap(addr, size)
+        return _hash(fd, os.fstat(fd).st_size)  # the size is stable while the lease is held
     finally:
         _release_lease(fd)
         with contextlib.suppress(OSError):
@@ -146,29 +142,38 @@ def _populate(addr: int, length: int) -> bool:
     return bool(_madvise(addr, length, _MADV_POPULATE_READ) == 0)
 
 
-def _hash(fd: int, addr: int, size: int) -> tuple[int, str] | None:
-    _madvise(addr, size, _MADV_SEQUENTIAL)
-    if not _populate(addr, min(SLICE, size)):
-        return None  # no MADV_POPULATE_READ here (or the first slice cannot be read): read it
+def _hash_slice(fd: int, offset: int, n: int, h: Hasher) -> bool:
+    """Map ``n`` bytes at ``offset`` (one slice: the process maps at most this much at a time,
+    so its RSS stays bounded), page them in and hash them; False (nothing hashed) when the
+    slice could not be mapped or paged in."""
+    addr = _mmap(None, n, _PROT_READ, _MAP_SHARED, fd, offset)
+    if addr in (None, _MAP_FAILED):
+        return False
+    try:
+        _madvise(addr, n, _MADV_SEQUENTIAL)
+        if not _populate(addr, n):
+            return False
+        with memoryview((ctypes.c_char * n).from_address(addr)) as raw, raw.cast("B") as view:
+            h.update(view)
+        return True
+    finally:
+        _munmap(addr, n)
+
+
+def _hash(fd: int, size: int) -> tuple[int, str]:
     h = Hasher()
     buf: memoryview | None = None
-    mapped = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
-    try:
-        offset = 0
-        while offset < size:
-            if not _lease_held(fd):
-                break  # a writer waits: stop touching the mapping
-            n = min(SLICE, size - offset)
-            if _populate(addr + offset, n):
-                h.update(mapped[offset : offset + n])
-            else:  # read with pread: a read error comes out as OSError
-                buf = buf or memoryview(bytearray(SLICE))
-                n = _read_slice(fd, buf[:n], offset, h)
-                if not n:
-                    return h.count, h.digest()  # shorter than it was (cannot happen leased)
-            offset += n
-    finally:
-        mapped.release()
+    offset = 0
+    while offset < size:
+        if not _lease_held(fd):
+            break  # a writer waits: map nothing more
+        n = min(SLICE, size - offset)
+        if not _hash_slice(fd, offset, n, h):  # pread it: a read error comes out as OSError
+            buf = buf or memoryview(bytearray(SLICE))
+            n = _read_slice(fd, buf[:n], offset, h)
+            if not n:
+                return h.count, h.digest()  # shorter than it was (cannot happen leased)
+        offset += n
     _release_lease(fd)  # the rest (after a break) and the end-of-file check are read plainly
     if not os.pread(fd, 1, offset):
         return h.count, h.digest()
