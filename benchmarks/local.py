@@ -2,8 +2,15 @@
 
 Baselines: ``dd if=/dev/zero bs=16M oflag=direct`` (the device's write limit), a naive write of
 the final name + fsync (the unsafe way), a plain ``readinto`` read into one preallocated buffer
-(warm and cold cache), and xxh3_128 of a buffer already in memory (the hash's own limit). Every
-write creates a new file (the previous one is deleted, untimed, and ``sync`` runs first).
+(warm and cold cache) at its best buffer size, and xxh3_128 of a buffer already in memory (the
+hash's own limit).
+
+Reads: before the read pairs, ``plain_read`` is swept over the buffer sizes of
+``worker.READ_BUFFERS`` (128 KiB to the whole file; warm, then cold), and each pair's baseline
+reads with the size that was fastest by median in that sweep (the sweep is kept in the result
+file, ``read_sweeps``). Writes: every write run of either side starts from the same state: the
+previous file and the store's records are deleted (its pages go with it) and ``sync`` runs,
+untimed. Pair counts: ``--repeat`` (15 for this suite by default), in alternating order.
 """
 
 from __future__ import annotations
@@ -15,9 +22,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._harness import MiB, pair, report, run
+from ._harness import MiB, pair, report, run, sweep
+from .worker import READ_BUFFERS
 
 SIZES_MIB = (256, 1024)
+REPEAT = 15
+"""Alternating pairs per measurement when ``--repeat`` is not given."""
+SWEEP_REPEAT = 5
 
 TARGETS = {
     "commit_vs_dd_direct": 1 / 0.9,  # >= 0.9x of the device's throughput
@@ -27,7 +38,7 @@ TARGETS = {
 }
 
 
-def _measure(tmp: str, size: int, repeat: int) -> dict[str, dict[str, Any]]:
+def _measure(tmp: str, size: int, repeat: int, sweeps: dict[str, Any]) -> dict[str, dict[str, Any]]:
     target = Path(tmp) / "artifact.bin"
     t = str(target)
 
@@ -49,30 +60,45 @@ def _measure(tmp: str, size: int, repeat: int) -> dict[str, dict[str, Any]]:
     clear()
     run("stage_commit", t, size)  # the file verify reads must carry a record
     run("plain_read", t, size)  # warm the cache
+    variants = {name: {"BENCH_READ_BUFFER": name} for name in READ_BUFFERS}
+    mib = size // MiB
+    warm = sweeps[f"plain_read warm, {mib} MiB"] = sweep(
+        "plain_read", t, size, variants, SWEEP_REPEAT
+    )
+    cold = sweeps[f"plain_read cold, {mib} MiB"] = sweep(
+        "plain_read_cold", t, size, variants, SWEEP_REPEAT
+    )
+    run("plain_read", t, size)  # warm again after the cold sweep
     results["verify_full_warm_vs_readinto_warm"] = pair(
-        "plain_read", "verify_full", t, size, repeat
+        "plain_read", "verify_full", t, size, repeat, env=variants[warm["best"]]
     )
     results["verify_full_cold_vs_readinto_cold"] = pair(
-        "plain_read_cold", "verify_full_cold", t, size, repeat
+        "plain_read_cold", "verify_full_cold", t, size, repeat, env=variants[cold["best"]]
     )
-    results["xxh3_in_memory_vs_readinto_warm"] = pair("plain_read", "xxh3_memory", t, size, repeat)
+    run("plain_read", t, size)
+    results["xxh3_in_memory_vs_readinto_warm"] = pair(
+        "plain_read", "xxh3_memory", t, size, repeat, env=variants[warm["best"]]
+    )
     return results
 
 
 def main(args: argparse.Namespace) -> None:
     sizes = (args.size_mib,) if args.size_mib else SIZES_MIB
+    repeat = args.repeat or REPEAT
     results: dict[str, dict[str, Any]] = {}
     targets: dict[str, float] = {}
+    sweeps: dict[str, Any] = {}
     for mib in sizes:
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="cs-bench-") as tmp:
-            for name, r in _measure(tmp, mib * MiB, args.repeat).items():
+            for name, r in _measure(tmp, mib * MiB, repeat, sweeps).items():
                 results[f"{name}, {mib} MiB"] = r
                 if name in TARGETS:
                     targets[f"{name}, {mib} MiB"] = TARGETS[name]
     report(
-        f"local, {' and '.join(f'{m} MiB' for m in sizes)}, {args.repeat} runs each "
+        f"local, {' and '.join(f'{m} MiB' for m in sizes)}, {repeat} runs each "
         "(alternating pairs), medians",
         results,
         targets,
         suite="local",
+        extra={"read_sweeps": sweeps},
     )

@@ -39,29 +39,61 @@ def _fmt_s(seconds: float) -> str:
 def _header(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     load = ", ".join(f"{x:g}" for x in m["load_average"])
+    if m.get("load_average_at_start"):
+        load = ", ".join(f"{x:g}" for x in m["load_average_at_start"]) + "; at the end " + load
     return (
         f"_{doc['title']}. From `benchmarks/results/{doc['suite']}.json`: commit "
         f"`{doc['commit']}`, {doc['date']}, {m['cpus']} CPUs, {m['memory_gib']:g} GiB, "
-        f"{m['machine']}, Python {m['python']}, load average at the end {load}._\n"
+        f"{m['machine']}, Python {m['python']}, load average "
+        f"{'at the start ' if m.get('load_average_at_start') else 'at the end '}{load}._\n"
     )
 
 
 def _pairs(doc: dict[str, Any]) -> str:
+    robust = any("ratio_trimmed_mean" in r for r in doc["measurements"].values())
+    extra_head = (
+        " trimmed-mean ratio | median of pair ratios | IQR ours / baseline (s) |" if robust else ""
+    )
     rows = [
         "| measurement | ours | baseline | ours MiB/s | baseline MiB/s | time ratio "
-        "(median) | runs (ours / baseline, s) | target | peak RSS ours / baseline |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"(median) |{extra_head} runs (ours / baseline, s) | target | peak RSS ours / baseline |",
+        "|---|---|---|---|---|---|" + "---|" * (3 * robust) + "---|---|---|",
     ]
     for name, r in doc["measurements"].items():
         target = "reported" if r.get("target") is None else f"<= {r['target']:.3g}"
         verdict = {True: " (meets)", False: " (**misses**)", None: ""}[r.get("meets")]
         runs = " ".join(f"{x:.3g}" for x in r["ours_runs_s"]) + " / "
         runs += " ".join(f"{x:.3g}" for x in r["baseline_runs_s"])
+        extra = ""
+        if robust:
+            (oq1, oq3), (bq1, bq3) = r["ours_iqr_s"], r["baseline_iqr_s"]
+            extra = (
+                f" {r['ratio_trimmed_mean']:.3f} | {r['pair_ratio_median']:.3f} | "
+                f"{oq1:.3g}-{oq3:.3g} / {bq1:.3g}-{bq3:.3g} |"
+            )
         rows.append(
             f"| {name} | `{r['ours']}` | `{r['baseline']}` | {r['ours_mib_s']:.0f} | "
-            f"{r['baseline_mib_s']:.0f} | **{r['ratio']:.3f}**{verdict} | {runs} | {target} | "
-            f"{_rss(r.get('peak_rss_mib'))} / {_rss(r.get('baseline_peak_rss_mib'))} |"
+            f"{r['baseline_mib_s']:.0f} | **{r['ratio']:.3f}**{verdict} |{extra} {runs} | "
+            f"{target} | {_rss(r.get('peak_rss_mib'))} / {_rss(r.get('baseline_peak_rss_mib'))} |"
         )
+    return "\n".join(rows) + "\n"
+
+
+def _sweeps(doc: dict[str, Any]) -> str:
+    """The baseline sweeps of a result file (``read_sweeps``: plain_read per buffer size)."""
+    sweeps: dict[str, Any] = doc.get("read_sweeps") or {}
+    if not sweeps:
+        return ""
+    variants = list(next(iter(sweeps.values()))["median_s"])
+    rows = [
+        "\nBaseline sweep (median MiB/s per read buffer; the pairs above use the best):\n",
+        "| sweep | " + " | ".join(variants) + " | best | runs each |",
+        "|---|" + "---|" * len(variants) + "---|---|",
+    ]
+    for name, sw in sweeps.items():
+        mib_s = [f"{sw['size_bytes'] / sw['median_s'][v] / 2**20:.0f}" for v in variants]
+        runs = len(next(iter(sw["runs_s"].values())))
+        rows.append(f"| {name} | " + " | ".join(mib_s) + f" | {sw['best']} | {runs} |")
     return "\n".join(rows) + "\n"
 
 
@@ -118,9 +150,10 @@ def render_suite(suite: str) -> str:
     elif "ours_bytes" in first:
         table = _bytes(doc)
     else:
-        table = _pairs(doc)
+        table = _pairs(doc) + _sweeps(doc)
     notes = f"\n{doc['notes']}\n" if doc.get("notes") else ""
-    return _header(doc) + "\n" + table + notes
+    stat = f"\nStatistic: {doc['statistic']}.\n" if doc.get("statistic") else ""
+    return _header(doc) + stat + "\n" + table + notes
 
 
 def render(text: str) -> str:

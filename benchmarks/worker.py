@@ -294,9 +294,15 @@ def rclone_copy_checksum_parallel(path: Path, size: int) -> None:
         raise RuntimeError(f"rclone failed: {failed}")
 
 
+READ_BUFFERS = {"128K": 128 << 10, "1M": 1 << 20, "8M": 8 << 20, "64M": 64 << 20, "whole": 0}
+"""The buffer sizes the local suite sweeps ``plain_read`` over (``whole``: the file's size)."""
+
+
 def plain_read(path: Path, size: int) -> None:
-    """A plain read to the end with ``readinto`` into one preallocated 8 MiB buffer."""
-    buf = bytearray(8 * 1024 * 1024)
+    """A plain read to the end with ``readinto`` into one preallocated buffer (untimed):
+    ``BENCH_READ_BUFFER`` names its size (a key of :data:`READ_BUFFERS`; default 8M)."""
+    n = READ_BUFFERS[os.environ.get("BENCH_READ_BUFFER", "8M")] or size
+    buf = bytearray(n)
     with timed(), open(path, "rb", buffering=0) as f:
         while f.readinto(buf):
             pass

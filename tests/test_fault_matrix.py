@@ -151,3 +151,14 @@ def test_matrix_size(calls: dict[str, list[str]]) -> None:
     assert all(n >= 8 for n in core.values()), core
     assert sum(core.values()) * len(FAULTS) >= 600, core
     assert sum(len(seq) for seq in calls.values()) * len(FAULTS) >= 2000
+
+
+def test_the_direct_put_goes_through_the_direct_writer(calls: dict[str, list[str]]) -> None:
+    """``put_overwrite_direct`` writes its 8 KiB buffered head, four 8 KiB direct buffers (from
+    the worker thread) and its tail: six data writes where ``put_overwrite`` makes one (both
+    then write the same two records). So its cases fail the direct writes themselves."""
+
+    def writes(op: str) -> int:
+        return sum(c.split(" ")[0] == "write" for c in calls[op])
+
+    assert writes("put_overwrite_direct") - writes("put_overwrite") == 5, calls

@@ -22,7 +22,7 @@ from commitstore._scan import (
     unrecorded,
 )
 from commitstore.backends import Backend, FileInfo
-from commitstore.digest import hash_stream
+from commitstore.digest import hash_opened
 from commitstore.errors import (
     CommitStoreError,
     ConfigurationError,
@@ -268,7 +268,7 @@ def _compare_file(
         return problem
     try:
         with backend.open_read(parts) as f:
-            found_size, found_digest = hash_stream(f)
+            found_size, found_digest = hash_opened(f)
     except NotFoundError:
         return MISSING
     except (IntegrityError, InvalidNameError):  # replaced by a symlink or FIFO since the stat

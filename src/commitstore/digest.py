@@ -61,6 +61,19 @@ def hash_stream(stream: BinaryIO, *, chunk: int = READ_CHUNK) -> tuple[int, str]
     return h.count, h.digest()
 
 
+def hash_opened(stream: BinaryIO) -> tuple[int, str]:
+    """:func:`hash_stream` of a stream just opened, unless it can hash itself whole without
+    being read through a buffer: a local file hashed from the page cache (its raw file's
+    ``whole_digest``, which may decline with None). The same (bytes, digest) either way."""
+    raw = getattr(stream, "raw", stream)
+    whole = getattr(raw, "whole_digest", None)
+    if whole is not None and stream.tell() == 0:
+        result: tuple[int, str] | None = whole()
+        if result is not None:
+            return result
+    return hash_stream(stream)
+
+
 def copy_hashed(
     src: BinaryIO,
     write: Callable[[memoryview], object],

@@ -99,6 +99,24 @@ def _put(name: str, overwrite: bool) -> Run:
     return run
 
 
+NEW_BIG = bytes(range(256)) * 160 + b"tail"
+"""Written with direct I/O by :func:`_put_direct` (four aligned buffers and an unaligned tail)."""
+
+
+def _put_direct(name: str) -> Run:
+    """``put_bytes`` of :data:`NEW_BIG` through the ``O_DIRECT`` writer, its sizes scaled down
+    (8 KiB buffered, then 8 KiB aligned buffers written by the worker thread)."""
+
+    def run(store: CommitStore, pause: Callable[[bool], None]) -> dict[str, Any]:
+        from commitstore.backends.rename import _direct, posix
+
+        posix.DIRECT_AFTER = _direct.BUFFER = 8192
+        store.put_bytes(name, NEW_BIG, overwrite=True)
+        return {}
+
+    return run
+
+
 def _delete(name: str) -> Run:
     def run(store: CommitStore, pause: Callable[[bool], None]) -> dict[str, Any]:
         store.delete(name)
@@ -179,6 +197,14 @@ OPS: dict[str, Op] = {
             _commit(("w.bin", OLD)),
             _put("w.bin", True),
             {"w.bin": OLD_NEW},
+            {"w.bin": {"old", "new"}},
+            {"w.bin": {"new"}},
+        ),
+        Op(
+            "put_overwrite_direct",
+            _commit(("w.bin", OLD)),
+            _put_direct("w.bin"),
+            {"w.bin": {"old": OLD, "new": NEW_BIG}},
             {"w.bin": {"old", "new"}},
             {"w.bin": {"new"}},
         ),

@@ -44,6 +44,9 @@ class BridgeBackend(LocalBackend):
     )
     """``exclusive_create`` is declared per mount (:meth:`__init__`): True only where no other
     host writes the same files (:attr:`Mount.single_host`)."""
+    direct_io = False
+    """Bridges write through the page cache: what ``O_DIRECT`` means on a FUSE or network
+    filesystem varies (some ignore it, some bypass their own consistency with it)."""
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
 from commitstore.backends.localtree import close_quietly, fsync_dir
 from commitstore.backends.rename import _syscalls
+from commitstore.backends.rename._direct import ALIGN, DirectWriter, set_direct
 from commitstore.backends.rename._localfs import (
     kind_of,
     not_regular,
@@ -37,6 +38,7 @@ from commitstore.backends.rename._localfs import (
     storage_error,
     translated,
 )
+from commitstore.backends.rename._maphash import ReadFile
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK
@@ -49,6 +51,9 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOE
 
 WRITEBACK_EVERY = 16 * 1024 * 1024
 """Start writeback of each finished 16 MiB range while later bytes are still written."""
+DIRECT_AFTER = 8 * 1024 * 1024
+"""A staging file's bytes past this offset are written with direct I/O (``_direct``), where the
+backend allows it (:attr:`LocalBackend.direct_io`) and the filesystem takes it."""
 
 LOCAL_POLICY = CommitPolicy()
 
@@ -61,6 +66,8 @@ class Staging:
     written: int = 0
     synced: int = 0
     closed: bool = False
+    direct: DirectWriter | None = None
+    tried_direct: bool = False
 
 
 class LocalBackend(RenameBackend[int, Staging]):
@@ -75,6 +82,8 @@ class LocalBackend(RenameBackend[int, Staging]):
         atomic_dir_publish=True,
         free_space=True,
     )
+    direct_io = True
+    """Large staging files are written with ``O_DIRECT`` (``_direct``); bridges turn it off."""
 
     def __init__(self, root: str | os.PathLike[str], *, reason: str = "local path") -> None:
         self.root = os.path.abspath(os.fspath(root))
@@ -137,6 +146,20 @@ class LocalBackend(RenameBackend[int, Staging]):
         return Staging(os.open(name, _CREATE_FLAGS, 0o666, dir_fd=folder))
 
     def write(self, handle: Staging, data: memoryview) -> int:
+        if handle.direct is not None:
+            n = handle.direct.write(data)
+            handle.written += n
+            return n
+        if self.direct_io and not handle.tried_direct:
+            if handle.written < DIRECT_AFTER:  # the bytes up to DIRECT_AFTER go buffered
+                data = data[: DIRECT_AFTER - handle.written]
+            elif handle.written % ALIGN:  # (after a short write) up to an aligned offset
+                data = data[: ALIGN - handle.written % ALIGN]
+            else:
+                handle.tried_direct = True
+                if set_direct(handle.fd, True):
+                    handle.direct = DirectWriter(handle.fd)
+                    return self.write(handle, data)
         n = os.write(handle.fd, data)
         handle.written += n
         if handle.written - handle.synced >= WRITEBACK_EVERY:
@@ -146,6 +169,8 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     def finish(self, handle: Staging) -> int:
         try:
+            if handle.direct is not None:
+                handle.direct.flush()
             os.fsync(handle.fd)
             return os.fstat(handle.fd).st_size
         finally:
@@ -154,7 +179,11 @@ class LocalBackend(RenameBackend[int, Staging]):
     def discard(self, handle: Staging) -> None:
         if not handle.closed:
             handle.closed = True
-            os.close(handle.fd)
+            try:
+                if handle.direct is not None:
+                    handle.direct.close()
+            finally:
+                os.close(handle.fd)
 
     def size_of(self, folder: int, name: str) -> int | None:
         try:
@@ -225,7 +254,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         except BaseException:
             close_quietly(fd)
             raise
-        raw: Any = _ReadFile(fd, self.path_of(parts))
+        raw: Any = ReadFile(fd, self.path_of(parts))
         return io.BufferedReader(raw, READ_CHUNK)
 
     @translated("checking")
@@ -366,37 +395,3 @@ class LocalBackend(RenameBackend[int, Staging]):
     def free_space(self, parts: Parts) -> int | None:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
-
-
-class _ReadFile(io.FileIO):
-    """An open file for reading whose read errors (EIO...) come out translated (StorageError),
-    like every other call of the backend; still a real file (``fileno`` works)."""
-
-    def __init__(self, fd: int, shown: str) -> None:
-        super().__init__(fd, "rb", closefd=True)
-        self._shown = shown
-
-    def readinto(self, buffer: Any) -> int | None:
-        try:
-            return super().readinto(buffer)
-        except OSError as exc:
-            raise storage_error(exc, "reading", self._shown) from exc
-
-    def readall(self) -> bytes:
-        try:
-            return super().readall()
-        except OSError as exc:
-            raise storage_error(exc, "reading", self._shown) from exc
-
-    def read(self, size: int | None = -1) -> bytes:
-        try:
-            return super().read(size)
-        except OSError as exc:
-            raise storage_error(exc, "reading", self._shown) from exc
-
-    def close(self) -> None:
-        """Nothing of a file opened to read is unflushed: an error of close(2) (EIO from a
-        network client) loses nothing, and the descriptor is released anyway, so it is not
-        raised (as for every descriptor the backend opens only to read)."""
-        with contextlib.suppress(OSError):
-            super().close()
