@@ -1,4 +1,5 @@
-"""How ``sync`` drives a mirror: one listing of its records, bounded concurrent publishes.
+"""How ``sync`` drives a mirror: one listing of its records, bounded concurrent publishes, and
+bounded memory for copies to an object store.
 
 Counts come from wrapping the mirror store's own methods; the copies are checked through the
 backdoor (the mirror's folder), not through the API under test.
@@ -12,9 +13,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from commitstore import CommitStore, open_store
-from commitstore.mirrors.sync import TRANSFERS
+from commitstore.mirrors.sync import STAGING_MEMORY, TRANSFERS, sync_mirrors
 from commitstore.testing import LocalBackdoor, record_path, xxh
+
+from .helpers.s3servers import BUCKET, MotoServer
 
 NAMES = [f"step_{i:04d}.pt" for i in range(8)]
 
@@ -101,3 +106,66 @@ def test_sync_publishes_at_most_transfers_at_once_and_stages_meanwhile(tmp_path:
     door = LocalBackdoor(tmp_path / "mirror")
     for name, body in data.items():
         assert xxh(door.read(name) or b"") == xxh(body)
+
+
+@pytest.mark.parametrize("budget", ["one artifact", "default"])
+def test_sync_holds_copies_to_an_object_store_within_its_memory_budget(
+    tmp_path: Path, moto: MotoServer, budget: str
+) -> None:
+    """Each copy to an object store reserves the bytes its sink holds in memory: with room for
+    one artifact, no two copies to the mirror are staged at once; with the default budget they
+    are (so the count below does see overlap when it happens)."""
+    size = 256 * 1024
+    store = open_store(tmp_path / "primary")
+    data = {name: bytes([i]) * size for i, name in enumerate(NAMES[:6])}
+    for name, body in data.items():
+        store.put_bytes(name, body)
+    mirror = open_store(moto.url(f"budget-{budget[0]}"), **moto.options(), single_put_max=size)
+    backend: Any = mirror.backend
+    lock = threading.Lock()
+    active, most = [0], [0]
+    overlap = threading.Event()
+    open_sink = backend.open_sink
+
+    def counted_sink(parts: tuple[str, ...], **kwargs: Any) -> Any:
+        sink = open_sink(parts, **kwargs)
+        if parts[0] == ".commitstore":
+            return sink
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+            if active[0] > 1:
+                overlap.set()
+        # Give a second copy the time to start staging, if the budget lets it.
+        overlap.wait(10 if budget == "default" else 0.3)
+        publish, abort = sink.publish, sink.abort
+
+        def done() -> None:
+            with lock:
+                active[0] -= 1
+
+        def publish_counted(**kw: Any) -> Any:
+            try:
+                return publish(**kw)
+            finally:
+                done()
+
+        def abort_counted() -> None:
+            abort()
+            done()
+
+        sink.publish, sink.abort = publish_counted, abort_counted
+        return sink
+
+    backend.open_sink = counted_sink
+    staging = size if budget == "one artifact" else STAGING_MEMORY
+    report = sync_mirrors(store.committer, [mirror.committer], repair=True, staging_memory=staging)
+    assert sorted(report.mirrors[0].copied) == sorted(data)
+    if budget == "one artifact":
+        assert most[0] == 1
+    else:
+        assert most[0] >= 2
+    client = moto.client()
+    for name, body in data.items():
+        got = client.get_object(Bucket=BUCKET, Key=f"budget-{budget[0]}/{name}")["Body"].read()
+        assert xxh(got) == xxh(body)

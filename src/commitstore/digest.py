@@ -80,13 +80,15 @@ def copy_hashed(
     *,
     progress: Callable[[int], None] | None = None,
     start: int = 0,
+    chunk_size: int = READ_CHUNK,
 ) -> tuple[int, str]:
-    """Copy ``src`` to ``write`` in constant memory, hashing on the way (one pass).
+    """Copy ``src`` to ``write`` in constant memory (one ``chunk_size`` buffer), hashing on the
+    way (one pass).
 
     Returns (bytes copied, digest); ``progress`` gets ``start`` + the running count.
     """
     h = Hasher()
-    for chunk in read_chunks(src):
+    for chunk in read_chunks(src, chunk_size):
         h.update(chunk)
         write(chunk)
         if progress is not None:

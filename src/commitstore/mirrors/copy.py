@@ -25,6 +25,10 @@ RETRIES = 3
 reported failed; only errors that say they are ``retryable`` are tried again."""
 RETRY_DELAY = 0.2
 """Seconds before the first retry; doubled before each next one."""
+COPY_CHUNK = 2 * 1024 * 1024
+"""Read buffer of one copy. ``sync`` runs several copies per mirror and mirrors side by side,
+each with its own buffer; reads of this size from a primary already cost little next to hashing
+and sending them."""
 
 
 class SourceMismatch(IntegrityError):
@@ -76,7 +80,7 @@ def copy_artifact(
         sink = dst.open_file(parts, PutMode.REPLACE)
         try:
             with src.backend.open_read(parts) as f:
-                size, digest = copy_hashed(f, sink.write)
+                size, digest = copy_hashed(f, sink.write, chunk_size=COPY_CHUNK)
             _check_source(src, rec, "", (size, digest), (rec.size, rec.digest))
         except BaseException:
             sink.abort()
@@ -98,7 +102,7 @@ def copy_artifact(
                     src.backend.open_read((*parts, *entry.path.split("/"))) as f,
                     open(out, "wb") as o,
                 ):
-                    size, digest = copy_hashed(f, o.write)
+                    size, digest = copy_hashed(f, o.write, chunk_size=COPY_CHUNK)
                 _check_source(src, rec, entry.path, (size, digest), (entry.size, entry.digest))
         except BaseException:
             dsink.abort()

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from commitstore._check import check, verify
 from commitstore._commit import Committer
 from commitstore._order import arrange_records
 from commitstore._scan import StoredRecord, list_records, read_record
+from commitstore.backends.object.base import ObjectBackend
 from commitstore.errors import AlreadyExistsError, IntegrityError, NotFoundError
 from commitstore.layout import (
     META_DIR,
@@ -87,22 +89,70 @@ TRANSFERS = 2
 """Artifacts published at once per mirror by ``sync`` (mirrors themselves run side by side).
 One more is read and staged meanwhile, so the mirror never waits for the primary to be read."""
 
+STAGING_MEMORY = 128 * 1024 * 1024
+"""Bytes that copies to one mirror may hold in memory at once. An object store's sink holds a
+file artifact up to the store's ``whole_max`` (64 MiB on S3) until it sends it whole, so each
+copy to it reserves that much (its size, if smaller) before it reads a byte, and waits while the
+reservations of the copies already running leave no room. A copy never reserves more than the
+budget, so one always runs. Mirrors that stage on disk (local folders, SMB, bridges) and folder
+artifacts (staged in a local folder) reserve nothing."""
+
+
+class _Budget:
+    """A counting semaphore over bytes: :meth:`hold` waits until ``n`` more fit in ``total``."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._used = 0
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, n: int) -> Iterator[None]:
+        n = min(n, self.total)
+        with self._cond:
+            self._cond.wait_for(lambda: self._used + n <= self.total)
+            self._used += n
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._used -= n
+                self._cond.notify_all()
+
+
+def _held_in_memory(store: Committer, rec: Record) -> int:
+    """Bytes a copy of ``rec`` to ``store`` holds in memory at most (see STAGING_MEMORY)."""
+    if rec.kind != "file" or not isinstance(store.backend, ObjectBackend):
+        return 0
+    return min(rec.size, store.backend.whole_max)
+
 
 def sync_mirrors(
-    primary: Committer, mirrors: list[Committer], *, repair: bool, transfers: int = TRANSFERS
+    primary: Committer,
+    mirrors: list[Committer],
+    *,
+    repair: bool,
+    transfers: int = TRANSFERS,
+    staging_memory: int = STAGING_MEMORY,
 ) -> SyncReport:
     """Copy what each mirror lacks (or, with ``repair``, holds broken), ``transfers`` artifacts at
-    a time per mirror, the next one staged meanwhile. The mirror's records are listed once (an
-    artifact it lacks costs no lookup). The primary is read once per copy: the copy itself checks
-    the bytes against the primary's record (``copy_artifact``) and publishes nothing on a
-    mismatch. Artifacts a mirror already holds are checked on both sides, so primary corruption
-    is reported even when nothing needs copying."""
+    a time per mirror, the next one staged meanwhile, holding at most ``staging_memory`` bytes
+    of staged copies in memory per mirror (see :data:`STAGING_MEMORY`). The mirror's records are
+    listed once (an artifact it lacks costs no lookup). The primary is read once per copy: the
+    copy itself checks the bytes against the primary's record (``copy_artifact``) and publishes
+    nothing on a mismatch. Artifacts a mirror already holds are checked on both sides, so
+    primary corruption is reported even when nothing needs copying."""
     records = list_records(primary.backend)
     names = {r.name for r in records}
     checks = _PrimaryChecks(primary)
 
     def one(mirror: Committer) -> MirrorSync:
-        ctx = _MirrorCtx(mirror, _record_paths(mirror), threading.Semaphore(max(1, transfers)))
+        ctx = _MirrorCtx(
+            mirror,
+            _record_paths(mirror),
+            threading.Semaphore(max(1, transfers)),
+            _Budget(max(1, staging_memory)),
+        )
         with concurrent.futures.ThreadPoolExecutor(max(1, transfers) + 1) as pool:
             outcomes = list(pool.map(lambda r: _sync_one(primary, ctx, r, checks, repair), records))
         done: dict[str, list[str]] = {"copied": [], "repaired": [], "ok": []}
@@ -137,6 +187,8 @@ class _MirrorCtx:
     records: set[Parts]
     """Where the mirror had record files when sync started."""
     publish_slots: threading.Semaphore
+    memory: _Budget
+    """Reservations of the copies' in-memory staging."""
 
 
 def _record_paths(store: Committer) -> set[Parts]:
@@ -174,7 +226,8 @@ def _sync_one(
             return "failed", "mirror copy fails verification (repair=False)"
         return "skipped", ""
     try:
-        copy_with_retries(primary, mirror, rec.name, publish_slots=ctx.publish_slots)
+        with ctx.memory.hold(_held_in_memory(mirror, rec)):
+            copy_with_retries(primary, mirror, rec.name, publish_slots=ctx.publish_slots)
     except SourceMismatch as exc:
         checks.note(rec.name, False, f"{exc.status}: {exc}")
         return "skipped", ""
