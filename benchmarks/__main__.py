@@ -10,6 +10,11 @@ Targets (time ratios ours/baseline, lower is better):
 - s3: 1 GiB ``put_file`` to moto and to ``rclone serve s3`` vs ``s3fs.put_file`` and ``rclone
   copyto`` of the same file to the same server: at least as fast as the fastest baseline (ratio
   <= 1.0 against it); peak RSS < 256 MiB.
+- s3resume: resume of the newest of four checkpoints from moto and ``rclone serve s3``
+  (``latest(level="size")`` + hash-verified ``get_file``) vs one ``s3fs.get_file`` of it: time
+  ratio <= 1.05, bytes the server sent (counted at a proxy) <= 1.05x one download.
+- scale: a dry-run prune plan and ``latest(level="size")`` over 10,000 artifacts, first scan
+  (no record cache) on moto < 5 s each; warm and local reported.
 - gcs: the same against fake-gcs-server vs ``gcsfs.put_file``.
 - dcp: a 2-rank ``dcp.save`` through ``commitstore.dcp.StorageWriter`` to a local store vs
   ``dcp.FileSystemWriter`` to a plain folder on the same disk, <= 1.10x (perf_counter in rank 0).
@@ -26,13 +31,14 @@ from __future__ import annotations
 
 import argparse
 
-from . import bridge, dcp, gcs, local, mirrors, s3, scale, smb, torchio
+from . import bridge, dcp, gcs, local, mirrors, s3, s3resume, scale, smb, torchio
 
 SUITES = {
     "local": local.main,
     "smb": smb.main,
     "bridge": bridge.main,
     "s3": s3.main,
+    "s3resume": s3resume.main,
     "gcs": gcs.main,
     "mirrors": mirrors.main,
     "scale": scale.main,
