@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import datetime
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.s3servers import MotoServer
+import xxhash
+from tests.helpers.s3servers import BUCKET, MotoServer
 
-from commitstore import CommitStore, open_store
+from commitstore import CommitStore, _recordcache, open_store
+from commitstore.layout import record_parts, validate_name
+from commitstore.records import Record, encode_record
 
 from ._harness import write_results
 
@@ -48,17 +53,47 @@ def _count(store: CommitStore) -> dict[str, int]:
     return counts
 
 
+def _name(i: int) -> str:
+    return f"ckpt/step_{i:06d}.pt"
+
+
+DATA = b"x" * 64
+
+
 def _fill(store: CommitStore, n: int) -> None:
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: store.put_bytes(f"ckpt/step_{i:06d}.pt", b"x" * 64), range(n)))
+        list(pool.map(lambda i: store.put_bytes(_name(i), DATA), range(n)))
 
 
-def _measure(label: str, store: CommitStore, n: int) -> dict[str, Any]:
+def _seed_s3(server: MotoServer, prefix: str, n: int) -> None:
+    """Untimed: each artifact's data object and its record written straight with boto3 (what
+    ``put_bytes`` leaves on the bucket, without its checks), eight at a time."""
+    client = server.client()
+    digest = f"xxh3_128:{xxhash.xxh3_128_hexdigest(DATA)}"
+    created = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+
+    def one(i: int) -> None:
+        name = _name(i)
+        record = Record(name=name, step=i, size=len(DATA), digest=digest, created=created)
+        rec_key = "/".join((prefix, *record_parts(validate_name(name))))
+        client.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=DATA)
+        client.put_object(Bucket=BUCKET, Key=rec_key, Body=encode_record(record))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(n)))
+
+
+def _measure(
+    label: str, store: CommitStore, n: int, reset: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """The prune plan, then ``latest``; ``reset`` (untimed) runs between them."""
     counts = _count(store)
     t0 = time.perf_counter()
     report = store.prune(keep_last=12, keep_every=1000, min_age=0, dry_run=True)
     t_prune = time.perf_counter() - t0
     prune_counts = dict(counts)
+    if reset is not None:
+        reset()
     for k in counts:
         counts[k] = 0
     t0 = time.perf_counter()
@@ -80,12 +115,19 @@ def _measure(label: str, store: CommitStore, n: int) -> dict[str, Any]:
     }
 
 
-def _measure_s3(store: CommitStore, n: int, options: dict[str, Any]) -> dict[str, Any]:
-    """Cold (no record cache yet: the first scan fetches every record and writes the cache), then
-    warm in a fresh store object, as a later process would see it."""
+def _measure_s3(server: MotoServer, url: str, n: int) -> dict[str, Any]:
+    """Cold (no record cache: each scan fetches every record; the cache the prune plan wrote is
+    deleted, untimed, before ``latest``), then warm, each in a fresh store object (a new S3
+    filesystem, no listing cache), as a new process would see it."""
+    options = server.options()
+    cache_key = "/".join((url.split("/", 3)[3], *_recordcache.CACHE_PARTS))
+
+    def drop_cache() -> None:
+        server.client().delete_object(Bucket=BUCKET, Key=cache_key)
+
     return {
-        "moto, cold": _measure("moto, cold", store, n),
-        "moto, warm": _measure("moto, warm", open_store(store.url, **options), n),
+        "moto, cold": _measure("moto, cold", open_store(url, **options), n, drop_cache),
+        "moto, warm": _measure("moto, warm", open_store(url, **options), n),
     }
 
 
@@ -99,9 +141,8 @@ def main(args: argparse.Namespace) -> None:
         moto = MotoServer(Path(tmp) / "moto")
         try:
             n_s3 = n_local
-            s3 = open_store("s3://commitstore-test/scale", **moto.options())
-            _fill(s3, n_s3)
-            results.update(_measure_s3(s3, n_s3, moto.options()))
+            _seed_s3(moto, "scale", n_s3)
+            results.update(_measure_s3(moto, f"s3://{BUCKET}/scale", n_s3))
         finally:
             moto.stop()
     write_results(

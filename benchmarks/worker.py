@@ -154,6 +154,32 @@ def s3fs_put_file(url: str, size: int) -> None:
         fs.put_file(os.environ["BENCH_SOURCE"], url[len("s3://") :])
 
 
+def s3_resume(url: str, size: int) -> None:
+    """commitstore resume: the newest artifact of the store at URL that passes
+    ``latest(level="size")``, copied to BENCH_DEST with ``get_file`` (hashed on the way, published
+    only if it matches its record)."""
+    store = open_store(url, **_s3_options())
+    with timed():
+        rec = store.latest(level="size")
+        assert rec is not None and rec.size == size
+        store.get_file(rec.name, os.environ["BENCH_DEST"])
+
+
+def s3fs_get_file(url: str, size: int) -> None:
+    """Baseline: one ``s3fs.S3FileSystem.get_file`` of the newest artifact (BENCH_S3_NAME under
+    URL, the name known beforehand) to BENCH_DEST: no listing, no record, no hash."""
+    import s3fs
+
+    o = _s3_options()
+    fs = s3fs.S3FileSystem(
+        key=o["key"], secret=o["secret"], endpoint_url=o["endpoint_url"], skip_instance_cache=True
+    )
+    with timed():
+        fs.get_file(
+            f"{url[len('s3://') :]}/{os.environ['BENCH_S3_NAME']}", os.environ["BENCH_DEST"]
+        )
+
+
 def _rclone(*args: str) -> None:
     """Run rclone (from the venv or PATH) with no config file; S3 flags from the environment."""
     import subprocess
@@ -375,6 +401,8 @@ URL_OPS = {
         smb_raw_write,
         s3_put_file,
         s3fs_put_file,
+        s3_resume,
+        s3fs_get_file,
         rclone_copyto,
         gcs_put_file,
         gcsfs_put_file,

@@ -279,3 +279,68 @@ def test_single_put_up_to_the_limit_then_multipart(s3: tuple[S3Server, Target]) 
     assert small["ContentLength"] == 12 * MiB
     assert pending(t) == []
     assert t.door.read("large.bin") == b"l" * (12 * MiB + 1)
+
+
+def _log_calls(t: Target) -> list[tuple[str, str]]:
+    """(method, key) of every S3 call the store's backend makes from now on, in order."""
+    fs: Any = t.store.backend.fs  # type: ignore[attr-defined]
+    calls: list[tuple[str, str]] = []
+    sync_call, async_call = fs.call_s3, fs._call_s3
+
+    def counted(method: str, *a: Any, **k: Any) -> Any:
+        calls.append((method, str(k.get("Key", ""))))
+        return sync_call(method, *a, **k)
+
+    async def counted_async(method: str, *a: Any, **k: Any) -> Any:
+        calls.append((method, str(k.get("Key", ""))))
+        return await async_call(method, *a, **k)
+
+    fs.call_s3, fs._call_s3 = counted, counted_async
+    return calls
+
+
+@pytest.mark.parametrize("size", [3 * MiB, 6 * MiB + 1], ids=["one-put", "multipart"])
+def test_completion_etag_of_the_sent_md5s_replaces_the_head(
+    s3: tuple[S3Server, Target], size: int
+) -> None:
+    """Both servers answer the completion with the ETag derived from the bodies' MD5s (each one
+    checked by the server against its Content-MD5), so a replace needs no HEAD of the object
+    afterwards; create-only, where the server honours it, still HEADs (it also detects a writer
+    that replaced the object right after)."""
+    _server, t = s3
+    data = os.urandom(size)
+    calls = _log_calls(t)
+    t.store.put_bytes("a.bin", data, overwrite=True)
+    key = f"{t.door.prefix}/a.bin"  # type: ignore[attr-defined]
+    assert [m for m, k in calls if k == key and m != "upload_part"] in (
+        ["put_object"],
+        ["create_multipart_upload", "complete_multipart_upload"],
+    ), calls
+    assert t.door.read("a.bin") == data
+    calls.clear()
+    t.store.put_bytes("b.bin", data)
+    after = [m for m, k in calls if k == f"{t.door.prefix}/b.bin"]  # type: ignore[attr-defined]
+    last = max(i for i, m in enumerate(after) if m in ("put_object", "complete_multipart_upload"))
+    honoured = bool(t.store.describe()["conditional_writes"])
+    assert ("head_object" in after[last:]) is honoured, after
+    assert t.door.read("b.bin") == data
+
+
+def test_an_unattested_completion_is_checked_with_a_head(
+    moto: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server whose completion ETag does not follow S3's MD5 convention (KMS-encrypted
+    buckets, some gateways) gets the fresh HEAD: the sink falls back to stating the object."""
+    from commitstore.backends.object.s3upload import S3Upload
+
+    monkeypatch.setattr(S3Upload, "attested", lambda self, written: False)
+    t = make_target(moto)
+    calls = _log_calls(t)
+    data = os.urandom(6 * MiB + 1)
+    t.store.put_bytes("a.bin", data, overwrite=True)
+    key = f"{t.door.prefix}/a.bin"  # type: ignore[attr-defined]
+    assert [m for m, k in calls if k == key and m != "upload_part"][-2:] == [
+        "complete_multipart_upload",
+        "head_object",
+    ]
+    assert t.door.read("a.bin") == data

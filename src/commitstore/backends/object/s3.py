@@ -6,7 +6,9 @@ at most ``single_put_max`` bytes, held in memory until then). Parts upload concu
 memory (``single_put_max`` + ``max_inflight`` x ``part_size``); part size doubles every 1,000 parts
 to stay under S3's 10,000. Every failure path aborts the upload; nothing is completed from
 ``__exit__`` after an exception (the upload is driven directly, never through an fsspec file's
-close). After completion a fresh HEAD must show the expected size. ``IfNoneMatch="*"``
+close). After completion the object must be shown to be what was sent: the completion's ETag
+equals the MD5-derived ETag of the bodies sent (each checked by the server against its
+``Content-MD5``), or else a fresh HEAD must show the expected size. ``IfNoneMatch="*"``
 (create-only) is used for ``PutMode.CREATE`` exactly where the endpoint honours it, which is probed
 once per store (or set with ``conditional_writes=``), never assumed. The shared sink
 (``upload.py``) drives the upload; this module holds S3's primitives, ``s3upload.py`` the
@@ -25,7 +27,7 @@ from commitstore.backends.base import PendingUpload, take_options
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
 from commitstore.backends.object._transport import TranslatedReader
 from commitstore.backends.object.base import ObjectBackend
-from commitstore.backends.object.s3upload import S3Upload, content_md5
+from commitstore.backends.object.s3upload import S3Upload, body_md5, content_md5
 from commitstore.backends.object.upload import ObjectStat, Upload
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError
 from commitstore.layout import Parts
@@ -85,14 +87,24 @@ class S3Backend(ObjectBackend):
             raise translate(exc, what, self.shown(parts)) from exc
 
     async def send_body(
-        self, what: str, parts: Parts, method: str, body: io.BytesIO, **kwargs: Any
+        self,
+        what: str,
+        parts: Parts,
+        method: str,
+        body: io.BytesIO,
+        *,
+        md5: bytes | None = None,
+        **kwargs: Any,
     ) -> Any:
-        """An S3 call with ``body`` and its Content-MD5, on s3fs's event loop. The MD5 is computed
-        on a worker thread, so parts are hashed side by side and the loop stays free."""
+        """An S3 call with ``body`` and its Content-MD5 (``md5``: the body's MD5, when the caller
+        computed it already), on s3fs's event loop. The MD5 is computed on a worker thread, so
+        parts are hashed side by side and the loop stays free."""
         try:
-            loop = asyncio.get_running_loop()
-            md5 = await loop.run_in_executor(None, content_md5, body)
-            return await self.fs._call_s3(method, Bucket=self.bucket, Body=body, **md5, **kwargs)
+            if md5 is None:
+                md5 = await asyncio.get_running_loop().run_in_executor(None, body_md5, body)
+            return await self.fs._call_s3(
+                method, Bucket=self.bucket, Body=body, **content_md5(md5), **kwargs
+            )
         except Exception as exc:
             raise translate(exc, what, self.shown(parts)) from exc
 

@@ -32,7 +32,14 @@ class S3Calls(Protocol):
     def call(self, what: str, parts: Parts, method: str, **kwargs: Any) -> Any: ...
 
     def send_body(
-        self, what: str, parts: Parts, method: str, body: io.BytesIO, **kwargs: Any
+        self,
+        what: str,
+        parts: Parts,
+        method: str,
+        body: io.BytesIO,
+        *,
+        md5: bytes | None = None,
+        **kwargs: Any,
     ) -> Coroutine[Any, Any, Any]: ...
 
     def run_coro(self, coro: Any) -> Any: ...
@@ -41,7 +48,12 @@ class S3Calls(Protocol):
 class S3Upload(Upload):
     """A multipart upload, created by its first part; ``CompleteMultipartUpload`` (or one
     ``PutObject``) is the commit, with ``IfNoneMatch="*"`` for create-only. Parts go
-    concurrently; part size doubles every 1,000 parts (under 10,000 parts up to ~16 TiB)."""
+    concurrently; part size doubles every 1,000 parts (under 10,000 parts up to ~16 TiB).
+
+    Each body's MD5 is kept: the ETag S3 (and every compatible server that follows its
+    convention) answers to the completion is derived from them (one body: its MD5; parts: the MD5
+    of the parts' MD5s, then ``-N``), so a matching answer shows the object is exactly the bodies
+    sent, each of which the server checked against its ``Content-MD5`` (:meth:`attested`)."""
 
     max_parts = MAX_PARTS
 
@@ -51,6 +63,8 @@ class S3Upload(Upload):
         self.part_size = backend.part_size
         self.max_inflight = backend.max_inflight
         self._upload_id: str | None = None
+        self._md5s: dict[int, bytes] = {}
+        self._expected_tag: str | None = None
 
     def send_part(
         self, number: int, body: io.BytesIO, length: int, *, final: bool
@@ -67,11 +81,14 @@ class S3Upload(Upload):
 
         async def part() -> dict[str, Any]:
             try:
+                md5 = await asyncio.get_running_loop().run_in_executor(None, body_md5, body)
+                self._md5s[number] = md5
                 done = await b.send_body(
                     "uploading a part of",
                     self._parts,
                     "upload_part",
                     body,
+                    md5=md5,
                     Key=self._key,
                     UploadId=upload_id,
                     PartNumber=number,
@@ -96,13 +113,26 @@ class S3Upload(Upload):
         except NotFoundError as exc:
             raise _gone(exc, self._b.shown(self._parts)) from exc
         self._upload_id = None  # completed: nothing left to abort
+        numbers = sorted(p["PartNumber"] for p in receipts)
+        if numbers == sorted(self._md5s):
+            joined = b"".join(self._md5s[n] for n in numbers)
+            digest = hashlib.md5(joined, usedforsecurity=False).hexdigest()
+            self._expected_tag = f"{digest}-{len(numbers)}"
         return Written(done.get("ETag"))
 
     def put_whole(self, body: io.BytesIO, length: int) -> Written:
+        md5 = body_md5(body)
         coro = self._b.send_body(
-            "uploading", self._parts, "put_object", body, Key=self._key, **self._cond
+            "uploading", self._parts, "put_object", body, md5=md5, Key=self._key, **self._cond
         )
-        return Written(self._b.run_coro(coro).get("ETag"))
+        written = Written(self._b.run_coro(coro).get("ETag"))
+        self._expected_tag = md5.hex()
+        return written
+
+    def attested(self, written: Written) -> bool:
+        """The completion's ETag is the one derived from the MD5s of the bodies sent."""
+        tag = (written.tag or "").strip().strip('"')
+        return self._expected_tag is not None and tag == self._expected_tag
 
     def abort(self) -> None:
         if self._upload_id is not None:
@@ -116,12 +146,16 @@ class S3Upload(Upload):
             )
 
 
-def content_md5(body: io.BytesIO) -> dict[str, str]:
-    """The ``ContentMD5`` parameter for ``body`` (the server refuses a body that does not match);
-    MD5 as a transfer checksum, not for security."""
+def body_md5(body: io.BytesIO) -> bytes:
+    """The MD5 of ``body``'s bytes: a transfer checksum, not for security."""
     with body.getbuffer() as view:
-        digest = hashlib.md5(view, usedforsecurity=False).digest()
-    return {"ContentMD5": base64.b64encode(digest).decode("ascii")}
+        return hashlib.md5(view, usedforsecurity=False).digest()
+
+
+def content_md5(md5: bytes) -> dict[str, str]:
+    """The ``ContentMD5`` parameter for a body of MD5 ``md5`` (the server refuses a body that
+    does not match)."""
+    return {"ContentMD5": base64.b64encode(md5).decode("ascii")}
 
 
 def _gone(err: CommitStoreError, shown: str) -> CommitStoreError:

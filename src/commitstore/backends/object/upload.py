@@ -4,10 +4,11 @@ Bytes are held in memory up to the store's ``whole_max`` and then sent as one wh
 past it they go as parts of an upload session (S3 multipart upload, GCS resumable upload, Azure
 staged blocks), at most ``max_inflight`` at a time, each copied once into its own buffer. A full
 part is sent only once at least one more byte follows it, so the last part (GCS's final request)
-is never empty. Nothing is visible before the session's completion; after it a fresh stat must
-show the size (and the server's checksum, where the store has one) of what was sent, else the
-object is taken back, only if it is still the version this writer made. Create-only uses the
-store's conditional write exactly when ``capabilities.exclusive_create``; otherwise the core checks
+is never empty. Nothing is visible before the session's completion; after it the completion's
+answer must attest the bytes sent (``Upload.attested``) or a fresh stat must show the size (and
+the server's checksum, where the store has one) of what was sent, else the object is taken back,
+only if it is still the version this writer made. Create-only uses the store's conditional write
+exactly when ``capabilities.exclusive_create``; otherwise the core checks
 absence under ``publish_lock()`` and the sink checks nothing itself. Every failure aborts the
 session.
 """
@@ -81,6 +82,12 @@ class Upload(abc.ABC):
     def checksum(self) -> str | None:
         """The checksum of every byte sent, to compare with :attr:`ObjectStat.checksum`."""
         return None
+
+    def attested(self, written: Written) -> bool:
+        """True when the store's answer to the completion (or whole-object put) itself shows the
+        object is exactly the bytes sent, so no fresh stat is needed (S3: an ETag derived from
+        the bodies' server-checked MD5s). False (the default) means: stat to find out."""
+        return False
 
 
 def done(result: Any) -> concurrent.futures.Future[Any]:
@@ -283,7 +290,11 @@ class ObjectFileSink(FileSink):
             raise
 
     def _check(self, up: Upload, written: Written, size: int, shown: str) -> None:
-        """A fresh stat must show what was sent; a wrong object of ours is taken back."""
+        """A fresh stat must show what was sent (unless the completion's answer already shows
+        it, :meth:`Upload.attested`; never for create-only, whose stat also detects a writer
+        that replaced the object right after); a wrong object of ours is taken back."""
+        if not self._create_only and up.attested(written):
+            return
         fresh = self._b.head(self._parts)
         ours = fresh is not None and written.tag is not None and fresh.tag == written.tag
         if self._create_only and fresh is not None and written.tag is not None and not ours:
