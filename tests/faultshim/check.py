@@ -73,15 +73,42 @@ def describes(record: Any, name: str, version: Version) -> bool:
     return found == files and record.get("size") == sum(len(d) for d in version.values())
 
 
+def manifest_hex(files: dict[str, bytes]) -> str:
+    """A folder's manifest digest (hex), as ``docs/format.md`` defines it."""
+    h = xxhash.xxh3_128()
+    for path in sorted(files):
+        body = files[path]
+        h.update(f"{path}\t{len(body)}\t{xxh(body)}\n".encode())
+    return h.hexdigest()
+
+
+def staged_whole(door: Backdoor, name: str, version: Version) -> bool:
+    """True if the staged copy of folder ``version`` (an object-store folder replace copies the
+    new version from there over the old files) holds exactly its files."""
+    if isinstance(version, bytes):
+        return False
+    head, _, last = name.rpartition("/")
+    prefix = f".commitstore/staged/{head + '/' if head else ''}.commitstore.stg.{last}."
+    prefix += f"{manifest_hex(version)}/"
+    found = {f[len(prefix) :]: door.read(f) for f in door.files() if f.startswith(prefix)}
+    return found == version
+
+
 def state(door: Backdoor, name: str, versions: dict[str, Version], *, settled: bool = False) -> str:
     """What ``name`` verifies as, from the raw files: a label of ``versions``, :data:`GONE` (no
     record claims it), or a description of a broken state. ``settled``: a version that is only
-    claimed by the pending record does not count (after gc, every pending record is resolved)."""
+    claimed by the pending record does not count (after gc, every pending record is resolved).
+    Before gc, a folder whose pending record describes a version whole in its staged copy is
+    that version (readers and gc finish the copy from there)."""
     data = raw_version(door, name, door.files())
     label = next((k for k, v in versions.items() if v == data), None)
     record = _json(door, record_path(name))
     pending = _json(door, pending_path(name))
     via_pending = label is not None and not settled and describes(pending, name, versions[label])
+    if not settled:  # a folder replace stopped while copying: its pending record and staged copy
+        staged = (k for k, v in versions.items() if describes(pending, name, v))
+        if (found := next(staged, None)) is not None and staged_whole(door, name, versions[found]):
+            return found
     if record is not None:
         if label is not None and describes(record, name, versions[label]):
             return label

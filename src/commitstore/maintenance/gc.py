@@ -26,7 +26,7 @@ from commitstore.layout import (
     validate_name,
 )
 from commitstore.maintenance import _asides
-from commitstore.records import RecordFormatError, decode_record
+from commitstore.records import Record, RecordFormatError, decode_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +194,9 @@ def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
     The data matches it: the commit stopped after its data step, so it becomes the record (roll
     forward). The data matches the record instead, or there is neither data nor record: the
     commit stopped before its data step, so it is dropped (roll back; a staged folder copy it
-    names goes with it). Neither, but the whole new folder is in its staged copy (an
+    names goes with it). No record, and the files under the name are some of those the pending
+    record lists (an object-store upload of a new folder stopped part way): they are removed
+    with it (roll back). Neither, but the whole new folder is in its staged copy (an
     object-store folder replace stopped while copying): the copies are completed from it and
     it becomes the record (roll forward). Otherwise it is kept and the reason returned.
     """
@@ -222,6 +224,9 @@ def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
             found is None and backend.stat(parts) is None
         ):
             pass  # stopped before its data step: the old version stands
+        elif found is None and _partial_new_folder(backend, parts, pending):
+            if not dry_run:  # a new folder's upload stopped part way: drop what it uploaded
+                backend.remove(parts)
         elif (staged := _staged.staged_whole(backend, pending)) is not None:
             if not dry_run:  # a folder replace stopped while copying: finish it
                 _staged.roll_forward(backend, pending, staged)
@@ -231,3 +236,13 @@ def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
         if not dry_run:
             backend.remove(intent)
     return None
+
+
+def _partial_new_folder(backend: Backend, parts: Parts, pending: Record) -> bool:
+    """True if every file under ``parts`` is one that ``pending`` (a folder's) lists: what an
+    object-store upload of a new folder, stopped part way, leaves (each file lands whole)."""
+    if pending.kind != "dir":
+        return False
+    listed = {f.path for f in pending.files}
+    present = ["/".join(rel) for rel, _info in backend.walk(parts)]
+    return bool(present) and all(p in listed for p in present)

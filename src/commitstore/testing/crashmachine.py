@@ -20,9 +20,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from commitstore import CommitStore, NotFoundError
 from commitstore import _commit as commit_module
@@ -31,10 +37,13 @@ from commitstore.testing.target import Target, record_path
 FILES = ("s_1", "s_2", "d/s_3")
 FOLDER = "f/ckpt_4"
 DATA = st.binary(min_size=1, max_size=200)
-POINTS = ("writing", "before-pending", "before-record", "before-cleanup", "mid-copy")
+POINTS = ("writing", "before-pending", "before-data", "before-record", "before-cleanup", "mid-copy")
 """Where a writer is killed: while its bytes are staged; before its pending record is written;
-after its data is published, before its record; after its record, before the pending record is
-dropped; during the copies of an object-store folder replace (other commits finish there)."""
+after its pending record, before its data is published; after its data is published, before its
+record; after its record, before the pending record is dropped; during the copies of an
+object-store folder replace (other commits finish there)."""
+UNPUBLISHED = ("writing", "before-pending", "before-data")
+"""Points where nothing of the new version is published yet: the model stands."""
 
 Version = bytes | tuple[tuple[str, bytes], ...] | None
 """A file's bytes, a folder's (path, bytes) pairs, or None: not committed."""
@@ -81,6 +90,17 @@ def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) 
             return bool(remove(parts))
 
         backend.remove = stopping_remove
+    if point == "before-data":
+        commit = commit_module.Committer.commit
+
+        def stopping_commit(self: Any, parts: Any, mode: Any, publish_data: Any, **kw: Any) -> Any:
+            def stopped() -> Any:
+                signal_parent()
+                return publish_data()
+
+            return commit(self, parts, mode, stopped, **kw)
+
+        commit_module.Committer.commit = stopping_commit  # type: ignore[method-assign]
     if point == "mid-copy" and hasattr(backend, "server_copy"):
         copy = backend.server_copy
 
@@ -150,9 +170,18 @@ def run_crash_machine(
     max_examples: int = 3,
     steps: int = 8,
     folder: bool = True,
+    shrink: bool = True,
 ) -> None:
     """Run the machine; every example gets a fresh target (an empty store) from
-    ``make_target``. ``folder=False`` leaves the folder artifact out (files only)."""
+    ``make_target`` and starts from a history of two committed files. ``folder=False`` leaves
+    the folder artifact out (files only).
+
+    Derandomized: the same code draws the same examples on every run, so a failure in CI is
+    reproducible, and ``tests/test_crash_machine.py`` shows that the default sizes catch
+    planted bugs. Besides the single operations, two rules chain the sequences that matter
+    most (damage the newest verifying artifact, then prune; a writer killed mid-overwrite, then
+    gc), so that a few short examples reach them. ``shrink=False`` reports the first failing
+    example as found."""
     names = st.sampled_from([*FILES, FOLDER] if folder else list(FILES))
 
     class CrashMachine(RuleBasedStateMachine):
@@ -176,6 +205,11 @@ def run_crash_machine(
             assert found is not None, f"nothing verifies after maintenance; before: {before}"
             assert read_version(self.store, found.name) in self.model[found.name]
 
+        @initialize(old=DATA, new=DATA)
+        def history(self, old: bytes, new: bytes) -> None:
+            self.commit(FILES[0], old)
+            self.commit(FILES[1], new)
+
         @rule(name=names, data=DATA)
         def commit(self, name: str, data: bytes) -> None:
             _write(self.store, name, data)
@@ -195,12 +229,46 @@ def run_crash_machine(
             elif point == "before-cleanup":
                 self.model[name] = {new}
                 self.damaged.discard(name)
-            # "writing", "before-pending": nothing was published; the model stands
+            else:  # nothing was published: the model stands
+                assert point in UNPUBLISHED, point
 
         @rule(name=names, old=DATA, data=DATA, point=st.sampled_from(POINTS))
         def killed_overwrite(self, name: str, old: bytes, data: bytes, point: str) -> None:
             self.commit(name, old)
             self.killed_commit(name, data, point)
+
+        @rule(
+            name=names,
+            old=DATA,
+            data=DATA,
+            point=st.sampled_from(("before-data", "before-record", "before-cleanup", "mid-copy")),
+        )
+        def killed_overwrite_then_gc(self, name: str, old: bytes, data: bytes, point: str) -> None:
+            """A writer killed inside the commit of an overwrite, then gc settles what it left."""
+            self.killed_overwrite(name, old, data, point)
+            self.gc()
+
+        @rule(pos=st.integers(0, 199))
+        def damage_newest_then_prune(self, pos: int) -> None:
+            """Damage the newest artifact that verifies, then prune to one: the newest-good
+            guard must keep the newest one that still verifies."""
+            newest = self.store.latest(level="full")
+            if newest is None:
+                return
+            if newest.name == FOLDER:
+                self.flip_at(FOLDER + "/a.bin", FOLDER, pos)
+            else:
+                self.flip(newest.name, pos)
+            self.prune(1)
+
+        def flip_at(self, path: str, name: str, pos: int) -> None:
+            data = self.t.door.read(path)
+            if not data:
+                return
+            damaged = bytearray(data)
+            damaged[pos % len(damaged)] ^= 0x10
+            self.t.door.write(path, bytes(damaged))
+            self.damaged.add(name)
 
         @rule(name=names)
         def delete(self, name: str) -> None:
@@ -262,6 +330,10 @@ def run_crash_machine(
         settings=settings(
             max_examples=max_examples,
             stateful_step_count=steps,
+            derandomize=True,
+            database=None,
+            report_multiple_bugs=False,
+            phases=tuple(p for p in Phase if shrink or p is not Phase.shrink),
             deadline=None,
             suppress_health_check=list(HealthCheck),
         ),
