@@ -5,6 +5,7 @@ examples per target in the default run, many more under soak."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -206,18 +207,29 @@ def test_the_default_machine_catches(
         run_crash_machine(local_targets(tmp_path), max_examples=examples, steps=steps, shrink=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (found by the local soak machine): a commit writes its pending record "
-    "over the one an earlier commit, killed after its data step, left; killed before its own "
-    "data step, it leaves data that neither the record nor the pending record describes",
-)
-def test_a_pending_record_is_not_replaced_while_it_is_what_verifies(tmp_path: Path) -> None:
+def _recorded_size(t: Target) -> int:
+    """The size in the record of ``s_1``, read from the raw record file (not through the API)."""
+    raw = t.door.read(".commitstore/records/.commitstore.rec.s_1.json")
+    assert raw is not None
+    return int(json.loads(raw)["size"])
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_pending_record_is_not_replaced_while_it_is_what_verifies(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Found by the local soak machine: a writer killed after its data step leaves the pending
+    record that makes the new data verify; a second writer of the same name, killed before its
+    own data step, must not leave data that neither record nor pending record describes. The
+    second commit makes the first one's pending record the record before writing its own."""
     from commitstore.testing.crashmachine import crash_commit
 
-    t = local_targets(tmp_path)()
+    t = factory(kind, request, tmp_path)()
     t.store.put_bytes("s_1", b"\x00")
     assert crash_commit(t, "s_1", b"\x00\x00", "before-record")
     assert t.store.read_bytes("s_1") == b"\x00\x00"  # the pending record makes it the new one
+    assert _recorded_size(t) == 1  # the record itself is still the old one
     assert crash_commit(t, "s_1", b"\x01", "before-data")
-    assert t.store.verify("s_1").ok
+    assert t.door.read("s_1") == b"\x00\x00"  # the second writer published nothing
+    assert _recorded_size(t) == 2  # the version that verifies has its record
+    assert t.reopen().verify("s_1", level="full").ok

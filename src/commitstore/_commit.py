@@ -15,8 +15,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from commitstore._check import check_exact
+from commitstore._small import put_small as put_small  # noqa: PLC0414 (re-exported: a test seam)
 from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
-from commitstore.digest import digest_bytes
 from commitstore.errors import (
     AlreadyExistsError,
     CommitError,
@@ -26,7 +27,7 @@ from commitstore.errors import (
     NotFoundError,
 )
 from commitstore.layout import Parts, infer_step, intent_parts, record_parts, validate_name
-from commitstore.records import Record, encode_record, new_fields
+from commitstore.records import Record, RecordFormatError, decode_record, encode_record, new_fields
 
 log = logging.getLogger("commitstore")
 
@@ -37,18 +38,6 @@ RECORD_HEADROOM = 64 * 1024
 def mode_of(overwrite: bool) -> PutMode:
     """The publish mode of the public ``overwrite=`` flag."""
     return PutMode.REPLACE if overwrite else PutMode.CREATE
-
-
-def put_small(backend: Backend, parts: Parts, body: bytes, mode: PutMode) -> CommitInfo:
-    """Publish a small in-memory file (a record, the record cache) with the backend's own commit
-    primitive: whole or absent under ``parts``. Raises what the backend's sink raises."""
-    sink = backend.open_sink(parts, mode=mode)
-    try:
-        sink.write(memoryview(body))
-    except BaseException:
-        sink.abort()
-        raise
-    return sink.publish(size=len(body), digest=digest_bytes(body))
 
 
 def check_new(
@@ -205,6 +194,7 @@ class Committer:
                     self.check_absent(parts)
             pending = None
             if intent is not None:
+                self.promote_earlier(parts)
                 pending = body if body is not None else encode_record(intent)
                 put_small(self.backend, intent_parts(parts), pending, PutMode.REPLACE)
             try:
@@ -229,6 +219,28 @@ class Committer:
                     self.backend.remove(intent_parts(parts))
         log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
         return record
+
+    def promote_earlier(self, parts: Parts) -> None:
+        """Under the publish lock, before this commit's pending record is written: an earlier
+        commit of the name that stopped after its data step left a pending record that the data
+        matches (the version the name verifies as). It is made the record first, so the pending
+        record written next never hides the only version that verifies. A pending record the
+        data does not match is left to be replaced (its data was never published; where the
+        lock holds nothing, a concurrent writer of the same name is last-writer-wins anyway).
+        Costs one small read when there is none; a full check of the data only when there is."""
+        try:
+            raw = self.backend.read_small(intent_parts(parts))
+            earlier = decode_record(raw)
+        except (NotFoundError, RecordFormatError):
+            return
+        if earlier.name != "/".join(parts):
+            return
+        with contextlib.suppress(NotFoundError):
+            if self.backend.read_small(record_parts(parts)) == raw:
+                return  # its record was published: only the pending copy was left
+        if check_exact(self.backend, earlier, "full").status == "ok":
+            put_small(self.backend, record_parts(parts), raw, PutMode.REPLACE)
+            log.info("%s: an interrupted commit's version was made the record first", earlier.name)
 
     def add_record(self, parts: Parts, body: bytes, *, seen: FileInfo | None = None) -> str | None:
         """Publish a record for data already in place (``adopt``). None if published, else why

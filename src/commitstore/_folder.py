@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commitstore._commit import Committer, check_new, make_record, mode_of, put_small
+from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._folderfile import FolderFile
+from commitstore._small import put_small
 from commitstore.backends import Backend, PutMode
 from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.backends.rename.posix import LocalBackend

@@ -22,7 +22,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from commitstore._commit import put_small
+from commitstore._small import put_small
 from commitstore.backends import PutMode
 from commitstore.errors import CommitStoreError, NotFoundError
 from commitstore.layout import META_DIR, Parts

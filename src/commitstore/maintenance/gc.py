@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from commitstore import _staged
 from commitstore._check import check_exact
-from commitstore._commit import put_small
 from commitstore._scan import read_record, scan_records
+from commitstore._small import put_small
 from commitstore.backends import Backend, PendingUpload, PutMode
 from commitstore.errors import InvalidNameError, NotFoundError
 from commitstore.layout import (
