@@ -71,13 +71,19 @@ def _write(store: CommitStore, name: str, data: bytes) -> None:
 def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) -> None:
     """In the child: make the commit stop for good (until SIGKILL) at ``point``."""
     backend: Any = store.committer.backend
-    calls = [0]
+    pending_written = [False]
     put_small = commit_module.put_small
 
     def counted_put(*args: Any, **kw: Any) -> Any:
-        calls[0] += 1
-        if (point, calls[0]) in (("before-pending", 1), ("before-record", 2)):
+        # the commit's own pending record, then its record (a record written before the pending
+        # one, promoting an earlier commit's pending record, is not a stop point)
+        parts = args[1] if len(args) > 1 else kw["parts"]
+        is_pending = ".commitstore.new." in "/".join(parts)
+        if (point == "before-pending" and is_pending) or (
+            point == "before-record" and not is_pending and pending_written[0]
+        ):
             signal_parent()
+        pending_written[0] = pending_written[0] or is_pending
         return put_small(*args, **kw)
 
     commit_module.put_small = counted_put  # in the child only
