@@ -21,6 +21,8 @@ class ObjectBackend(Backend):
     scheme: str
     read_concurrency = 16
     staging_names = False
+    md5_bodies = False
+    """The upload sink computes each body's MD5 while filling it (stores that send one)."""
 
     def __init__(self, bucket: str, prefix: str, *, conditional_writes: bool | None, reason: str):
         self.bucket = bucket

@@ -41,6 +41,9 @@ class S3Backend(ObjectBackend):
 
     strategy = "s3-multipart"
     scheme = "s3"
+    md5_bodies = True
+    """Each body's Content-MD5 is computed by the sink while the body fills (the writer's
+    thread), so a body is sent the moment it is complete."""
 
     def __init__(
         self,
@@ -69,8 +72,8 @@ class S3Backend(ObjectBackend):
         self.max_inflight = max(1, max_inflight)
         self.single_put_max = single_put_max
         self.sign_payload = sign_payload
-        """Every body carries a Content-MD5 (hashed on a worker thread, off the event loop) that the
-        server checks before storing anything. False: the body is otherwise UNSIGNED-PAYLOAD.
+        """Every body carries a Content-MD5 (hashed while the body fills, off the event loop) that
+        the server checks before storing anything. False: the body is otherwise UNSIGNED-PAYLOAD.
         True: the SDK also signs its SHA-256 on the event loop, which authenticates it on plain
         HTTP (the fs must be configured to match: ``payload_signing_enabled``)."""
 

@@ -64,12 +64,17 @@ class S3Upload(Upload):
         self.max_inflight = backend.max_inflight
         self._upload_id: str | None = None
         self._md5s: dict[int, bytes] = {}
+        self._given: dict[int, bytes] = {}  # MD5s the sink computed while filling the bodies
         self._expected_tag: str | None = None
+
+    def given_md5(self, number: int, md5: bytes) -> None:
+        self._given[number] = md5
 
     def send_part(
         self, number: int, body: io.BytesIO, length: int, *, final: bool
     ) -> concurrent.futures.Future[Any]:
         b = self._b
+        given = self._given.pop(number, None)
         if self._upload_id is None:
             created = b.call(
                 "starting the upload of", self._parts, "create_multipart_upload", Key=self._key
@@ -81,7 +86,9 @@ class S3Upload(Upload):
 
         async def part() -> dict[str, Any]:
             try:
-                md5 = await asyncio.get_running_loop().run_in_executor(None, body_md5, body)
+                md5 = given
+                if md5 is None:  # not computed while filling: hash it now, off the loop
+                    md5 = await asyncio.get_running_loop().run_in_executor(None, body_md5, body)
                 self._md5s[number] = md5
                 done = await b.send_body(
                     "uploading a part of",
@@ -121,7 +128,7 @@ class S3Upload(Upload):
         return Written(done.get("ETag"))
 
     def put_whole(self, body: io.BytesIO, length: int) -> Written:
-        md5 = body_md5(body)
+        md5 = self._given.pop(0, None) or body_md5(body)
         coro = self._b.send_body(
             "uploading", self._parts, "put_object", body, md5=md5, Key=self._key, **self._cond
         )

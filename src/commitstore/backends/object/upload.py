@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import concurrent.futures
 import contextlib
+import hashlib
 import io
 from collections import deque
 from dataclasses import dataclass
@@ -79,6 +80,12 @@ class Upload(abc.ABC):
     def abort(self) -> None:
         """Drop the session if it was started (may raise; the sink ignores errors)."""
 
+    def given_md5(self, number: int, md5: bytes) -> None:
+        """The MD5 of the body of part ``number`` (0: the whole object), computed by the sink
+        while it filled the body, given just before :meth:`send_part` (:meth:`put_whole`) when
+        the store asks for them (``Store.md5_bodies``). Default: ignored."""
+        del number, md5
+
     def checksum(self) -> str | None:
         """The checksum of every byte sent, to compare with :attr:`ObjectStat.checksum`."""
         return None
@@ -105,6 +112,12 @@ class Store(Protocol):
 
     @property
     def whole_max(self) -> int: ...
+
+    @property
+    def md5_bodies(self) -> bool:
+        """True when each body's MD5 is needed (S3's Content-MD5): the sink computes it while
+        the body fills, so the send starts the moment the body is complete."""
+        ...
 
     def shown(self, parts: Parts) -> str: ...
 
@@ -171,6 +184,10 @@ class ObjectFileSink(FileSink):
         self._whole: io.BytesIO | None = io.BytesIO()  # None once the object goes in parts
         self._part: io.BytesIO | None = None
         self._part_len = 0
+        # MD5s of the buffers being filled (only when the store asks for them).
+        self._md5_on = backend.md5_bodies
+        self._whole_md5 = hashlib.md5(usedforsecurity=False) if self._md5_on else None
+        self._part_md5: Any = None
         self._up: Upload | None = None
         self._create_only = False
         self._finished = False  # completed: nothing left to abort
@@ -199,8 +216,10 @@ class ObjectFileSink(FileSink):
                 return
             self._whole.write(data)
             if self._whole.tell() <= self._b.whole_max:
+                if self._whole_md5 is not None:
+                    self._whole_md5.update(data)
                 return  # may still be published with one whole-object put
-            held, self._whole = self._whole, None
+            held, self._whole, self._whole_md5 = self._whole, None, None
             self._split(held)
         except BaseException:
             self.abort()
@@ -222,6 +241,9 @@ class ObjectFileSink(FileSink):
             held.truncate(first)
             held.seek(first)  # (truncate keeps the position)
         self._part, self._part_len = held, first
+        if self._md5_on:
+            with held.getbuffer() as view:
+                self._part_md5 = hashlib.md5(view, usedforsecurity=False)
         self._fill(memoryview(rest))
 
     def _fill(self, data: memoryview) -> None:
@@ -231,8 +253,12 @@ class ObjectFileSink(FileSink):
                 self._send(final=False)  # full, and more bytes follow it
             if self._part is None:
                 self._part, self._part_len = io.BytesIO(), up.part_size
+                if self._md5_on:
+                    self._part_md5 = hashlib.md5(usedforsecurity=False)
             room = self._part_len - self._part.tell()
             self._part.write(data[:room])
+            if self._part_md5 is not None:
+                self._part_md5.update(data[:room])
             data = data[room:]
 
     def _send(self, *, final: bool) -> None:
@@ -244,6 +270,9 @@ class ObjectFileSink(FileSink):
             raise CommitError(f"{self._b.shown(self._parts)}: more than {up.max_parts} parts")
         length = part.tell()
         part.seek(0)
+        if self._part_md5 is not None:
+            up.given_md5(self._sent, self._part_md5.digest())
+            self._part_md5 = None
         fut = up.send_part(self._sent, part, length, final=final)
         self._inflight.append((length, fut))
         while len(self._inflight) >= up.max_inflight:
@@ -265,6 +294,8 @@ class ObjectFileSink(FileSink):
                 body, self._whole = self._whole, None
                 length = body.tell()
                 body.seek(0)
+                if self._whole_md5 is not None:
+                    up.given_md5(0, self._whole_md5.digest())
                 written = up.put_whole(body, length)
                 self._acked = length
             else:
@@ -318,6 +349,7 @@ class ObjectFileSink(FileSink):
     def abort(self) -> None:
         self._closed = True
         self._whole = self._part = None
+        self._whole_md5 = self._part_md5 = None
         while self._inflight:
             with contextlib.suppress(Exception):
                 self._inflight.popleft()[1].result()
