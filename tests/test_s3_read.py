@@ -18,14 +18,13 @@ import pytest
 from commitstore import BackendUnavailableError, CommitStoreError, NotFoundError, open_store
 from commitstore.backends.object.s3 import S3Backend
 from commitstore.backends.object.s3read import S3RangedReader
-from commitstore.testing import xxh
 
 from .helpers.requestproxy import RequestProxy
 from .helpers.s3servers import BUCKET, MotoServer, RcloneS3, S3Server
 
 MiB = 1024 * 1024
 BLOCK = 256 * 1024
-READ_OPTS = {"read_part_size": BLOCK, "read_inflight": 3}
+READ_OPTS: dict[str, Any] = {"read_part_size": BLOCK, "read_inflight": 3}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +43,9 @@ def server(request: pytest.FixtureRequest) -> S3Server:
 
 
 def _store(server: S3Server, **options: Any) -> Any:
-    return open_store(server.url(f"r{time.monotonic_ns()}"), **server.options(), **READ_OPTS, **options)
+    return open_store(
+        server.url(f"r{time.monotonic_ns()}"), **server.options(), **READ_OPTS, **options
+    )
 
 
 def _data(size: int, seed: int = 0) -> bytes:
@@ -135,9 +136,7 @@ def test_overwrite_during_a_pipelined_read_raises_typed(server: S3Server, tmp_pa
 
 def _threads() -> set[threading.Thread]:
     """Threads other than the request proxy's own (one per connection)."""
-    return {
-        t for t in threading.enumerate() if not any(f in t.name for f in ("_serve", "_relay"))
-    }
+    return {t for t in threading.enumerate() if not any(f in t.name for f in ("_serve", "_relay"))}
 
 
 def _tasks(store: Any) -> set[asyncio.Task[Any]]:
