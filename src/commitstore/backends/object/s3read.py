@@ -193,8 +193,13 @@ class S3RangedReader(io.RawIOBase):
         return data
 
     def _cancel(self) -> None:
-        """Cancel every range in flight and wait until each has finished."""
+        """Cancel every range in flight and wait until each has finished. A settled future means
+        its task has finished (``_settle`` runs when it is done): with none unsettled, or s3fs's
+        loop gone (interpreter exit), there is nothing to wait for."""
+        pending = [fut for _, _, fut in self._queue if not fut.done()]
         self._queue.clear()
+        if not pending or not self._fs.loop.is_running():
+            return
 
         async def drain() -> None:
             tasks = list(self._tasks)
