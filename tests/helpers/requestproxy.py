@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
 
 from .samba import free_port
 
@@ -38,6 +39,9 @@ class RequestProxy:
         self.log: list[str] = []
         self.hit: list[str] = []
         """The requests a fault was applied to."""
+        self.relayed = 0
+        """Bytes relayed from the server to clients (answers' heads and bodies) since the last
+        ``count()``/``fail()``."""
         self._n = 0
         self._fail_at: int | None = None
         self._how = "error"
@@ -60,7 +64,11 @@ class RequestProxy:
     def fail(self, n: int | None, how: str = "error", *, sticky: bool = False) -> None:
         with self._lock:
             self._n, self._fail_at, self._how, self._sticky = 0, n, how, sticky
-            self.log, self.hit = [], []
+            self.log, self.hit, self.relayed = [], [], 0
+
+    def _relayed(self, n: int) -> None:
+        with self._lock:
+            self.relayed += n
 
     def _claim(self, line: str) -> str | None:
         """Count a request; the fault to apply to it, or None."""
@@ -100,7 +108,9 @@ class RequestProxy:
                     return
                 if server is None:
                     server = socket.create_connection(self.upstream)
-                    threading.Thread(target=_relay, args=(server, client), daemon=True).start()
+                    threading.Thread(
+                        target=_relay, args=(server, client, self._relayed), daemon=True
+                    ).start()
                 # The head goes first: a client that sent "Expect: 100-continue" waits for the
                 # server's answer to it before it sends the body.
                 server.sendall(head)
@@ -146,9 +156,13 @@ def _content_length(head: bytes) -> int:
     return 0
 
 
-def _relay(src: socket.socket, dst: socket.socket) -> None:
+def _relay(
+    src: socket.socket, dst: socket.socket, counted: Callable[[int], None] | None = None
+) -> None:
     try:
         while data := src.recv(65536):
+            if counted is not None:
+                counted(len(data))
             dst.sendall(data)
     except OSError:
         pass

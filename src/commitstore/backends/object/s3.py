@@ -25,8 +25,8 @@ from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import PendingUpload, take_options
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
-from commitstore.backends.object._transport import TranslatedReader
 from commitstore.backends.object.base import ObjectBackend
+from commitstore.backends.object.s3read import S3RangedReader
 from commitstore.backends.object.s3upload import S3Upload, body_md5, content_md5
 from commitstore.backends.object.upload import ObjectStat, Upload
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError
@@ -57,8 +57,14 @@ class S3Backend(ObjectBackend):
         single_put_max: int = 64 * MiB,
         sign_payload: bool = False,
         conditional_writes: bool | None = None,
+        read_part_size: int = 16 * MiB,
+        read_inflight: int = 6,
         reason: str = "s3:// URL",
     ) -> None:
+        if read_part_size < 64 * 1024 or read_inflight < 1:
+            raise ConfigurationError(
+                "read_part_size must be at least 64 KiB and read_inflight at least 1"
+            )
         if part_size < 5 * MiB:
             raise ConfigurationError("part_size must be at least 5 MiB (S3's minimum part)")
         if not 0 <= single_put_max <= MAX_SINGLE_PUT:
@@ -71,6 +77,10 @@ class S3Backend(ObjectBackend):
         self.part_size = part_size
         self.max_inflight = max(1, max_inflight)
         self.single_put_max = single_put_max
+        self.read_part_size = read_part_size
+        self.read_inflight = read_inflight
+        """A sequential read keeps up to ``read_inflight`` ranged GETs of ``read_part_size`` in
+        flight: at most ``(read_inflight + 1) x read_part_size`` bytes of memory per reader."""
         self.sign_payload = sign_payload
         """Every body carries a Content-MD5 (hashed while the body fills, off the event loop) that
         the server checks before storing anything. False: the body is otherwise UNSIGNED-PAYLOAD.
@@ -182,14 +192,22 @@ class S3Backend(ObjectBackend):
         self.call("uploading", parts, "put_object", Key=self.key(parts) + "/", Body=b"")
 
     def open_read(self, parts: Parts) -> BinaryIO:
-        path = f"{self.bucket}/{self.key(parts)}"
-        self.fs.invalidate_cache(path)
-        try:
-            f = self.fs.open(path, "rb", block_size=8 * MiB, cache_type="readahead")
-        except Exception as exc:
-            raise translate(exc, "opening", self.shown(parts)) from exc
-        shown = self.shown(parts)
-        return cast(BinaryIO, TranslatedReader(f, lambda exc: translate(exc, "reading", shown)))
+        """A fresh HEAD pins the version (size, ETag); the bytes come in ranged GETs of
+        ``read_part_size``, up to ``read_inflight`` in flight while the reader reads on, each
+        conditioned on that ETag (``s3read.py``)."""
+        found = self.head(parts)
+        if found is None:
+            raise NotFoundError(f"{self.shown(parts)} does not exist")
+        reader = S3RangedReader(
+            self,
+            self.key(parts),
+            self.shown(parts),
+            size=found.size,
+            etag=found.tag,
+            block=self.read_part_size,
+            depth=self.read_inflight,
+        )
+        return cast(BinaryIO, reader)
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
         """One GET; the tag is the ETag of the version that GET returned."""
@@ -270,6 +288,8 @@ class S3Backend(ObjectBackend):
             "max_inflight": self.max_inflight,
             "single_put_max": self.single_put_max,
             "sign_payload": self.sign_payload,
+            "read_part_size": self.read_part_size,
+            "read_inflight": self.read_inflight,
         }
 
 
@@ -292,8 +312,13 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "single_put_max": 64 * 1024 * 1024,
             "sign_payload": False,
             "conditional_writes": None,
+            "read_part_size": 16 * 1024 * 1024,
+            "read_inflight": 6,
         },
     )
+    for name in ("read_part_size", "read_inflight"):
+        if not isinstance(opts[name], int) or isinstance(opts[name], bool):
+            raise ConfigurationError(f"{name} must be an integer, not {opts[name]!r}")
     if not isinstance(opts["sign_payload"], bool):
         raise ConfigurationError(
             f"sign_payload must be True or False, not {opts['sign_payload']!r}"
@@ -332,5 +357,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         single_put_max=int(opts["single_put_max"]),
         sign_payload=bool(opts["sign_payload"]),
         conditional_writes=opts["conditional_writes"],
+        read_part_size=opts["read_part_size"],
+        read_inflight=opts["read_inflight"],
         reason="s3:// URL (multipart upload completion is the commit)",
     )
