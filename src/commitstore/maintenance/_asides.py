@@ -115,13 +115,7 @@ def settle(
                 age,
                 "the name does not verify: this may be its last good version",
             )
-        if age is None:
-            return False, "aside", None, "unknown mtime"
-        if age < min_age:
-            return False, "aside", age, "younger than min_age"
-        if not dry_run:
-            backend.remove(aside)
-        return True, "aside", age, ""
+        return _drop_once_old(backend, aside, age, min_age=min_age, dry_run=dry_run)
 
 
 def _bookkeeping(
@@ -150,6 +144,14 @@ def _bookkeeping(
             except AlreadyExistsError:
                 return False, "aside", age, "the file appeared meanwhile"
         return True, "restored", age, ""
+    return _drop_once_old(backend, aside, age, min_age=min_age, dry_run=dry_run)
+
+
+def _drop_once_old(
+    backend: Backend, aside: Parts, age: float | None, *, min_age: float, dry_run: bool
+) -> tuple[bool, str, float | None, str]:
+    """Remove an aside entry that is garbage (its name holds a verifying version), but only
+    once it is older than ``min_age``; an unknown mtime never deletes."""
     if age is None:
         return False, "aside", None, "unknown mtime"
     if age < min_age:
