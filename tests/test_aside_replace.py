@@ -16,7 +16,6 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +30,7 @@ from .helpers.fusemount import FaultMount
 from .helpers.remote_fs import remote
 from .helpers.samba import PASSWORD as SMB_PASSWORD
 from .helpers.samba import SambaServer
+from .helpers.serverfixture import module_server
 from .helpers.sftpserver import PASSWORD as SFTP_PASSWORD
 from .helpers.sftpserver import SftpServer
 from .helpers.webdavserver import PASSWORD as DAV_PASSWORD
@@ -69,50 +69,19 @@ class Place:
 
 
 # -- servers (one each per module) -----------------------------------------------------------
-@pytest.fixture(scope="module")
-def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultMount]:
-    m = FaultMount(tmp_path_factory.mktemp("aside-faultfs"), attr_timeout=0)
-    try:
-        yield m
-    finally:
-        m.stop()
+mount = module_server(FaultMount, "mount", attr_timeout=0)
 
 
-@pytest.fixture(scope="module")
-def samba(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SambaServer]:
-    server = SambaServer(tmp_path_factory.mktemp("aside-samba"))
-    try:
-        yield server
-    finally:
-        server.stop()
+samba = module_server(SambaServer, "samba")
 
 
-@pytest.fixture(scope="module")
-def dav(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebdavServer]:
-    server = WebdavServer(tmp_path_factory.mktemp("aside-webdav"))
-    try:
-        yield server
-    finally:
-        server.stop()
+dav = module_server(WebdavServer, "dav")
 
 
-@pytest.fixture(scope="module")
-def sftp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SftpServer]:
-    server = SftpServer(tmp_path_factory.mktemp("aside-sftp"))
-    try:
-        yield server
-    finally:
-        server.stop()
+sftp = module_server(SftpServer, "sftp")
 
 
-@pytest.fixture(scope="module")
-def sftp_plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SftpServer]:
-    """An SFTP server that refuses posix-rename (``SSH_FX_OP_UNSUPPORTED``)."""
-    server = SftpServer(tmp_path_factory.mktemp("aside-sftp-plain"), posix_rename=False)
-    try:
-        yield server
-    finally:
-        server.stop()
+sftp_plain = module_server(SftpServer, "sftp_plain", posix_rename=False)
 
 
 class Fixtures(Protocol):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,26 +21,15 @@ from commitstore.testing.crashmachine import run_crash_machine
 from .helpers.fusemount import FaultMount
 from .helpers.s3servers import BUCKET, MotoServer
 from .helpers.samba import PASSWORD, SambaServer
+from .helpers.serverfixture import module_server
 
 Factory = Callable[[], Target]
 
 
-@pytest.fixture(scope="module")
-def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultMount]:
-    m = FaultMount(tmp_path_factory.mktemp("faultfs-machine"), attr_timeout=0)
-    try:
-        yield m
-    finally:
-        m.stop()
+mount = module_server(FaultMount, "mount", attr_timeout=0)
 
 
-@pytest.fixture(scope="module")
-def samba(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SambaServer]:
-    server = SambaServer(tmp_path_factory.mktemp("samba-machine"))
-    try:
-        yield server
-    finally:
-        server.stop()
+samba = module_server(SambaServer, "samba")
 
 
 def local_targets(base: Path) -> Factory:

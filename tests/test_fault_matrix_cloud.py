@@ -39,6 +39,7 @@ from .helpers.gcsserver import BUCKET as GCS_BUCKET
 from .helpers.gcsserver import FakeGcs
 from .helpers.requestproxy import RequestProxy
 from .helpers.s3servers import BUCKET, MotoServer
+from .helpers.serverfixture import module_server
 
 TITLE = "request fault matrix (S3, GCS, Azure)"
 COUNTED: dict[str, int] = {}
@@ -80,22 +81,10 @@ CLOUD_OPS: dict[str, Op] = {**OPS, "gc": GC_OBJECTS}
 
 
 # -- servers and their proxies ------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
-    server = FakeGcs(tmp_path_factory.mktemp("matrix-fakegcs"))
-    try:
-        yield server
-    finally:
-        server.stop()
+gcs = module_server(FakeGcs, "gcs")
 
 
-@pytest.fixture(scope="module")
-def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
-    server = Azurite(tmp_path_factory.mktemp("matrix-azurite"))
-    try:
-        yield server
-    finally:
-        server.stop()
+azurite = module_server(Azurite, "azurite")
 
 
 PROXIES: dict[str, RequestProxy] = {}
