@@ -45,7 +45,9 @@ def _header(doc: dict[str, Any]) -> str:
         f"_{doc['title']}. From `benchmarks/results/{doc['suite']}.json`: commit "
         f"`{doc['commit']}`, {doc['date']}, {m['cpus']} CPUs, {m['memory_gib']:g} GiB, "
         f"{m['machine']}, Python {m['python']}, load average "
-        f"{'at the start ' if m.get('load_average_at_start') else 'at the end '}{load}._\n"
+        f"{'at the start ' if m.get('load_average_at_start') else 'at the end '}{load}"
+        + (f"; the suite ran {doc['suite_wall_s']:g} s" if doc.get("suite_wall_s") else "")
+        + "._\n"
     )
 
 
