@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import PendingUpload, take_options
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
+from commitstore.backends.object._timestamps import fast_session
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.backends.object.s3list import list_prefix
 from commitstore.backends.object.s3read import S3RangedReader
@@ -345,6 +346,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         token=opts["token"],
         endpoint_url=endpoint,
         skip_instance_cache=True,
+        session=fast_session(),
         config_kwargs={
             # botocore >= 1.36 checksums break several S3-compatible servers (s3fs#931)
             "request_checksum_calculation": "when_required",
