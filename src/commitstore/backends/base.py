@@ -164,6 +164,13 @@ class Backend(abc.ABC):
     def remove(self, parts: Parts) -> bool:
         """Remove a file or a folder tree, durably; False if nothing was there."""
 
+    def remove_leftover(self, parts: Parts) -> bool:
+        """Remove a file whose coming back after a crash is harmless (a commit's pending record,
+        once its record is durable): as :meth:`remove`, but the removal itself need not be made
+        durable, which saves a folder sync where the storage has one. False if nothing was
+        there."""
+        return self.remove(parts)
+
     @abc.abstractmethod
     def free_space(self, parts: Parts) -> int | None:
         """Bytes available for new data near ``parts``, or None if unknown."""
