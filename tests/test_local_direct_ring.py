@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
+import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -103,18 +105,31 @@ def test_the_ring_writes_every_buffer_in_order(
     assert all(buf.closed for buf in writer._bufs)
 
 
-def _syncs(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[str]:
-    """Every fsync from here on, as 'file|dir <path relative to root>' (staging names kept)."""
+WORKER: list[str] = []
+"""The fsyncs :func:`_events` saw made by the direct writer's worker thread."""
+
+
+def _events(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[str]:
+    """Every fsync ('file|dir <path relative to root>', staging names kept) and every rename
+    into place ('rename <name>') from here on, in order."""
     seen: list[str] = []
-    real = os.fsync
+    monkeypatch.setattr(sys.modules[__name__], "WORKER", [])
+    real_fsync, real_rename = os.fsync, posix.LocalBackend.rename
 
     def fsync(fd: int) -> None:
         path = os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), root)
         kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        real_fsync(fd)
         seen.append(f"{kind} {path}")
-        real(fd)
+        if threading.current_thread().name.startswith("commitstore-direct"):
+            WORKER.append(seen[-1])
+
+    def rename(self: posix.LocalBackend, folder: int, src: str, dst: str, **kw: Any) -> None:
+        real_rename(self, folder, src, dst, **kw)
+        seen.append(f"rename {dst}")
 
     monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(posix.LocalBackend, "rename", rename)
     return seen
 
 
@@ -123,21 +138,40 @@ def _syncs(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[str]:
 def test_a_commit_makes_exactly_the_ordered_syncs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
+    """Six syncs, each an ordering of docs/guarantees.md: the pending record's file before its
+    rename, its folder before the data rename; the data file before its rename, its folder
+    before the record's rename; the record's file before its rename, its folder last. (The
+    data's fsync of a direct-written file runs in the worker, beside the pending record.)"""
     root = tmp_path / "s"
     store = open_store(root)
     store.put_bytes("first.bin", b"x")  # the store's folders exist (their creation is synced)
-    seen = _syncs(monkeypatch, root)
+    seen = _events(monkeypatch, root)
     data = os.urandom(size)
     store.put_bytes("a.bin", data, overwrite=True)
-    kinds = [s.split(" ")[0] for s in seen]
-    paths = [s.split(" ", 1)[1] for s in seen]
-    assert kinds == ["file", "dir"] * 3, seen
     records = ".commitstore/records"
-    assert paths[1] == paths[5] == records, seen
-    assert paths[0].startswith(f"{records}/.commitstore.tmp.") and ".new.a.bin" in paths[0]
-    assert paths[2].startswith(".commitstore.tmp.") and paths[2].endswith("a.bin"), seen
-    assert paths[3] == "."
-    assert paths[4].startswith(f"{records}/.commitstore.tmp.") and ".rec.a.bin" in paths[4]
+
+    def at(pred: Any) -> int:
+        (i,) = [i for i, e in enumerate(seen) if pred(e)]
+        return i
+
+    pending_file = at(lambda e: e.startswith(f"file {records}/") and ".new.a.bin" in e)
+    pending_rename = at(lambda e: e == "rename .commitstore.new.a.bin.json")
+    data_file = at(lambda e: e.startswith("file .commitstore.tmp.") and e.endswith("a.bin"))
+    data_rename = at(lambda e: e == "rename a.bin")
+    data_dir = at(lambda e: e == "dir .")
+    record_file = at(lambda e: e.startswith(f"file {records}/") and ".rec.a.bin" in e)
+    record_rename = at(lambda e: e == "rename .commitstore.rec.a.bin.json")
+    record_dirs = [i for i, e in enumerate(seen) if e == f"dir {records}"]
+    assert len(record_dirs) == 2, seen
+    assert pending_file < pending_rename < record_dirs[0] < data_rename, seen
+    assert data_file < data_rename < data_dir < record_file < record_rename < record_dirs[1]
+    assert record_dirs[1] == len(seen) - 1  # the pending record's removal is not synced
+    assert sum(not e.startswith("rename") for e in seen) == 6, seen
+    if size < posix.DIRECT_AFTER:
+        assert pending_file < pending_rename < record_dirs[0] < data_file, seen
+        assert WORKER == []
+    else:  # started when the last byte was queued, in the worker
+        assert [seen[data_file]] == WORKER, (WORKER, seen)
     # the pending record is gone, though its removal was not synced
     assert sorted(p.name for p in (root / records).iterdir()) == [
         ".commitstore.rec.a.bin.json",

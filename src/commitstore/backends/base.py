@@ -101,6 +101,12 @@ class FileSink(abc.ABC):
     def write(self, data: memoryview) -> None:
         """Write all of ``data`` to the staging location (loops on short writes)."""
 
+    def prepare(self) -> None:
+        """Called once the last byte is written, before the commit's pending record: a sink may
+        start making its bytes durable now, in the background (:meth:`publish` waits for it and
+        raises what it met). Publishes nothing. Default: nothing to start."""
+        return None
+
     @abc.abstractmethod
     def publish(self, *, size: int, digest: str) -> CommitInfo:
         """Make the staged bytes durable, then visible under the final name in one step.

@@ -82,6 +82,10 @@ class DirectWriter:
         caller raises that write's error and the staging file is discarded)."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="commitstore-direct")
         self._closed = False
+        self._rest: Future[None] | None = None
+        """The tail's writes (and the fsync, after :meth:`start_sync`), queued last."""
+        self.synced = False
+        """True once the worker fsynced the file (:meth:`start_sync`, then :meth:`flush`)."""
 
     def write(self, data: memoryview) -> int:
         """Take all of ``data`` (copied); bytes taken."""
@@ -96,19 +100,45 @@ class DirectWriter:
                 self._submit(BUFFER)
         return total
 
+    def start_sync(self) -> None:
+        """Queue the rest and an ``fsync`` behind the writes: the worker writes the tail and
+        syncs the file while the caller goes on (the pending record); :meth:`flush` waits for
+        it and raises what it met, and :attr:`synced` is then True. Nothing more may be taken."""
+        self._queue_rest(sync=True)
+
     def flush(self) -> None:
-        """Write everything taken and wait; O_DIRECT is off afterwards (the tail is buffered)."""
-        used = self._used
-        aligned = used - used % ALIGN
-        tail = self._fill  # its aligned head goes direct, the rest buffered after
-        if aligned:
-            self._submit(aligned)
+        """Write everything taken and wait; O_DIRECT is off afterwards (the tail is buffered).
+        After :meth:`start_sync`: wait for it, its fsync included. The first failed write's
+        error is raised (the writes are waited for oldest first)."""
+        self._queue_rest(sync=False)
         self._wait_all()
-        if self.direct:
-            set_direct(self.fd, False)
-            self.direct = False
-        _write_all(self.fd, self._bufs[tail], aligned, used)
-        self._used = 0
+        assert self._rest is not None
+        self._rest.result()
+
+    def _queue_rest(self, *, sync: bool) -> None:
+        if self._rest is None:
+            self._rest = self._pool.submit(self._finish, self._fill, self._used, sync)
+            self._used = 0
+
+    def _finish(self, tail: int, used: int, sync: bool) -> None:
+        """In the worker, after every queued write: the aligned head of buffer ``tail`` direct,
+        O_DIRECT off, the rest of it buffered, then (``sync``) ``fsync``."""
+        aligned = used - used % ALIGN
+        if aligned:
+            self._write(self._bufs[tail], aligned)
+        elif self._failed:
+            raise OSError(errno.ECANCELED, "an earlier write of this file failed")
+        try:
+            if self.direct:
+                set_direct(self.fd, False)
+                self.direct = False
+            _write_all(self.fd, self._bufs[tail], aligned, used)
+            if sync:
+                os.fsync(self.fd)
+                self.synced = True
+        except BaseException:
+            self._failed = True
+            raise
 
     def close(self) -> None:
         """Stop the worker and free the buffers. Idempotent. After :meth:`flush` (nothing in
@@ -121,7 +151,7 @@ class DirectWriter:
             return
         self._closed = True
         self._failed = True  # what is still queued is not written
-        if all(p is None or p.done() for p in self._pending):
+        if all(p is None or p.done() for p in (*self._pending, self._rest)):
             self._pool.submit(self._free)
             self._pool.shutdown(wait=False)
         else:

@@ -172,11 +172,16 @@ class LocalBackend(RenameBackend[int, Staging]):
             handle.synced = handle.written
         return n
 
+    def prepare(self, handle: Staging) -> None:
+        if handle.direct is not None:
+            handle.direct.start_sync()
+
     def finish(self, handle: Staging) -> int:
         try:
             if handle.direct is not None:
                 handle.direct.flush()
-            os.fsync(handle.fd)
+            if handle.direct is None or not handle.direct.synced:
+                os.fsync(handle.fd)
             return os.fstat(handle.fd).st_size
         finally:
             self.discard(handle)
