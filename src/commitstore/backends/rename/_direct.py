@@ -66,8 +66,9 @@ class DirectWriter:
     after the write that last used the buffer finished (its error, or any earlier write's, is
     raised here); the worker takes queued buffers in order, so the next write starts as soon as
     the previous one returns. :meth:`flush` writes what is left (the unaligned tail buffered)
-    and waits; :meth:`close` stops the worker, whatever state it is in (an abort), and frees
-    the buffers. Not thread-safe (one stage, one writer).
+    and waits; :meth:`start_sync` queues the same and an fsync without waiting (flush then
+    waits for both); :meth:`close` stops the worker, whatever state it is in (an abort), and
+    frees the buffers. Not thread-safe (one stage, one writer).
     """
 
     def __init__(self, fd: int) -> None:
