@@ -11,12 +11,13 @@ the full buffers in order, one write in flight at a time (queue depth 1, as ``dd
 one already queued when it returns, so the device waits neither for the caller nor for a
 thread hand-over.
 
-What does not change: the staging file gets exactly the bytes given, in order; the file
-is fsynced (metadata and the device cache) before anything is published: by the worker after
-the last write (``start_sync``, waited for in ``posix.LocalBackend.finish``) or by ``finish``; a failed write (EIO, ENOSPC) raises OSError from a later ``write`` (at the
-latest the one that needs its buffer again) or from ``flush`` in the caller's thread, so the
-sink translates and aborts as for a buffered write; the writes queued after a failed one are
-never made (the file is discarded).
+What does not change: the staging file gets exactly the bytes given, in order; the file is
+fsynced (metadata and the device cache) before anything is published: by the worker after the
+last write (``start_sync``, waited for in ``posix.LocalBackend.finish``) or by ``finish``; a
+failed write (EIO, ENOSPC) raises OSError from a later ``write`` (at the latest the one that
+needs its buffer again) or from ``flush`` in the caller's thread, so the sink translates and
+aborts as for a buffered write; the writes queued after a failed one are never made (the file
+is discarded).
 
 Fallbacks (the file keeps being written, buffered): the filesystem refuses ``O_DIRECT`` (EINVAL
 from ``fcntl`` or from the first direct write, which is then written buffered), or a direct
