@@ -217,8 +217,10 @@ class Committer:
                     f"written ({exc}); its pending record makes it verify as the new version"
                 ) from exc
             if pending is not None:
-                with contextlib.suppress(CommitStoreError):  # a leftover only costs a lookup
-                    self.backend.remove(intent_parts(parts))
+                # a leftover only costs a lookup (it equals the durable record), so the removal
+                # need not be durable: no folder sync for it
+                with contextlib.suppress(CommitStoreError):
+                    self.backend.remove_leftover(intent_parts(parts))
         if published.tag is not None:  # object stores: keep the record cache whole (best effort)
             _recordcache.note(self.backend, "/".join(record_parts(parts)[2:]), published.tag, body)
         log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)

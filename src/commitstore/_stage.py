@@ -117,6 +117,7 @@ class Stage(io.RawIOBase):
                     f"{self.name}: storage accepted {sink.bytes_written} bytes, "
                     f"{self._hasher.count} were hashed"
                 )
+            sink.prepare()  # e.g. the data's fsync, while the pending record is written
             self.record, info = self._finish(sink, self._hasher.count, self._hasher.digest())
             self.durable, self.notes = info.durable, tuple(info.notes)
         except BaseException:

@@ -13,15 +13,19 @@
  *   shim_disarm()           pass everything through again
  *   shim_count(), shim_fired(), shim_log()
  *
+ * Calls from several threads (the direct writer's worker writes while the caller goes on) are
+ * counted and logged one at a time, under one lock: the log always holds `count` lines.
+ *
  * Written for glibc on Linux (the symbols CPython 3.11+ calls: open64, openat64, stat64,
  * fstatat64, ...); compiled at test time with `cc -shared -fPIC -O1 -o faultshim.so faultshim.c
- * -ldl`.
+ * -ldl -pthread`.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -93,10 +97,14 @@ static void log_call(const char *fn, const char *path) {
 }
 
 /* 0: make the call; else the errno to fail it with (after SIGKILL for err == -9). */
+static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static int hook(const char *fn, int in, const char *path) {
     if (!armed || paused || !in) return 0;
+    pthread_mutex_lock(&hook_lock);
     long n = ++count;
     log_call(fn, path);
+    pthread_mutex_unlock(&hook_lock);
     if (target == 0 || n != target) return 0;
     fired = 1;
     if (fault == -9) kill(getpid(), SIGKILL);

@@ -27,7 +27,7 @@ def build_shim(out: Path) -> Path:
         pytest.fail("no C compiler: dev.sh installs gcc (SYSTEM_PACKAGES)")
     so = out / "faultshim.so"
     subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(SHIM_SRC), "-ldl"],
+        [cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(SHIM_SRC), "-ldl", "-pthread"],
         check=True,
         capture_output=True,
     )

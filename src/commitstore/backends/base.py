@@ -104,6 +104,12 @@ class FileSink(abc.ABC):
     def write(self, data: memoryview) -> None:
         """Write all of ``data`` to the staging location (loops on short writes)."""
 
+    def prepare(self) -> None:
+        """Called once the last byte is written, before the commit's pending record: a sink may
+        start making its bytes durable now, in the background (:meth:`publish` waits for it and
+        raises what it met). Publishes nothing. Default: nothing to start."""
+        return None
+
     @abc.abstractmethod
     def publish(self, *, size: int, digest: str) -> CommitInfo:
         """Make the staged bytes durable, then visible under the final name in one step.
@@ -166,6 +172,13 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def remove(self, parts: Parts) -> bool:
         """Remove a file or a folder tree, durably; False if nothing was there."""
+
+    def remove_leftover(self, parts: Parts) -> bool:
+        """Remove a file whose coming back after a crash is harmless (a commit's pending record,
+        once its record is durable): as :meth:`remove`, but the removal itself need not be made
+        durable, which saves a folder sync where the storage has one. False if nothing was
+        there."""
+        return self.remove(parts)
 
     @abc.abstractmethod
     def free_space(self, parts: Parts) -> int | None:

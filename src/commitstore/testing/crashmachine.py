@@ -88,14 +88,14 @@ def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) 
 
     commit_module.put_small = counted_put  # in the child only
     if point == "before-cleanup":
-        remove = backend.remove
+        remove = backend.remove_leftover  # how a commit drops its pending record
 
         def stopping_remove(parts: tuple[str, ...]) -> bool:
             if ".commitstore.new." in "/".join(parts):
                 signal_parent()
             return bool(remove(parts))
 
-        backend.remove = stopping_remove
+        backend.remove_leftover = stopping_remove
     if point == "before-data":
         commit = commit_module.Committer.commit
 

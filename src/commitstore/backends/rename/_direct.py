@@ -1,18 +1,23 @@
-"""Direct I/O for large local staging files: the bytes go from two page-aligned buffers to the
-device (``O_DIRECT``), past the page cache, while the caller fills the other buffer.
+"""Direct I/O for large local staging files: the bytes go from a ring of page-aligned buffers
+to the device (``O_DIRECT``), past the page cache, while the caller fills the next buffer.
 
 A buffered write copies every byte into the page cache, and the kernel then writes the dirty
 pages back at its own pace (throttling the writer when they pile up): on a shared machine the
 same 1 GiB commit then takes anywhere between a fraction and several times what the device
 needs. ``O_DIRECT`` writes are the device's own limit (what ``dd oflag=direct`` measures), and
-with a second buffer the copy and the hash of the next bytes overlap the device write of the
-previous ones (``os.write`` releases the GIL): one worker thread per staging file writes, and
-at most one write is in flight.
+with more than one buffer the copy and the hash of the next bytes overlap the device write of
+the previous ones (``os.write`` releases the GIL): one worker thread per staging file writes
+the full buffers in order, one write in flight at a time (queue depth 1, as ``dd``), the next
+one already queued when it returns, so the device waits neither for the caller nor for a
+thread hand-over.
 
-What does not change: the staging file gets exactly the bytes given, in order; ``finish``
-(``posix.LocalBackend.finish``) still fsyncs it (metadata and the device cache) before anything
-is published; a failed write (EIO, ENOSPC) raises OSError from the next ``write`` or from
-``flush`` in the caller's thread, so the sink translates and aborts as for a buffered write.
+What does not change: the staging file gets exactly the bytes given, in order; the file is
+fsynced (metadata and the device cache) before anything is published: by the worker after the
+last write (``start_sync``, waited for in ``posix.LocalBackend.finish``) or by ``finish``; a
+failed write (EIO, ENOSPC) raises OSError from a later ``write`` (at the latest the one that
+needs its buffer again) or from ``flush`` in the caller's thread, so the sink translates and
+aborts as for a buffered write; the writes queued after a failed one are never made (the file
+is discarded).
 
 Fallbacks (the file keeps being written, buffered): the filesystem refuses ``O_DIRECT`` (EINVAL
 from ``fcntl`` or from the first direct write, which is then written buffered), or a direct
@@ -29,8 +34,12 @@ import mmap
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
-BUFFER = 8 * 1024 * 1024
-"""Each of the two aligned buffers (a multiple of :data:`ALIGN`)."""
+BUFFER = 4 * 1024 * 1024
+"""Each aligned buffer (a multiple of :data:`ALIGN`)."""
+BUFFERS = 4
+"""Buffers in the ring (16 MiB in all): while the worker writes one, up to two more wait in its
+queue and the caller fills the last, so a caller held up (hashing, a descheduled thread) for up
+to two writes' time leaves the device no gap."""
 ALIGN = 4096
 """Offsets and lengths of direct writes are multiples of this (the largest common logical block
 size; ``mmap`` buffers are page-aligned)."""
@@ -51,22 +60,34 @@ def set_direct(fd: int, on: bool) -> bool:
 
 class DirectWriter:
     """Writes the rest of a staging file opened on ``fd`` (its offset a multiple of
-    :data:`ALIGN`, ``O_DIRECT`` already set) through two aligned buffers and one worker thread.
+    :data:`ALIGN`, ``O_DIRECT`` already set) through a ring of :data:`BUFFERS` aligned buffers
+    and one worker thread.
 
-    :meth:`write` copies into the buffer being filled and hands a full one to the worker (after
-    the previous write finished: its error, if any, is raised here); :meth:`flush` writes what
-    is left (the unaligned tail buffered) and waits; :meth:`close` stops the worker, whatever
-    state it is in (an abort), and frees the buffers. Not thread-safe (one stage, one writer).
+    :meth:`write` copies into the buffer being filled and queues a full one for the worker,
+    after the write that last used the buffer finished (its error, or any earlier write's, is
+    raised here); the worker takes queued buffers in order, so the next write starts as soon as
+    the previous one returns. :meth:`flush` writes what is left (the unaligned tail buffered)
+    and waits; :meth:`start_sync` queues the same and an fsync without waiting (flush then
+    waits for both); :meth:`close` stops the worker, whatever state it is in (an abort), and
+    frees the buffers. Not thread-safe (one stage, one writer).
     """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.direct = True
-        self._bufs = [mmap.mmap(-1, BUFFER), mmap.mmap(-1, BUFFER)]
+        self._bufs = [mmap.mmap(-1, BUFFER) for _ in range(BUFFERS)]
         self._fill = 0
         self._used = 0
-        self._pending: Future[None] | None = None
+        self._pending: list[Future[None] | None] = [None] * BUFFERS
+        self._failed = False
+        """Set by the worker when a write failed: the writes queued after it are skipped (the
+        caller raises that write's error and the staging file is discarded)."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="commitstore-direct")
+        self._closed = False
+        self._rest: Future[None] | None = None
+        """The tail's writes (and the fsync, after :meth:`start_sync`), queued last."""
+        self.synced = False
+        """True once the worker fsynced the file (:meth:`start_sync`, then :meth:`flush`)."""
 
     def write(self, data: memoryview) -> int:
         """Take all of ``data`` (copied); bytes taken."""
@@ -81,45 +102,104 @@ class DirectWriter:
                 self._submit(BUFFER)
         return total
 
+    def start_sync(self) -> None:
+        """Queue the rest and an ``fsync`` behind the writes: the worker writes the tail and
+        syncs the file while the caller goes on (the pending record); :meth:`flush` waits for
+        it and raises what it met, and :attr:`synced` is then True. Nothing more may be taken."""
+        self._queue_rest(sync=True)
+
     def flush(self) -> None:
-        """Write everything taken and wait; O_DIRECT is off afterwards (the tail is buffered)."""
-        used = self._used
+        """Write everything taken and wait; O_DIRECT is off afterwards (the tail is buffered).
+        After :meth:`start_sync`: wait for it, its fsync included. The first failed write's
+        error is raised (the writes are waited for oldest first)."""
+        self._queue_rest(sync=False)
+        self._wait_all()
+        assert self._rest is not None
+        self._rest.result()
+
+    def _queue_rest(self, *, sync: bool) -> None:
+        if self._rest is None:
+            self._rest = self._pool.submit(self._finish, self._fill, self._used, sync)
+            self._used = 0
+
+    def _finish(self, tail: int, used: int, sync: bool) -> None:
+        """In the worker, after every queued write: the aligned head of buffer ``tail`` direct,
+        O_DIRECT off, the rest of it buffered, then (``sync``) ``fsync``."""
         aligned = used - used % ALIGN
-        tail = self._bufs[self._fill]  # its aligned head goes direct, the rest buffered after
         if aligned:
-            self._submit(aligned)
-        self._wait()
-        if self.direct:
-            set_direct(self.fd, False)
-            self.direct = False
-        _write_all(self.fd, tail, aligned, used)
-        self._used = 0
+            self._write(self._bufs[tail], aligned)
+        elif self._failed:
+            raise OSError(errno.ECANCELED, "an earlier write of this file failed")
+        try:
+            if self.direct:
+                set_direct(self.fd, False)
+                self.direct = False
+            _write_all(self.fd, self._bufs[tail], aligned, used)
+            if sync:
+                os.fsync(self.fd)
+                self.synced = True
+        except BaseException:
+            self._failed = True
+            raise
 
     def close(self) -> None:
-        """Stop the worker (waiting for a write in flight, its error dropped) and free the
-        buffers. Idempotent."""
-        self._pool.shutdown(wait=True)
-        self._pending = None
+        """Stop the worker and free the buffers. Idempotent. After :meth:`flush` (nothing in
+        flight) the worker frees them on its way out and the caller does not wait: unmapping
+        16 MiB the device wrote from takes milliseconds, and the commit's syncs need not wait
+        for it. Otherwise (an abort) the write in flight is waited for (its error dropped, the
+        writes queued behind it skipped), so no write can reach the descriptor once the
+        caller closes it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._failed = True  # what is still queued is not written
+        if all(p is None or p.done() for p in (*self._pending, self._rest)):
+            self._pool.submit(self._free)
+            self._pool.shutdown(wait=False)
+        else:
+            self._pool.shutdown(wait=True)
+            self._free()
+        self._pending = [None] * BUFFERS
+
+    def _free(self) -> None:
         for buf in self._bufs:
             with contextlib.suppress(BufferError):  # a view still held: freed with it
                 buf.close()
 
     def _submit(self, length: int) -> None:
-        self._wait()
-        self._pending = self._pool.submit(self._write, self._bufs[self._fill], length)
-        self._fill ^= 1
+        """Queue the buffer being filled; then wait until the next one is free again (the
+        write that used it last has returned) and raise the first failed write's error."""
+        self._pending[self._fill] = self._pool.submit(self._write, self._bufs[self._fill], length)
+        self._fill = (self._fill + 1) % BUFFERS
         self._used = 0
+        if self._failed:
+            self._wait_all()
+        self._wait(self._fill)
 
-    def _wait(self) -> None:
-        pending, self._pending = self._pending, None
+    def _wait(self, index: int) -> None:
+        pending, self._pending[index] = self._pending[index], None
         if pending is not None:
             pending.result()
+
+    def _wait_all(self) -> None:
+        """Wait for every queued write, oldest first (the first error is raised)."""
+        for i in range(BUFFERS):
+            self._wait((self._fill + i) % BUFFERS)
 
     def _write(self, buf: mmap.mmap, length: int) -> None:
         """In the worker: write ``buf[:length]`` at the file's offset, falling back to buffered
         writes when the filesystem refuses direct ones or one comes back short. (Slices of the
         buffer are only ever temporaries: a traceback keeping this frame holds no view of it,
         so the buffer can still be closed.)"""
+        if self._failed:
+            raise OSError(errno.ECANCELED, "an earlier write of this file failed")
+        try:
+            self._write_direct(buf, length)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _write_direct(self, buf: mmap.mmap, length: int) -> None:
         done = 0
         with memoryview(buf) as whole:
             while done < length:
@@ -135,7 +215,7 @@ class DirectWriter:
                 done += n
 
     def _buffered(self) -> None:
-        """(In the worker, while the caller waits or fills the other buffer.)"""
+        """(In the worker, while the caller waits or fills another buffer.)"""
         set_direct(self.fd, False)
         self.direct = False
 

@@ -74,6 +74,11 @@ class RenameOps(abc.ABC, Generic[D, H]):
     def write(self, handle: H, data: memoryview) -> int:
         """One write; returns the bytes the storage accepted (may be fewer than asked)."""
 
+    def prepare(self, handle: H) -> None:
+        """Start flushing ``handle`` in the background (``FileSink.prepare``); :meth:`finish`
+        waits for it. Default: nothing (finish flushes)."""
+        return None
+
     @abc.abstractmethod
     def finish(self, handle: H) -> int | None:
         """Flush to stable storage and close (closed even on failure); the size stored at close,

@@ -51,7 +51,7 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOE
 
 WRITEBACK_EVERY = 16 * 1024 * 1024
 """Start writeback of each finished 16 MiB range while later bytes are still written."""
-DIRECT_AFTER = 8 * 1024 * 1024
+DIRECT_AFTER = 4 * 1024 * 1024
 """A staging file's bytes past this offset are written with direct I/O (``_direct``), where the
 backend allows it (:attr:`LocalBackend.direct_io`) and the filesystem takes it."""
 
@@ -158,6 +158,11 @@ class LocalBackend(RenameBackend[int, Staging]):
             else:
                 handle.tried_direct = True
                 if set_direct(handle.fd, True):
+                    # the buffered head is written back while the direct writes run
+                    _syscalls.start_writeback(
+                        handle.fd, handle.synced, handle.written - handle.synced
+                    )
+                    handle.synced = handle.written
                     handle.direct = DirectWriter(handle.fd)
                     return self.write(handle, data)
         n = os.write(handle.fd, data)
@@ -167,11 +172,16 @@ class LocalBackend(RenameBackend[int, Staging]):
             handle.synced = handle.written
         return n
 
+    def prepare(self, handle: Staging) -> None:
+        if handle.direct is not None:
+            handle.direct.start_sync()
+
     def finish(self, handle: Staging) -> int:
         try:
             if handle.direct is not None:
                 handle.direct.flush()
-            os.fsync(handle.fd)
+            if handle.direct is None or not handle.direct.synced:
+                os.fsync(handle.fd)
             return os.fstat(handle.fd).st_size
         finally:
             self.discard(handle)
@@ -344,7 +354,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         return max(max(st.st_mtime, st.st_ctime) for st in stats)
 
     @translated("removing")
-    def remove(self, parts: Parts) -> bool:
+    def remove(self, parts: Parts, *, durable: bool = True) -> bool:
         try:
             dirfd = self.open_dir(parts[:-1], create=False)
         except (FileNotFoundError, NotADirectoryError):
@@ -353,10 +363,15 @@ class LocalBackend(RenameBackend[int, Staging]):
             if self.size_of(dirfd, parts[-1]) is None:
                 return False
             self.remove_at(dirfd, parts[-1])
-            fsync_dir(dirfd, CommitInfo(0), self.policy.dir_fsync_tolerated)
+            if durable:
+                fsync_dir(dirfd, CommitInfo(0), self.policy.dir_fsync_tolerated)
             return True
         finally:
             close_quietly(dirfd)
+
+    def remove_leftover(self, parts: Parts) -> bool:
+        """:meth:`remove` without the folder fsync (see ``Backend.remove_leftover``)."""
+        return self.remove(parts, durable=False)
 
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:

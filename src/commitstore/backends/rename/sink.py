@@ -171,6 +171,11 @@ class StagedFileSink(_Staged[D, H], FileSink):
             self.abort()
             raise err from exc
 
+    def prepare(self) -> None:
+        handle = self._handle
+        assert handle is not None, "prepare after publish/abort"
+        self._step("flushing", self._ops.prepare, handle)
+
     def publish(self, *, size: int, digest: str) -> CommitInfo:
         handle = self._handle
         assert handle is not None, "publish after publish/abort"

@@ -1,0 +1,180 @@
+"""The direct writer's ring of buffers and the syncs of a local commit.
+
+A write that fails in the worker thread surfaces in the caller as the same typed error a
+buffered write's failure gives (``CommitError`` "writing ...", ``InsufficientSpaceError`` for
+ENOSPC), the buffers queued after it are never written, and nothing is published. A commit makes
+exactly the syncs the protocol orders (docs/guarantees.md), in that order: pending record (file,
+folder), data (file, folder), record (file, folder); removing the pending record afterwards is
+not synced.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from commitstore import open_store
+from commitstore.backends.rename import _direct, posix
+from commitstore.errors import CommitError, InsufficientSpaceError
+from commitstore.testing import xxh
+
+KiB = 1024
+
+
+@pytest.fixture
+def small_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Direct I/O past 8 KiB, 8 KiB buffers: a 100 KiB stage queues a dozen direct writes."""
+    monkeypatch.setattr(posix, "DIRECT_AFTER", 8 * KiB)
+    monkeypatch.setattr(_direct, "BUFFER", 8 * KiB)
+
+
+class Failing(_direct.DirectWriter):
+    """Fails the ``fail_at``-th direct write with ``err``; counts the writes made after it."""
+
+    fail_at = 2
+    err = errno.EIO
+    made: ClassVar[list[int]] = []
+
+    def _write_direct(self, buf: Any, length: int) -> None:
+        Failing.made.append(length)
+        if len(Failing.made) == Failing.fail_at:
+            raise OSError(Failing.err, os.strerror(Failing.err))
+        super()._write_direct(buf, length)
+
+
+@pytest.mark.parametrize(
+    ("err", "typed"),
+    [(errno.EIO, CommitError), (errno.ENOSPC, InsufficientSpaceError)],
+    ids=["EIO", "ENOSPC"],
+)
+@pytest.mark.usefixtures("small_ring")
+def test_a_failed_worker_write_is_the_callers_typed_error_and_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int, typed: type[Exception]
+) -> None:
+    monkeypatch.setattr(posix, "DirectWriter", Failing)
+    monkeypatch.setattr(Failing, "err", err)
+    monkeypatch.setattr(Failing, "made", [])
+    store = open_store(tmp_path / "s")
+    old = os.urandom(3 * KiB)
+    store.put_bytes("w.bin", old)
+    data = os.urandom(100 * KiB + 5)
+    with pytest.raises(typed) as caught, store.stage("w.bin", overwrite=True) as st:
+        for i in range(0, len(data), 3 * KiB):
+            st.write(data[i : i + 3 * KiB])
+    assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == err
+    assert "writing" in str(caught.value) or "flushing" in str(caught.value)
+    # the writes queued behind the failed one were skipped, not made
+    assert len(Failing.made) == Failing.fail_at, Failing.made
+    assert (tmp_path / "s" / "w.bin").read_bytes() == old
+    assert store.verify("w.bin", level="full").ok
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [".commitstore", "w.bin"]
+
+
+@pytest.mark.usefixtures("small_ring")
+def test_the_ring_writes_every_buffer_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More buffers than the ring holds, the caller's writes straddling them: the file is the
+    bytes given (a reordered or skipped buffer would show). The worker frees the buffers after
+    the commit (the caller does not wait for it), then exits."""
+    made: list[_direct.DirectWriter] = []
+
+    class Writer(_direct.DirectWriter):
+        def __init__(self, fd: int) -> None:
+            super().__init__(fd)
+            made.append(self)
+
+    monkeypatch.setattr(posix, "DirectWriter", Writer)
+    store = open_store(tmp_path / "s")
+    data = os.urandom(8 * KiB + _direct.BUFFERS * 3 * 8 * KiB + 4096 + 7)
+    with store.stage("r.bin") as st:
+        for i in range(0, len(data), 5 * KiB + 1):
+            st.write(data[i : i + 5 * KiB + 1])
+    assert (tmp_path / "s" / "r.bin").read_bytes() == data
+    assert store.record("r.bin").digest == xxh(data)
+    (writer,) = made
+    for thread in list(writer._pool._threads):
+        thread.join()
+    assert all(buf.closed for buf in writer._bufs)
+
+
+WORKER: list[str] = []
+"""The fsyncs :func:`_events` saw made by the direct writer's worker thread."""
+
+
+def _events(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[str]:
+    """Every fsync ('file|dir <path relative to root>', staging names kept) and every rename
+    into place ('rename <name>') from here on, in order."""
+    seen: list[str] = []
+    monkeypatch.setattr(sys.modules[__name__], "WORKER", [])
+    real_fsync, real_rename = os.fsync, posix.LocalBackend.rename
+
+    def fsync(fd: int) -> None:
+        path = os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), root)
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        real_fsync(fd)
+        seen.append(f"{kind} {path}")
+        if threading.current_thread().name.startswith("commitstore-direct"):
+            WORKER.append(seen[-1])
+
+    def rename(self: posix.LocalBackend, folder: int, src: str, dst: str, **kw: Any) -> None:
+        real_rename(self, folder, src, dst, **kw)
+        seen.append(f"rename {dst}")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(posix.LocalBackend, "rename", rename)
+    return seen
+
+
+@pytest.mark.parametrize("size", [100, 100 * KiB + 3], ids=["buffered", "direct"])
+@pytest.mark.usefixtures("small_ring")
+def test_a_commit_makes_exactly_the_ordered_syncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """Six syncs, each an ordering of docs/guarantees.md: the pending record's file before its
+    rename, its folder before the data rename; the data file before its rename, its folder
+    before the record's rename; the record's file before its rename, its folder last. (The
+    data's fsync of a direct-written file runs in the worker, beside the pending record.)"""
+    root = tmp_path / "s"
+    store = open_store(root)
+    store.put_bytes("first.bin", b"x")  # the store's folders exist (their creation is synced)
+    seen = _events(monkeypatch, root)
+    data = os.urandom(size)
+    store.put_bytes("a.bin", data, overwrite=True)
+    records = ".commitstore/records"
+
+    def at(pred: Any) -> int:
+        (i,) = [i for i, e in enumerate(seen) if pred(e)]
+        return i
+
+    pending_file = at(lambda e: e.startswith(f"file {records}/") and ".new.a.bin" in e)
+    pending_rename = at(lambda e: e == "rename .commitstore.new.a.bin.json")
+    data_file = at(lambda e: e.startswith("file .commitstore.tmp.") and e.endswith("a.bin"))
+    data_rename = at(lambda e: e == "rename a.bin")
+    data_dir = at(lambda e: e == "dir .")
+    record_file = at(lambda e: e.startswith(f"file {records}/") and ".rec.a.bin" in e)
+    record_rename = at(lambda e: e == "rename .commitstore.rec.a.bin.json")
+    record_dirs = [i for i, e in enumerate(seen) if e == f"dir {records}"]
+    assert len(record_dirs) == 2, seen
+    assert pending_file < pending_rename < record_dirs[0] < data_rename, seen
+    assert data_file < data_rename < data_dir < record_file < record_rename < record_dirs[1]
+    assert record_dirs[1] == len(seen) - 1  # the pending record's removal is not synced
+    assert sum(not e.startswith("rename") for e in seen) == 6, seen
+    if size < posix.DIRECT_AFTER:
+        assert pending_file < pending_rename < record_dirs[0] < data_file, seen
+        assert WORKER == []
+    else:  # started when the last byte was queued, in the worker
+        assert [seen[data_file]] == WORKER, (WORKER, seen)
+    # the pending record is gone, though its removal was not synced
+    assert sorted(p.name for p in (root / records).iterdir()) == [
+        ".commitstore.rec.a.bin.json",
+        ".commitstore.rec.first.bin.json",
+    ]
+    assert (root / "a.bin").read_bytes() == data
