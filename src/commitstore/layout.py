@@ -43,6 +43,9 @@ follow a letter or digit (``mystep3`` has no step), the number is all the digits
 
 Parts = tuple[str, ...]
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+"""NUL and the other control characters (below 0x20, and DEL)."""
+
 
 def validate_name(name: object, *, inside_folder: bool = False) -> Parts:
     """Check ``name`` against the naming rules and return its parts.
@@ -62,7 +65,7 @@ def validate_name(name: object, *, inside_folder: bool = False) -> Parts:
         raise InvalidNameError(f"artifact name must be relative: {name!r}")
     if "\\" in name:
         raise InvalidNameError(f"artifact name must not contain a backslash: {name!r}")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if _CONTROL.search(name):
         raise InvalidNameError(
             f"artifact name must not contain NUL or control characters: {name!r}"
         )
