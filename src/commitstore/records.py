@@ -185,7 +185,7 @@ def _parse_time(text: str) -> datetime:
     match = _CANONICAL_TIME.fullmatch(text)
     if match is None:
         return datetime.strptime(text, _TIME_FORMAT).replace(tzinfo=timezone.utc)
-    return datetime.fromisoformat(text[:-1]).replace(tzinfo=timezone.utc)
+    return datetime.fromisoformat(f"{text[:-1]}+00:00")  # tzinfo: the timezone.utc singleton
 
 
 def _decode(data: bytes) -> Record:
