@@ -75,13 +75,16 @@ def validate_name(name: object, *, inside_folder: bool = False) -> Parts:
             raise InvalidNameError(f"artifact name has an empty part: {name!r}")
         if part in (".", ".."):
             raise InvalidNameError(f"artifact name must not contain '.' or '..' parts: {name!r}")
-        try:
-            encoded = part.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidNameError(f"artifact name is not valid UTF-8: {name!r}") from exc
-        if len(encoded) > MAX_PART_BYTES:
+        if part.isascii():  # one byte a character, nothing to encode
+            size = len(part)
+        else:
+            try:
+                size = len(part.encode("utf-8"))
+            except UnicodeEncodeError as exc:
+                raise InvalidNameError(f"artifact name is not valid UTF-8: {name!r}") from exc
+        if size > MAX_PART_BYTES:
             raise InvalidNameError(
-                f"artifact name part is {len(encoded)} bytes, more than {MAX_PART_BYTES}: {name!r}"
+                f"artifact name part is {size} bytes, more than {MAX_PART_BYTES}: {name!r}"
             )
         if part.startswith(RESERVED_PREFIX) and not inside_folder:
             raise InvalidNameError(

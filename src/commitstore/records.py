@@ -122,12 +122,17 @@ def encode_record(record: Record) -> bytes:
 
 
 def _need(doc: dict[str, Any], key: str, types: type | tuple[type, ...]) -> Any:
-    if key not in doc:
+    value = doc.get(key, _MISSING)
+    if type(value) is types:  # the usual case: exactly the type asked for (never bool for int)
+        return value
+    if value is _MISSING:
         raise RecordFormatError(f"record has no {key!r}")
-    value = doc[key]
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
         raise RecordFormatError(f"record field {key!r} has the wrong type")
     return value
+
+
+_MISSING = object()
 
 
 def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
