@@ -24,6 +24,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -169,12 +170,15 @@ def commit() -> str:
 
 
 LOAD_AT_START: list[float] = []
-"""The load average when the first suite of this process started (see :func:`mark_start`)."""
+"""The load average when the current suite started (see :func:`mark_start`)."""
+_STARTED: list[float] = []
 
 
 def mark_start() -> None:
-    """Note the load average before measuring (the result file records start and end)."""
+    """Note the load average and the time as a suite starts (the result file records the load
+    at its start and end, and the suite's wall time)."""
     LOAD_AT_START[:] = [round(x, 2) for x in os.getloadavg()]
+    _STARTED[:] = [time.monotonic()]
 
 
 def write_results(
@@ -194,6 +198,7 @@ def write_results(
         "commit": commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "machine": {**machine(), "load_average_at_start": LOAD_AT_START or None},
+        "suite_wall_s": round(time.monotonic() - _STARTED[0], 1) if _STARTED else None,
         "statistic": STATISTIC,
         "measurements": measurements,
         **(extra or {}),

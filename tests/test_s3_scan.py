@@ -6,11 +6,14 @@ Counts, never times: the figures at 10,000 artifacts come from ``benchmarks/scal
 from __future__ import annotations
 
 import concurrent.futures
+import gzip
+import json
 import threading
 import time
 from typing import Any
 
 from commitstore import CommitStore, open_store
+from commitstore._recordcache import SHARDS
 from commitstore.layout import record_parts, validate_name
 from commitstore.records import Record, encode_record
 from commitstore.testing import xxh
@@ -63,7 +66,15 @@ class Counter:
                 with lock:
                     self.inflight -= 1
 
+        async_call = backend.fs._call_s3
+
+        async def counted_async(method: str, *a: Any, **k: Any) -> Any:
+            with lock:
+                self.calls[method] = self.calls.get(method, 0) + 1
+            return await async_call(method, *a, **k)
+
         backend.fs.call_s3, backend.read_small_tagged = counted, reading
+        backend.fs._call_s3 = counted_async
 
 
 def test_cold_scan_reads_each_record_once_with_bounded_overlap_then_none(
@@ -88,4 +99,40 @@ def test_cold_scan_reads_each_record_once_with_bounded_overlap_then_none(
     assert len(plan.deleted) == N - 5
     assert warm.latest(level="size") == newest
     assert count.record_reads == 0, "the cache the first scan wrote replaces every record GET"
-    assert sum(count.calls.values()) <= 8, count.calls
+    # each of the two scans: one listing page and the cache's shards; then the data reads
+    # of the newest artifact's check
+    assert count.calls.get("list_objects_v2") == 2, count.calls
+    assert count.calls.get("get_object", 0) <= 2 * SHARDS + 2, count.calls
+    assert sum(count.calls.values()) <= 2 * SHARDS + 8, count.calls
+
+
+def test_concurrent_commits_of_one_process_keep_every_record_in_the_cache(
+    moto: MotoServer,
+) -> None:
+    prefix = f"notes{time.monotonic_ns()}"
+    store = open_store(f"s3://{BUCKET}/{prefix}", **moto.options())
+    names = [f"p/{i:03d}.bin" for i in range(40)]
+    lock = threading.Lock()
+    state = {"inflight": 0, "peak": 0}
+
+    def commit(name: str) -> None:
+        with lock:
+            state["inflight"] += 1
+            state["peak"] = max(state["peak"], state["inflight"])
+        try:
+            store.put_bytes(name, name.encode())
+        finally:
+            with lock:
+                state["inflight"] -= 1
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(commit, names))
+    assert state["peak"] >= 2, "the commits overlapped"
+    client = moto.client()
+    cached: set[str] = set()
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/.commitstore/cache/records/")
+    for o in listed.get("Contents", []):
+        blob = client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
+        cached |= set(json.loads(gzip.decompress(blob))["entries"])
+    want = {"/".join(record_parts(validate_name(n))[2:]) for n in names}
+    assert cached == want, f"{len(want - cached)} commits' cache updates were lost"

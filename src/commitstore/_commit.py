@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from commitstore import _recordcache
 from commitstore._check import check_exact
 from commitstore._small import put_small as put_small  # noqa: PLC0414 (re-exported: a test seam)
 from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
@@ -206,7 +207,8 @@ class Committer:
                 raise
             body = body if body is not None else encode_record(record)
             try:
-                self.note(put_small(self.backend, record_parts(parts), body, mode), record.name)
+                published = put_small(self.backend, record_parts(parts), body, mode)
+                self.note(published, record.name)
             except CommitStoreError as exc:
                 if pending is None or pending != body:
                     raise
@@ -217,6 +219,8 @@ class Committer:
             if pending is not None:
                 with contextlib.suppress(CommitStoreError):  # a leftover only costs a lookup
                     self.backend.remove(intent_parts(parts))
+        if published.tag is not None:  # object stores: keep the record cache whole (best effort)
+            _recordcache.note(self.backend, "/".join(record_parts(parts)[2:]), published.tag, body)
         log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
         return record
 

@@ -1,26 +1,41 @@
 """A cache of record bytes that lets one listing replace one GET per record on object stores.
 
 Object-store listings return each object's version tag (S3/Azure ETag, GCS generation) but not its
-content. The cache, ``.commitstore/cache/records.json.gz``, maps each record's key to the tag and
-the exact bytes of the version that was read. A cached entry is used only when the current listing
-shows that record with the same tag, so the cache can be stale, partial, written by any process or
-lost without ever changing what a scan returns: a tag mismatch or a missing entry is a fresh GET.
-It holds no data of its own, only copies of records, and is never consulted for data files.
+content. The cache keeps, for each record, the tag and the exact bytes of that version, in
+``SHARDS`` small files ``.commitstore/cache/records/<xx>.json.gz`` (a record's shard is a hash of
+its key), so that a commit updates one small shard rather than the whole cache.
+
+Who writes it:
+- Every commit to an object store adds its own record (the tag its upload returned) to its shard,
+  right after the record is published: a read and a rewrite of one shard, best effort. A fresh
+  process's first scan of a store written by commits therefore fetches no record.
+- A scan rewrites a shard when it had to fetch records of that shard (a commit whose update was
+  lost in a race, a store written by another tool or an older version) or when at least
+  ``REWRITE_DROPS`` of its entries are gone (pruned records).
+
+A cached entry is used only when the current listing shows that record with the same tag, so the
+cache can be stale, partial, written by any process, raced by two writers or lost without ever
+changing what a scan returns: a tag mismatch or a missing entry is a fresh GET. It holds no data of
+its own, only copies of records, and is never consulted for data files.
 
 Guarantees:
 - A scan returns exactly the records a GET of every record would return at the listing's moment.
 - Writing the cache is best effort (a read-only credential, a failing endpoint): a failure is
-  logged at debug level and never fails the scan that tried.
-- The cache is rewritten only when at least ``REWRITE_AFTER`` records had to be fetched or
-  dropped, so a training loop that prunes after every commit rewrites it rarely.
+  logged at debug level and never fails the scan or the commit that tried.
+- A scan that needs at most ``DIRECT_MAX`` records reads them directly and leaves the cache alone.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import gzip
 import json
 import logging
+import threading
+from collections.abc import Collection
 from typing import TYPE_CHECKING
+
+import xxhash
 
 from commitstore._small import put_small
 from commitstore.backends import PutMode
@@ -32,44 +47,94 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("commitstore")
 
-CACHE_PARTS: Parts = (META_DIR, "cache", "records.json.gz")
-SCHEMA = "commitstore.record-cache/1"
-REWRITE_AFTER = 64
+CACHE_DIR: Parts = (META_DIR, "cache", "records")
+SCHEMA = "commitstore.record-cache/2"
+SHARDS = 16
+DIRECT_MAX = 16
+REWRITE_DROPS = 8
 
 Entries = dict[str, tuple[str, bytes]]
 """Record key (relative to the records folder) -> (tag, record bytes)."""
 
+_NOTE_LOCKS = [threading.Lock() for _ in range(SHARDS)]
 
-def load(backend: Backend) -> Entries:
-    """The cached entries; empty when there is no cache or it cannot be read or parsed."""
+
+def shard_of(key: str) -> int:
+    """The shard that holds ``key`` (stable across processes and versions of Python)."""
+    return xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogatepass")) % SHARDS
+
+
+def shard_parts(shard: int) -> Parts:
+    return (*CACHE_DIR, f"{shard:02x}.json.gz")
+
+
+def _decode(blob: bytes, shard: int) -> Entries:
+    doc = json.loads(gzip.decompress(blob))
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        return {}
+    entries = doc["entries"]
+    if not isinstance(entries, dict):
+        return {}
+    out: Entries = {}
+    for key, value in entries.items():
+        if not (isinstance(value, list) and len(value) == 2):
+            continue
+        tag, text = value
+        # an entry filed under another shard is not where a commit would have put it: ignored
+        if isinstance(tag, str) and isinstance(text, str) and shard_of(key) == shard:
+            out[key] = (tag, text.encode("utf-8"))
+    return out
+
+
+def load_shard(backend: Backend, shard: int) -> Entries:
+    """One shard's entries; empty when it is missing or cannot be read or parsed."""
     try:
-        doc = json.loads(gzip.decompress(backend.read_small(CACHE_PARTS)))
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            return {}
-        entries = doc["entries"]
-        return {
-            str(key): (str(tag), str(text).encode("utf-8"))
-            for key, (tag, text) in entries.items()
-            if isinstance(tag, str) and isinstance(text, str)
-        }
+        return _decode(backend.read_small(shard_parts(shard)), shard)
     except NotFoundError:
         return {}
     except (CommitStoreError, OSError, EOFError, ValueError, KeyError, TypeError) as exc:
-        log.debug("record cache unreadable, ignored: %s", exc)
+        log.debug("record cache shard %02x unreadable, ignored: %s", shard, exc)
         return {}
 
 
-def save(backend: Backend, entries: Entries) -> None:
-    """Replace the cache with ``entries`` (one small object write); failures only log."""
+def load(backend: Backend, shards: Collection[int]) -> Entries:
+    """The entries of ``shards``, read concurrently (``backend.read_concurrency`` at a time)."""
+    out: Entries = {}
+    if not shards:
+        return out
+    workers = max(1, min(backend.read_concurrency, len(shards)))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for entries in pool.map(lambda s: load_shard(backend, s), sorted(shards)):
+            out.update(entries)
+    return out
+
+
+def save(backend: Backend, shard: int, entries: Entries) -> None:
+    """Replace one shard with ``entries`` (one small object write); failures only log."""
     doc = {
         "schema": SCHEMA,
         "entries": {k: [tag, raw.decode("utf-8")] for k, (tag, raw) in sorted(entries.items())},
     }
     body = gzip.compress(json.dumps(doc, separators=(",", ":")).encode("utf-8"), mtime=0)
     try:
-        put_small(backend, CACHE_PARTS, body, PutMode.REPLACE)
+        put_small(backend, shard_parts(shard), body, PutMode.REPLACE)
     except (CommitStoreError, OSError) as exc:
-        log.debug("record cache not written: %s", exc)
+        log.debug("record cache shard %02x not written: %s", shard, exc)
+
+
+def note(backend: Backend, key: str, tag: str | None, raw: bytes) -> None:
+    """A commit's update: ``key``'s record is now ``raw`` with version ``tag`` (what the upload
+    returned). Reads and rewrites one shard, one commit of this process at a time per shard;
+    never raises (an update lost when two processes race on a shard only costs a later scan one
+    GET)."""
+    tag = norm(tag)
+    if tag is None or not cacheable(raw):
+        return
+    shard = shard_of(key)
+    with _NOTE_LOCKS[shard]:  # commits of one process never lose each other's updates
+        entries = load_shard(backend, shard)
+        entries[key] = (tag, raw)
+        save(backend, shard, entries)
 
 
 def norm(tag: str | None) -> str | None:

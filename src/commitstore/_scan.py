@@ -130,18 +130,27 @@ def scan_records(
         and (logical == rel or logical not in present)  # an aside of a missing one
     ]
     tagged = bool(leaves) and all(info.tag for _rel, info in leaves)
-    cached = _recordcache.load(backend) if tagged else {}
+    caching = tagged and len(leaves) > _recordcache.DIRECT_MAX
+    cached = (
+        _recordcache.load(backend, {_recordcache.shard_of("/".join(rel)) for rel, _i in leaves})
+        if caching
+        else {}
+    )
     fresh: _recordcache.Entries = {}
 
     def fetch(rel: Parts, info: FileInfo) -> bytes:
+        if not caching:
+            return read(rel)[0]
         key = "/".join(rel)
+        listed = _recordcache.norm(info.tag)
         hit = cached.get(key)
-        if hit is not None and hit[0] == _recordcache.norm(info.tag):
+        if hit is not None and hit[0] == listed:
             return hit[1]
         raw, got = read(rel)
-        tag = _recordcache.norm(got)
-        if tagged and tag and _recordcache.cacheable(raw):
-            fresh[key] = (tag, raw)
+        # only the version the listing shows is cached (a record replaced since, or a service
+        # whose GET tags differ from its listing's, would miss again at every scan)
+        if caching and listed and _recordcache.norm(got) == listed and _recordcache.cacheable(raw):
+            fresh[key] = (listed, raw)
         return raw
 
     def load(leaf: tuple[Parts, FileInfo]) -> Record | VerifyResult | None:
@@ -173,7 +182,7 @@ def scan_records(
                 loaded = list(pool.map(load, leaves))
         else:
             loaded = [load(leaf) for leaf in leaves]
-    if tagged:
+    if caching:
         _refresh_cache(backend, leaves, cached, fresh)
     good = [r for r in loaded if isinstance(r, Record)]
     bad = [r for r in loaded if isinstance(r, VerifyResult)]
@@ -196,18 +205,28 @@ def _refresh_cache(
     cached: _recordcache.Entries,
     fresh: _recordcache.Entries,
 ) -> None:
-    """Rewrite the record cache when enough of it was missing or stale."""
-    entries: _recordcache.Entries = {}
+    """Rewrite each shard that had to be fetched from, or that lost at least
+    ``REWRITE_DROPS`` entries (records pruned since), with the entries the listing confirms."""
+    shard_of = _recordcache.shard_of
+    kept: dict[int, _recordcache.Entries] = {}
+    fetched: set[int] = set()
     for rel, info in leaves:
         key = "/".join(rel)
+        shard = shard_of(key)
         hit = cached.get(key)
         if hit is not None and hit[0] == _recordcache.norm(info.tag):
-            entries[key] = hit
+            kept.setdefault(shard, {})[key] = hit
         elif key in fresh:
-            entries[key] = fresh[key]
-    dropped = len(cached) - (len(entries) - len(fresh))
-    if len(fresh) + max(dropped, 0) >= _recordcache.REWRITE_AFTER:
-        _recordcache.save(backend, entries)
+            kept.setdefault(shard, {})[key] = fresh[key]
+            fetched.add(shard)
+    had: dict[int, int] = {}
+    for key in cached:
+        had[shard_of(key)] = had.get(shard_of(key), 0) + 1
+    for shard in sorted(set(kept) | set(had)):
+        entries = kept.get(shard, {})
+        dropped = had.get(shard, 0) - sum(1 for k in entries if k in cached)
+        if shard in fetched or dropped >= _recordcache.REWRITE_DROPS:
+            _recordcache.save(backend, shard, entries)
 
 
 def unrecorded(backend: Backend, records: list[Record], bad: list[VerifyResult]) -> list[str]:

@@ -78,6 +78,9 @@ class CommitInfo:
     notes: list[str] = field(default_factory=list)
     files: list[tuple[str, int, str]] = field(default_factory=list)
     """For folder artifacts: (path, size, digest) of every file published, sorted by path."""
+    tag: str | None = None
+    """The version tag of the published object (S3/Azure ETag, GCS generation), as the store
+    returned it, where the store has one: the record cache's key for a record (``_recordcache``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 from commitstore.backends.base import PendingUpload, take_options
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
 from commitstore.backends.object.base import ObjectBackend
+from commitstore.backends.object.s3list import list_prefix
 from commitstore.backends.object.s3read import S3RangedReader
 from commitstore.backends.object.s3upload import S3Upload, body_md5, content_md5
 from commitstore.backends.object.upload import ObjectStat, Upload
@@ -138,20 +139,25 @@ class S3Backend(ObjectBackend):
         return ObjectStat(self.key(parts), int(head["ContentLength"]), _ts(head), head.get("ETag"))
 
     def list_objects(self, parts: Parts, *, limit: int | None = None) -> list[ObjectStat]:
-        """One request per 1,000 keys (one only with ``limit``)."""
-        out: list[ObjectStat] = []
-        kwargs: dict[str, Any] = {"Prefix": self.dir_prefix(parts)}
-        if limit:
-            kwargs["MaxKeys"] = limit
-        while True:
-            page = self.call("listing", parts, "list_objects_v2", **kwargs)
-            out += [
-                ObjectStat(o["Key"], int(o["Size"]), _ts(o), o.get("ETag"))
-                for o in page.get("Contents", [])
-            ]
-            if limit or not page.get("IsTruncated"):
-                return out[:limit] if limit else out
-            kwargs["ContinuationToken"] = page.get("NextContinuationToken")
+        """One request per 1,000 keys (one only with ``limit``); a longer listing lists the
+        prefix's folders side by side (``s3list.py``)."""
+        return cast(
+            "list[ObjectStat]",
+            self.run_coro(list_prefix(self, parts, self.dir_prefix(parts), limit)),
+        )
+
+    async def listing_call(self, parts: Parts, **kwargs: Any) -> dict[str, Any]:
+        """One ListObjectsV2 request, on s3fs's event loop."""
+        try:
+            return cast(
+                "dict[str, Any]",
+                await self.fs._call_s3("list_objects_v2", Bucket=self.bucket, **kwargs),
+            )
+        except Exception as exc:
+            raise translate(exc, "listing", self.shown(parts)) from exc
+
+    def stat_of(self, entry: dict[str, Any]) -> ObjectStat:
+        return ObjectStat(entry["Key"], int(entry["Size"]), _ts(entry), entry.get("ETag"))
 
     def delete_key(self, parts: Parts, key: str) -> None:
         self.call("removing", parts, "delete_object", Key=key)

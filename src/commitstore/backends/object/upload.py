@@ -308,24 +308,27 @@ class ObjectFileSink(FileSink):
                 written = up.complete(self._receipts)
             self._finished = True
             self._closed = True
-            self._check(up, written, size, shown)
+            tag = self._check(up, written, size, shown)
             best_effort = self._mode is PutMode.CREATE and not self._create_only
             return CommitInfo(
                 size,
                 notes=["store ignores conditional writes: create-only is best effort"]
                 if best_effort
                 else [],
+                tag=tag,
             )
         except BaseException:
             self.abort()
             raise
 
-    def _check(self, up: Upload, written: Written, size: int, shown: str) -> None:
+    def _check(self, up: Upload, written: Written, size: int, shown: str) -> str | None:
         """A fresh stat must show what was sent (unless the completion's answer already shows
         it, :meth:`Upload.attested`; never for create-only, whose stat also detects a writer
-        that replaced the object right after); a wrong object of ours is taken back."""
+        that replaced the object right after); a wrong object of ours is taken back. Returns
+        the published version's tag: the completion's (None when the store gave none, or when
+        the fresh stat shows another version)."""
         if not self._create_only and up.attested(written):
-            return
+            return written.tag
         fresh = self._b.head(self._parts)
         ours = fresh is not None and written.tag is not None and fresh.tag == written.tag
         if self._create_only and fresh is not None and written.tag is not None and not ours:
@@ -337,7 +340,7 @@ class ObjectFileSink(FileSink):
         sent_sum = up.checksum()
         stored_sum = (fresh.checksum if fresh is not None else None) or written.checksum
         if found == size and (sent_sum is None or stored_sum in (None, sent_sum)):
-            return
+            return written.tag if ours else None  # never another writer's version's tag
         if ours and written.tag is not None:  # never another writer's version
             with contextlib.suppress(Exception):
                 self._b.delete_version(self._parts, written.tag)
