@@ -58,6 +58,11 @@ def main() -> None:
         "--repeat", type=int, default=None, help="alternating pairs (suite default; else 5)"
     )
     p.add_argument("--dir", default=None, help="folder on the disk to measure (local suite)")
+    p.add_argument(
+        "--local-only",
+        action="store_true",
+        help="scale suite: measure the local store only (no moto); no results file is written",
+    )
     args = p.parse_args()
     given = args.repeat
     for name, fn in SUITES.items():

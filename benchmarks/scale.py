@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -180,6 +181,9 @@ def main(args: argparse.Namespace) -> None:
         local = open_store(Path(tmp) / "store")
         _fill(local, n_local)
         results = {"local": _measure("local", local, n_local)}
+        if getattr(args, "local_only", False):
+            print(f"  local only: results not written; load average {os.getloadavg()}")
+            return
         moto = MotoServer(Path(tmp) / "moto")
         try:
             n_s3 = n_local

@@ -7,9 +7,11 @@ backdoor (the mirror's folder), not through the API under test.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +35,29 @@ def _primary(tmp_path: Path) -> dict[str, bytes]:
 
 
 def _count_record_reads(mirror: CommitStore) -> list[str]:
+    """Record reads of ``mirror``: single reads (``open_read``) and a scan's (``small_reads``)."""
     reads: list[str] = []
     backend: Any = mirror.backend
     original = backend.open_read
+    original_reads = backend.small_reads
 
     def counted(parts: tuple[str, ...]) -> Any:
         if parts[:2] == (".commitstore", "records"):
             reads.append("/".join(parts))
         return original(parts)
 
+    @contextlib.contextmanager
+    def counted_reads(folder: tuple[str, ...], **kwargs: Any) -> Iterator[Any]:
+        with original_reads(folder, **kwargs) as read:
+
+            def one(rel: tuple[str, ...]) -> Any:
+                reads.append("/".join((*folder, *rel)))
+                return read(rel)
+
+            yield one
+
     backend.open_read = counted
+    backend.small_reads = counted_reads
     return reads
 
 

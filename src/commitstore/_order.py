@@ -10,6 +10,7 @@ such as ``last.ckpt`` sits where its last commit puts it. Pure functions of reco
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -29,12 +30,15 @@ def sort_key(record: Record) -> OrderKey:
     return (record.step is not None, record.step or 0, record.created.timestamp(), record.name)
 
 
+_whole_key = operator.itemgetter(0)
+
+
 def arrange(items: Iterable[T], key: Callable[[T], OrderKey]) -> list[T]:
     """``items`` oldest to newest (module docstring). Deterministic for a given set: stepped
     items by ``(step, created, name)``, unstepped by ``(created, name)``, merged by ``created``
     (on a tie, the stepped one first)."""
     keyed = [(key(item), item) for item in items]
-    stepped = sorted((p for p in keyed if p[0][0]), key=lambda p: p[0][1:])
+    stepped = sorted((p for p in keyed if p[0][0]), key=_whole_key)  # all True: by the rest
     plain = sorted((p for p in keyed if not p[0][0]), key=lambda p: (p[0][2], p[0][3]))
     out: list[T] = []
     i = j = 0

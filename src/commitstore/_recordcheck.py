@@ -99,6 +99,8 @@ def check_metadata(value: object) -> dict[str, Any]:
     Raises:
         RecordFormatError: with the first problem found.
     """
+    if type(value) is dict and not value:
+        return {}  # the usual case, without the walk
     if not isinstance(value, Mapping):
         raise RecordFormatError(f"metadata must be a mapping, not {type(value).__name__}")
     root: dict[str, Any] = {}

@@ -24,7 +24,6 @@ from commitstore.layout import (
     name_from_record_parts,
     record_parts,
     unaside_part,
-    validate_name,
 )
 from commitstore.records import (
     MAX_RECORD_BYTES,
@@ -113,10 +112,12 @@ def scan_records(
 ) -> tuple[list[Record], list[VerifyResult]]:
     """Every valid record in the store, and a ``bad_record`` result for every unreadable one.
 
-    One listing of the records folder; on storage whose listing carries version tags, records whose
-    tag matches the record cache (``_recordcache``) are not fetched again. A record deleted between
-    the listing and its read (a concurrent prune) is left out, not reported as bad. ``listing``:
-    a fresh walk of the records folder the caller already made (relative to that folder).
+    One listing of the records folder, and the records read through one ``Backend.small_reads``
+    (locally: one descriptor of the records folder for the whole scan, one open per record); on
+    storage whose listing carries version tags, records whose tag matches the record cache
+    (``_recordcache``) are not fetched again. A record deleted between the listing and its read
+    (a concurrent prune) is left out, not reported as bad. ``listing``: a fresh walk of the
+    records folder the caller already made (relative to that folder).
     """
     if listing is None:
         listing = backend.walk((META_DIR, RECORDS_DIR))
@@ -125,22 +126,27 @@ def scan_records(
         (rel, info)
         for rel, info in listing
         if not is_staging_part(rel[-1])
-        and is_record_leaf(_logical(rel)[-1])
-        and (_logical(rel) == rel or _logical(rel) not in present)  # an aside of a missing one
+        and is_record_leaf((logical := _logical(rel))[-1])
+        and (logical == rel or logical not in present)  # an aside of a missing one
     ]
     tagged = bool(leaves) and all(info.tag for _rel, info in leaves)
     caching = tagged and len(leaves) > _recordcache.DIRECT_MAX
-    keys = {"/".join(rel) for rel, _info in leaves}
-    cached = _recordcache.load(backend, {_recordcache.shard_of(k) for k in keys}) if caching else {}
+    cached = (
+        _recordcache.load(backend, {_recordcache.shard_of("/".join(rel)) for rel, _i in leaves})
+        if caching
+        else {}
+    )
     fresh: _recordcache.Entries = {}
 
     def fetch(rel: Parts, info: FileInfo) -> bytes:
+        if not caching:
+            return read(rel)[0]
         key = "/".join(rel)
         listed = _recordcache.norm(info.tag)
         hit = cached.get(key)
         if hit is not None and hit[0] == listed:
             return hit[1]
-        raw, got = backend.read_small_tagged((META_DIR, RECORDS_DIR, *rel))
+        raw, got = read(rel)
         # only the version the listing shows is cached (a record replaced since, or a service
         # whose GET tags differ from its listing's, would miss again at every scan)
         if caching and listed and _recordcache.norm(got) == listed and _recordcache.cacheable(raw):
@@ -149,39 +155,48 @@ def scan_records(
 
     def load(leaf: tuple[Parts, FileInfo]) -> Record | VerifyResult | None:
         rel, info = leaf
-        where = "/".join((META_DIR, RECORDS_DIR, *rel))
-        shown = name_from_record_parts(_logical(rel)) or where
         if not info.regular:
-            return VerifyResult(shown, "bad_record", f"{where}: {NOT_REGULAR}")
+            return _bad(rel, f"{_where(rel)}: {NOT_REGULAR}")
         if info.size > MAX_RECORD_BYTES:
-            return VerifyResult(
-                shown, "bad_record", f"{where} is {info.size} bytes, more than {MAX_RECORD_BYTES}"
-            )
+            return _bad(rel, f"{_where(rel)} is {info.size} bytes, more than {MAX_RECORD_BYTES}")
         try:
             record = decode_record(fetch(rel, info))
-            parts = validate_name(record.name)
+            parts = tuple(record.name.split("/"))  # a valid name: decode_record checked it
             if record_parts(parts) != (META_DIR, RECORDS_DIR, *_logical(rel)):
-                raise RecordFormatError(f"record names {record.name!r} but is stored at {where}")
+                raise RecordFormatError(
+                    f"record names {record.name!r} but is stored at {_where(rel)}"
+                )
         except (RecordFormatError, InvalidNameError) as exc:
-            return VerifyResult(shown, "bad_record", str(exc))
+            return _bad(rel, str(exc))
         except NotFoundError:
             return None
         except IntegrityError as exc:  # replaced by a symlink or FIFO since the listing
-            return VerifyResult(shown, "bad_record", f"{NOT_REGULAR}: {exc}")
+            return _bad(rel, f"{NOT_REGULAR}: {exc}")
         except (CommitStoreError, OSError) as exc:
-            return VerifyResult(shown, "bad_record", f"unreadable: {exc}")
+            return _bad(rel, f"unreadable: {exc}")
         return record
 
-    if backend.read_concurrency > 1 and len(leaves) > 1:
-        with concurrent.futures.ThreadPoolExecutor(backend.read_concurrency) as pool:
-            loaded = list(pool.map(load, leaves))
-    else:
-        loaded = [load(leaf) for leaf in leaves]
+    with backend.small_reads((META_DIR, RECORDS_DIR), max_bytes=MAX_RECORD_BYTES) as read:
+        if backend.read_concurrency > 1 and len(leaves) > 1:
+            with concurrent.futures.ThreadPoolExecutor(backend.read_concurrency) as pool:
+                loaded = list(pool.map(load, leaves))
+        else:
+            loaded = [load(leaf) for leaf in leaves]
     if caching:
         _refresh_cache(backend, leaves, cached, fresh)
     good = [r for r in loaded if isinstance(r, Record)]
     bad = [r for r in loaded if isinstance(r, VerifyResult)]
     return good, bad
+
+
+def _where(rel: Parts) -> str:
+    return "/".join((META_DIR, RECORDS_DIR, *rel))
+
+
+def _bad(rel: Parts, detail: str) -> VerifyResult:
+    """The ``bad_record`` result of the records-folder entry ``rel``: under the artifact's name
+    where the entry spells it out, else under the entry's path."""
+    return VerifyResult(name_from_record_parts(_logical(rel)) or _where(rel), "bad_record", detail)
 
 
 def _refresh_cache(

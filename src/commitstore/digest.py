@@ -5,12 +5,14 @@ Folder artifacts get one digest over a canonical manifest of their files (see ``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
 import xxhash
 
 ALGORITHM = "xxh3_128"
+_HEX32 = re.compile("[0-9a-f]{32}")
 READ_CHUNK = 8 * 1024 * 1024
 FIRST_READ = 64 * 1024
 """The first read of :func:`hash_stream`; later ones double up to its ``chunk``."""
@@ -139,5 +141,4 @@ def is_valid_digest(value: object) -> bool:
     """True for ``"xxh3_128:"`` followed by 32 lowercase hex digits."""
     if not isinstance(value, str) or not value.startswith(ALGORITHM + ":"):
         return False
-    hexpart = value[len(ALGORITHM) + 1 :]
-    return len(hexpart) == 32 and all(c in "0123456789abcdef" for c in hexpart)
+    return _HEX32.fullmatch(value, len(ALGORITHM) + 1) is not None

@@ -43,6 +43,9 @@ follow a letter or digit (``mystep3`` has no step), the number is all the digits
 
 Parts = tuple[str, ...]
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+"""NUL and the other control characters (below 0x20, and DEL)."""
+
 
 def validate_name(name: object, *, inside_folder: bool = False) -> Parts:
     """Check ``name`` against the naming rules and return its parts.
@@ -62,7 +65,7 @@ def validate_name(name: object, *, inside_folder: bool = False) -> Parts:
         raise InvalidNameError(f"artifact name must be relative: {name!r}")
     if "\\" in name:
         raise InvalidNameError(f"artifact name must not contain a backslash: {name!r}")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if _CONTROL.search(name):
         raise InvalidNameError(
             f"artifact name must not contain NUL or control characters: {name!r}"
         )
@@ -72,13 +75,16 @@ def validate_name(name: object, *, inside_folder: bool = False) -> Parts:
             raise InvalidNameError(f"artifact name has an empty part: {name!r}")
         if part in (".", ".."):
             raise InvalidNameError(f"artifact name must not contain '.' or '..' parts: {name!r}")
-        try:
-            encoded = part.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidNameError(f"artifact name is not valid UTF-8: {name!r}") from exc
-        if len(encoded) > MAX_PART_BYTES:
+        if part.isascii():  # one byte a character, nothing to encode
+            size = len(part)
+        else:
+            try:
+                size = len(part.encode("utf-8"))
+            except UnicodeEncodeError as exc:
+                raise InvalidNameError(f"artifact name is not valid UTF-8: {name!r}") from exc
+        if size > MAX_PART_BYTES:
             raise InvalidNameError(
-                f"artifact name part is {len(encoded)} bytes, more than {MAX_PART_BYTES}: {name!r}"
+                f"artifact name part is {size} bytes, more than {MAX_PART_BYTES}: {name!r}"
             )
         if part.startswith(RESERVED_PREFIX) and not inside_folder:
             raise InvalidNameError(

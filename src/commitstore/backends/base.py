@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -245,6 +245,18 @@ class Backend(abc.ABC):
         """Like :meth:`read_small`, plus the tag (see :attr:`FileInfo.tag`) of the version read,
         taken from the same response; None where the storage has no tags."""
         return self.read_small(parts), None
+
+    def small_reads(
+        self, folder: Parts, *, max_bytes: int | None = None
+    ) -> contextlib.AbstractContextManager[Callable[[Parts], tuple[bytes, str | None]]]:
+        """A reader of many small files below ``folder`` (a scan's records), valid inside the
+        ``with`` block: ``read(rel)`` is :meth:`read_small_tagged` of ``(*folder, *rel)``, with
+        its errors. Backends that can hold the folder open for the block override it (the local
+        family: one directory descriptor per scan instead of a walk from the root per file);
+        those may stop reading a file after ``max_bytes + 1`` bytes (the caller refuses it as too
+        large). Thread-safe where :attr:`read_concurrency` > 1. Default: a loop of
+        :meth:`read_small_tagged`."""
+        return contextlib.nullcontext(lambda rel: self.read_small_tagged((*folder, *rel)))
 
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:

@@ -15,7 +15,7 @@ from commitstore._order import arrange, sort_key
 from commitstore._scan import read_record, scan_records
 from commitstore.backends import FileInfo
 from commitstore.errors import NotFoundError
-from commitstore.layout import META_DIR, RECORDS_DIR, record_parts
+from commitstore.layout import META_DIR, RECORDS_DIR, Parts, record_parts
 from commitstore.maintenance.retention import (
     Candidate,
     Retention,
@@ -73,15 +73,16 @@ def candidates(store: Committer, pending: set[str]) -> list[Listed]:
     listing of the whole store (records included; on object stores, records come from the record
     cache where their tags match, so no request per artifact)."""
     walked = store.backend.walk(())
-    listing = {"/".join(rel): info for rel, info in walked}
+    listing = dict(walked)
     records_dir = (META_DIR, RECORDS_DIR)
     records, _bad = scan_records(
         store.backend, [(rel[2:], info) for rel, info in walked if rel[:2] == records_dir]
     )
     out = []
     for rec in records:
-        infos = [listing.get(p) for p in _data_paths(rec)]
-        rec_info = listing.get(_record_path(rec))
+        parts = tuple(rec.name.split("/"))
+        infos = [listing.get(p) for p in _data_paths(rec, parts)]
+        rec_info = listing.get(record_parts(parts))
         if rec.kind == "file":
             whole = infos[0] is not None and infos[0].size == rec.size
         else:
@@ -109,14 +110,10 @@ def _newest(infos: list[FileInfo | None], rec_info: FileInfo | None) -> float | 
     return max(t for t in times if t is not None)
 
 
-def _data_paths(rec: Record) -> list[str]:
+def _data_paths(rec: Record, parts: Parts) -> list[Parts]:
     if rec.kind == "file":
-        return [rec.name]
-    return [f"{rec.name}/{f.path}" for f in rec.files]
-
-
-def _record_path(rec: Record) -> str:
-    return "/".join(record_parts(tuple(rec.name.split("/"))))
+        return [parts]
+    return [(*parts, *f.path.split("/")) for f in rec.files]
 
 
 def verify_newest(store: Committer, listed: list[Listed]) -> list[Listed]:
@@ -170,12 +167,20 @@ def still_planned(store: Committer, planned: Record, *, min_age: float) -> str |
     return None
 
 
-def _would_delete(per_target: list[list[Listed]], policy: Retention, now: float) -> bool:
-    keep = keep_set([item.candidate for listed in per_target for item in listed], policy)
-    return any(
-        plan_target([i.candidate for i in listed], keep, min_age=policy.min_age, now=now).delete
-        for listed in per_target
+def _changed(verified: list[Listed], listed: list[Listed]) -> bool:
+    """Whether :func:`verify_newest` marked anything of ``listed`` (it keeps the rest as is)."""
+    return len(verified) != len(listed) or any(
+        a is not b for a, b in zip(verified, listed, strict=True)
     )
+
+
+def _plans(per_target: list[list[Listed]], policy: Retention, now: float) -> list[TargetPlan]:
+    """The size-level plan of every target (one keep-set over all of them)."""
+    keep = keep_set([item.candidate for listed in per_target for item in listed], policy)
+    return [
+        plan_target([i.candidate for i in listed], keep, min_age=policy.min_age, now=now)
+        for listed in per_target
+    ]
 
 
 def prune(
@@ -193,17 +198,17 @@ def prune(
     (never deleted)."""
     now = time.time() if now is None else now
     per_target = [candidates(t, pending.get(t.url, set())) for t in targets]
-    if _would_delete(per_target, policy, now):
+    plans = _plans(per_target, policy, now)
+    if any(plan.delete for plan in plans):
         # Hashing can only protect more than the size-level plan (a name that fails is either
         # whole elsewhere or newer than the newest that verifies), so it is needed only when
-        # something would be deleted.
-        per_target = [verify_newest(t, ls) for t, ls in zip(targets, per_target, strict=True)]
-    keep = keep_set([item.candidate for listed in per_target for item in listed], policy)
+        # something would be deleted; the plan changes only if some candidate fails.
+        verified = [verify_newest(t, ls) for t, ls in zip(targets, per_target, strict=True)]
+        if any(_changed(v, ls) for v, ls in zip(verified, per_target, strict=True)):
+            per_target, plans = verified, _plans(verified, policy, now)
     out = []
-    for store, listed in zip(targets, per_target, strict=True):
-        cands = [item.candidate for item in listed]
+    for store, listed, plan in zip(targets, per_target, plans, strict=True):
         records = {item.record.name: item.record for item in listed}
-        plan: TargetPlan = plan_target(cands, keep, min_age=policy.min_age, now=now)
         deleted, skipped = [], dict(plan.skipped)
         for name in plan.delete:
             if dry_run:

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import errno
 import os
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import Backend, Capabilities, take_options
@@ -20,7 +20,6 @@ from commitstore.backends.rename.mounts import Mount, mount_of
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.errors import ConfigurationError
-from commitstore.layout import Parts
 
 BRIDGE_POLICY = CommitPolicy(
     rename_attempts=6,
@@ -69,13 +68,11 @@ class BridgeBackend(LocalBackend):
     def __repr__(self) -> str:
         return f"BridgeBackend({self.root!r})"
 
-    def open_read(self, parts: Parts) -> BinaryIO:
-        """Open for reading with the client's cached pages of the file dropped first, so checks
-        see what the far side holds."""
-        f = super().open_read(parts)
+    def drop_cached(self, fd: int) -> None:
+        """Every file opened to read (``open_read``, a scan's records) has the client's cached
+        pages of it dropped first, so checks see what the far side holds."""
         with contextlib.suppress(OSError):
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        return f
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def describe_more(self) -> dict[str, Any]:
         m, p = self.mount, self.policy

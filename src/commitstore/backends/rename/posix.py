@@ -19,7 +19,7 @@ import fcntl
 import io
 import os
 import stat as statmod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,8 +27,8 @@ from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMod
 from commitstore.backends.localtree import close_quietly, fsync_dir
 from commitstore.backends.rename import _syscalls
 from commitstore.backends.rename._direct import ALIGN, DirectWriter, set_direct
+from commitstore.backends.rename._dirreads import DIR_FLAGS, FolderReader, open_regular
 from commitstore.backends.rename._localfs import (
-    kind_of,
     not_regular,
     os_error,
     publish_at,
@@ -45,8 +45,6 @@ from commitstore.digest import READ_CHUNK
 from commitstore.errors import InvalidNameError, NotFoundError
 from commitstore.layout import META_DIR, Parts
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 WRITEBACK_EVERY = 16 * 1024 * 1024
@@ -108,7 +106,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         try:
             for part in parts:
                 try:
-                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    nfd = os.open(part, DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise
@@ -117,7 +115,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                         fsync_dir(fd, CommitInfo(0), self.policy.dir_fsync_tolerated)
                     except FileExistsError:
                         pass
-                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    nfd = os.open(part, DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise InvalidNameError(
@@ -234,8 +232,9 @@ class LocalBackend(RenameBackend[int, Staging]):
     @translated("opening")
     def open_read(self, parts: Parts) -> BinaryIO:
         """Open a regular file for reading. Opened ``O_NONBLOCK|O_NOFOLLOW`` and checked with
-        ``fstat`` before anything is read, so a FIFO never blocks and a symlink is never
-        followed: both (and sockets, devices, symlinked folders on the way) raise IntegrityError."""
+        ``fstat`` before anything is read (``_dirreads.open_regular``), so a FIFO never blocks
+        and a symlink is never followed: both (and sockets, devices, symlinked folders on the
+        way) raise IntegrityError."""
         try:
             dirfd = self.open_dir(parts[:-1], create=False)
         except (FileNotFoundError, NotADirectoryError) as exc:
@@ -243,29 +242,34 @@ class LocalBackend(RenameBackend[int, Staging]):
         except InvalidNameError as exc:
             raise not_regular(self.path_of(parts), "a folder on its path is a symlink") from exc
         try:
-            fd = os.open(parts[-1], _READ_FLAGS, dir_fd=dirfd)
-        except FileNotFoundError as exc:
-            raise NotFoundError(f"{self.path_of(parts)} does not exist") from exc
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise not_regular(self.path_of(parts), "a symlink; not followed") from exc
-            if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
-                raise not_regular(self.path_of(parts), "a socket or device") from exc
-            raise
+            fd, _st = open_regular(dirfd, parts[-1], lambda: self.path_of(parts))
         finally:
             close_quietly(dirfd)
         try:
-            mode = os.fstat(fd).st_mode
-            if statmod.S_ISDIR(mode):
-                raise NotFoundError(f"{self.path_of(parts)} is a folder, not a file")
-            if not statmod.S_ISREG(mode):
-                raise not_regular(self.path_of(parts), kind_of(mode))
-            os.set_blocking(fd, True)
+            self.drop_cached(fd)
         except BaseException:
             close_quietly(fd)
             raise
         raw: Any = ReadFile(fd, self.path_of(parts))
         return io.BufferedReader(raw, READ_CHUNK)
+
+    def drop_cached(self, fd: int) -> None:
+        """Called on every file opened to read, before it is read: local disks keep their
+        cached pages (bridges drop them, so checks see what the far side holds)."""
+
+    @contextlib.contextmanager
+    def small_reads(
+        self, folder: Parts, *, max_bytes: int | None = None
+    ) -> Iterator[Callable[[Parts], tuple[bytes, str | None]]]:
+        """Reads below ``folder`` through one directory descriptor held until the block ends
+        (``_dirreads.FolderReader``): one ``openat`` per file instead of a walk from the root;
+        the same checks as :meth:`open_read` (never a symlink followed, a FIFO opened, a socket
+        or device read), and at most ``max_bytes + 1`` bytes read of each file."""
+        reader = FolderReader(self, folder, max_bytes)
+        try:
+            yield reader.read
+        finally:
+            reader.close()
 
     @translated("checking")
     def stat(self, parts: Parts) -> FileInfo | None:
