@@ -8,6 +8,7 @@ import io
 from typing import Any
 
 from commitstore.backends.base import Rereadable
+from commitstore.digest import Hasher
 from commitstore.errors import CommitStoreError, IntegrityError
 
 
@@ -58,15 +59,23 @@ class SourceWindow(io.RawIOBase):
     read by position each time the request reads (in the HTTP client's small reads), so nothing
     of it is held beyond the read in progress. Seekable: the SDK re-sends it on a retry.
 
+    The bytes served are hashed on the way (xxh3_128, restarted when the body is read again from
+    0): :meth:`intact` says whether the last complete reading was ``expected`` (the digest of the
+    bytes the sink was given), which holds even against a server that checks no body checksum.
     A read that comes short of the window (the source shrank) raises instead of ending the body
     early (the request would wait for bytes that never come). The error a read raised is kept
     in :attr:`failure`: the HTTP client reports it as a failed connection, the sink reports it
     as what it was."""
 
-    def __init__(self, source: Rereadable, start: int, length: int, shown: str) -> None:
+    def __init__(
+        self, source: Rereadable, start: int, length: int, *, expected: str, shown: str
+    ) -> None:
         super().__init__()
-        self._source, self._start, self._length, self._shown = source, start, length, shown
+        self._source, self._start, self._length = source, start, length
+        self._expected, self._shown = expected, shown
         self._pos = 0
+        self._hash = Hasher()
+        self._next: int | None = 0  # where the next in-order read starts; None: out of order
         self.failure: CommitStoreError | None = None
 
     def readable(self) -> bool:
@@ -88,6 +97,10 @@ class SourceWindow(io.RawIOBase):
         n = left if size is None or size < 0 else min(size, left)
         if not n:
             return b""
+        if self._pos == 0:  # read (again) from the start
+            self._hash, self._next = Hasher(), 0
+        elif self._pos != self._next:
+            self._next = None  # not one reading in order: not attested
         try:
             data = self._source.pread(self._start + self._pos, n)
             if len(data) != n:
@@ -99,12 +112,19 @@ class SourceWindow(io.RawIOBase):
             self.failure = exc
             raise
         self._pos += n
+        if self._next is not None:
+            self._hash.update(data)
+            self._next = self._pos
         return data
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
+
+    def intact(self) -> bool:
+        """The window was read whole, in order, and its bytes were the ones expected."""
+        return self._next == self._length and self._hash.digest() == self._expected
 
 
 Body = io.BytesIO | SourceWindow

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileSink, PutMode, Rereadable
 from commitstore.backends.object.bodies import SourceWindow
+from commitstore.digest import Hasher
 from commitstore.errors import CommitError
 from commitstore.layout import Parts
 
@@ -178,8 +179,9 @@ class ObjectFileSink(FileSink):
         # Offered a source (reread_from): the bytes stay there, only their MD5s are computed.
         self._source: Rereadable | None = None
         self._in_parts = False  # with a source: the expected size goes in parts
-        self._start = 0  # with a source: where the part being hashed starts, and its length
+        self._start = 0  # with a source: where the part being hashed starts, its length
         self._filled = 0
+        self._part_xxh = Hasher()  # and its digest, to check what its window served
         self._receipts: list[Any] = []
         self._sent = 0  # parts sent so far
         self._acked = 0  # bytes the store confirmed
@@ -275,8 +277,10 @@ class ObjectFileSink(FileSink):
             if self._part_md5 is None:
                 self._part_len = up.part_size
                 self._part_md5 = hashlib.md5(usedforsecurity=False)
+                self._part_xxh = Hasher()
             take = data[: self._part_len - self._filled]
             self._part_md5.update(take)
+            self._part_xxh.update(take)
             self._filled += take.nbytes
             data = data[take.nbytes :]
 
@@ -291,7 +295,13 @@ class ObjectFileSink(FileSink):
         window = None
         if self._source is not None:
             length = self._filled
-            window = SourceWindow(self._source, self._start, length, self._b.shown(self._parts))
+            window = SourceWindow(
+                self._source,
+                self._start,
+                length,
+                expected=self._part_xxh.digest(),
+                shown=self._b.shown(self._parts),
+            )
             self._start, self._filled = self._start + length, 0
             fut = up.send_window(self._sent, window, length, final=final)
         else:
@@ -307,6 +317,11 @@ class ObjectFileSink(FileSink):
     def _reap(self) -> None:
         length, fut, window = self._inflight.popleft()
         self._receipts.append(_result(fut, window))
+        if window is not None and not window.intact():
+            raise CommitError(
+                f"{self._b.shown(self._parts)}: part {len(self._receipts)} was not sent as it was "
+                "hashed (the source changed in between); nothing was published"
+            )
         self._acked += length
 
     def _filling(self) -> bool:
@@ -324,9 +339,17 @@ class ObjectFileSink(FileSink):
             up = self._session()
             if self._source is not None and not self._in_parts:
                 assert self._whole_md5 is not None
-                window = SourceWindow(self._source, 0, size, shown)
+                window = SourceWindow(self._source, 0, size, expected=digest, shown=shown)
                 up.given_md5(0, self._whole_md5.digest())
                 written = _result(lambda: up.put_window(window, size), window)
+                if not window.intact():  # a server that checks no Content-MD5 stored it
+                    if written.tag is not None:
+                        with contextlib.suppress(Exception):
+                            self._b.delete_version(self._parts, written.tag)
+                    raise CommitError(
+                        f"{shown}: not sent as it was hashed (the source changed in between); "
+                        "the object was taken back"
+                    )
                 self._acked = size
             elif self._whole is not None:
                 body, self._whole = self._whole, None
