@@ -115,7 +115,7 @@ def test_a_primary_file_changed_after_it_was_hashed_is_never_published(
     store, door = _stores(tmp_path, server)
     backend: Any = store.mirrors[0].backend
     open_sink = backend.open_sink
-    changed = []
+    changed: list[bool] = []
 
     def changing_sink(parts: tuple[str, ...], **kwargs: Any) -> Any:
         sink = open_sink(parts, **kwargs)
