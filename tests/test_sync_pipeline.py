@@ -128,64 +128,89 @@ def test_sync_publishes_at_most_transfers_at_once_and_stages_meanwhile(tmp_path:
         assert xxh(door.read(name) or b"") == xxh(body)
 
 
-@pytest.mark.parametrize("budget", ["one artifact", "default"])
-def test_sync_holds_copies_to_an_object_store_within_its_memory_budget(
-    tmp_path: Path, moto: MotoServer, budget: str
-) -> None:
-    """Each copy to an object store reserves the bytes its sink holds in memory: with room for
-    one artifact, no two copies to the mirror are staged at once; with the default budget they
-    are (so the count below does see overlap when it happens)."""
-    size = 256 * 1024
-    store = open_store(tmp_path / "primary")
-    data = {name: bytes([i]) * size for i, name in enumerate(NAMES[:6])}
-    for name, body in data.items():
-        store.put_bytes(name, body)
-    mirror = open_store(moto.url(f"budget-{budget[0]}"), **moto.options(), single_put_max=size)
-    backend: Any = mirror.backend
+def _count_held(mirrors: list[CommitStore], *, roomy: bool) -> list[int]:
+    """[bytes held now, most ever]: what the artifact sinks of all ``mirrors`` were given and
+    had not published or dropped yet (an object store's sink holds exactly that in memory).
+    Each sink, given its first bytes, waits for another to hold bytes too (``roomy``: until it
+    does; else briefly, the time another copy would need to start if the budget let it)."""
     lock = threading.Lock()
-    active, most = [0], [0]
-    overlap = threading.Event()
-    open_sink = backend.open_sink
+    held = [0, 0]
+    overlap = threading.Event()  # two sinks held bytes at once
 
-    def counted_sink(parts: tuple[str, ...], **kwargs: Any) -> Any:
-        sink = open_sink(parts, **kwargs)
-        if parts[0] == ".commitstore":
-            return sink
-        with lock:
-            active[0] += 1
-            most[0] = max(most[0], active[0])
-            if active[0] > 1:
-                overlap.set()
-        # Give a second copy the time to start staging, if the budget lets it.
-        overlap.wait(10 if budget == "default" else 0.3)
-        publish, abort = sink.publish, sink.abort
+    def wrap(backend: Any) -> None:
+        open_sink = backend.open_sink
 
-        def done() -> None:
-            with lock:
-                active[0] -= 1
+        def counted_sink(parts: tuple[str, ...], **kwargs: Any) -> Any:
+            sink = open_sink(parts, **kwargs)
+            if parts[0] == ".commitstore":
+                return sink
+            write, publish, abort = sink.write, sink.publish, sink.abort
+            mine = [0]
 
-        def publish_counted(**kw: Any) -> Any:
-            try:
-                return publish(**kw)
-            finally:
+            def counted_write(data: memoryview) -> None:
+                with lock:
+                    if held[0] and not mine[0]:
+                        overlap.set()
+                    mine[0] += data.nbytes
+                    held[0] += data.nbytes
+                    held[1] = max(held[1], held[0])
+                write(data)
+                if mine[0] == data.nbytes:  # its first bytes: give another copy time to start
+                    overlap.wait(10 if roomy else 0.3)
+
+            def done() -> None:
+                with lock:
+                    held[0] -= mine[0]
+                    mine[0] = 0
+
+            def publish_counted(**kw: Any) -> Any:
+                try:
+                    return publish(**kw)
+                finally:
+                    done()
+
+            def abort_counted() -> None:
+                abort()
                 done()
 
-        def abort_counted() -> None:
-            abort()
-            done()
+            sink.write, sink.publish, sink.abort = counted_write, publish_counted, abort_counted
+            return sink
 
-        sink.publish, sink.abort = publish_counted, abort_counted
-        return sink
+        backend.open_sink = counted_sink
 
-    backend.open_sink = counted_sink
-    staging = size if budget == "one artifact" else STAGING_MEMORY
-    report = sync_mirrors(store.committer, [mirror.committer], repair=True, staging_memory=staging)
-    assert sorted(report.mirrors[0].copied) == sorted(data)
-    if budget == "one artifact":
-        assert most[0] == 1
-    else:
-        assert most[0] >= 2
-    client = moto.client()
+    for mirror in mirrors:
+        wrap(mirror.backend)
+    return held
+
+
+@pytest.mark.parametrize("budget", ["one artifact", "default"])
+def test_sync_holds_copies_to_object_stores_within_one_memory_budget(
+    moto: MotoServer, budget: str
+) -> None:
+    """Copies to object stores whose sinks hold the bytes (the primary here cannot give them
+    again: ``memory://``) reserve them against one budget for every mirror of the sync: with
+    room for one artifact, never two are held at once, whatever the number of mirrors; with the
+    default budget they are (so the count does see overlap when it happens)."""
+    size = 256 * 1024
+    store = open_store(f"memory://sync-budget-{budget[0]}-{time.monotonic_ns()}")
+    data = {name: bytes([i]) * size for i, name in enumerate(NAMES[:4])}
     for name, body in data.items():
-        got = client.get_object(Bucket=BUCKET, Key=f"budget-{budget[0]}/{name}")["Body"].read()
-        assert xxh(got) == xxh(body)
+        store.put_bytes(name, body)
+    prefixes = [f"budget-{budget[0]}-{m}-{time.monotonic_ns()}" for m in ("a", "b")]
+    mirrors = [open_store(moto.url(p), **moto.options(), single_put_max=size) for p in prefixes]
+    held = _count_held(mirrors, roomy=budget == "default")
+    staging = size if budget == "one artifact" else STAGING_MEMORY
+    report = sync_mirrors(
+        store.committer, [m.committer for m in mirrors], repair=True, staging_memory=staging
+    )
+    for m in report.mirrors:
+        assert sorted(m.copied) == sorted(data)
+    if budget == "one artifact":
+        assert held[1] == size  # one at a time, across both mirrors
+    else:
+        assert held[1] >= 2 * size
+    client = moto.client()
+    for prefix in prefixes:
+        for name, body in data.items():
+            got = client.get_object(Bucket=BUCKET, Key=f"{prefix}/{name}")["Body"].read()
+            assert xxh(got) == xxh(body)

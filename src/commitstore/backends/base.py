@@ -14,7 +14,7 @@ import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from commitstore.errors import ConfigurationError
 from commitstore.layout import Parts
@@ -94,11 +94,35 @@ class PendingUpload:
     """Seconds since the epoch; None if the store did not say."""
 
 
+@runtime_checkable
+class Rereadable(Protocol):
+    """A source that can give its bytes again, by position, at no transfer cost (a local file
+    read from the page cache): :meth:`FileSink.reread_from`."""
+
+    def pread(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``offset`` (fewer only at the end), without moving any read
+        position; safe to call from several threads at once. Raises StorageError."""
+        ...
+
+
 class FileSink(abc.ABC):
     """Staged bytes of one file, invisible under the final name until :meth:`publish`."""
 
     bytes_written: int
     """Bytes the storage accepted so far."""
+
+    def reread_from(self, source: Rereadable, size: int) -> bool:
+        """Offer the sink ``source``, which holds the very bytes about to be written (from
+        offset 0, ``size`` of them expected), before the first :meth:`write`.
+
+        True: the sink keeps no copy of the bytes; it sends them from ``source`` again, and the
+        caller keeps ``source`` open until :meth:`publish` or :meth:`abort` returns. The sink
+        still sees every byte through :meth:`write` and only takes this offer where the bytes
+        sent are bound to the bytes written (the server checks each body against a checksum
+        computed from the written bytes): a source that changed in between fails the commit,
+        never stores different bytes. False (the default): nothing changes."""
+        del source, size
+        return False
 
     @abc.abstractmethod
     def write(self, data: memoryview) -> None:
@@ -186,6 +210,11 @@ class Backend(abc.ABC):
 
     read_concurrency: int = 1
     """How many small reads (records) may run at once; object stores raise it."""
+
+    rereads_locally: bool = False
+    """True when :meth:`open_read` returns readers whose raw file is :class:`Rereadable` and a
+    second read of the same bytes costs no transfer (a local disk's page cache): a copy to a
+    sink that takes :meth:`FileSink.reread_from` then holds none of the bytes in memory."""
 
     staging_names: bool = True
     """Whether writes leave entries under reserved staging names (``.commitstore.tmp.*``) while

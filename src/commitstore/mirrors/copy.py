@@ -3,6 +3,11 @@
 The copy is streamed (constant memory), hashed on the way and compared with the source's record
 before anything is published on the target: a source copy that does not match its record is never
 copied. The target gets a byte-for-byte copy of the source's record.
+
+A file read from a local disk is offered to the target's sink to be read again
+(``FileSink.reread_from``): a sink that would hold the file in memory until its upload (an object
+store's, up to its ``whole_max``) sends its bodies from the source file instead, the server checking
+each against the MD5 of the bytes hashed here, so a copy holds one read buffer whatever the target.
 """
 
 from __future__ import annotations
@@ -11,10 +16,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import BinaryIO, cast
 
 from commitstore._check import compare, record_of
 from commitstore._commit import Committer
+from commitstore._scan import StoredRecord
 from commitstore.backends import PutMode
+from commitstore.backends.base import Rereadable
+from commitstore.backends.object.base import ObjectBackend
 from commitstore.digest import copy_hashed
 from commitstore.errors import CommitStoreError, IntegrityError
 from commitstore.layout import validate_name
@@ -51,6 +60,28 @@ def _check_source(
         )
 
 
+def _rereadable(src: Committer, reader: object) -> Rereadable | None:
+    """The raw file under ``reader`` if the source can read it again at no transfer cost."""
+    if not src.backend.rereads_locally:
+        return None
+    raw = getattr(reader, "raw", reader)
+    return raw if isinstance(raw, Rereadable) else None
+
+
+def held_in_memory(src: Committer, dst: Committer, rec: Record) -> int:
+    """Bytes a copy of ``rec`` from ``src`` to ``dst`` holds in memory at most, beyond its read
+    buffer: an object store's sink holds a file artifact up to its ``whole_max`` until it sends
+    it whole, unless it sends it from the source file (a local source, a store that takes
+    ``reread_from``). Sinks that stage on disk (local folders, SMB, bridges) and folder
+    artifacts (staged in a local folder) hold nothing."""
+    backend = dst.backend
+    if rec.kind != "file" or not isinstance(backend, ObjectBackend):
+        return 0
+    if src.backend.rereads_locally and backend.reread_bodies:
+        return 0
+    return min(rec.size, backend.whole_max)
+
+
 def copy_artifact(
     src: Committer,
     dst: Committer,
@@ -75,12 +106,35 @@ def copy_artifact(
     stored = record_of(src.backend, src.url, name)
     rec = stored.record
     dst.check_free(parts, rec.size)
+    with contextlib.ExitStack() as keep:  # a source the sink reads again stays open to the end
+        return _copy(src, dst, name, stored, keep=keep, slots=publish_slots, guard=guard)
+    raise AssertionError("unreachable")  # pragma: no cover (mypy: ExitStack may swallow)
+
+
+def _copy(
+    src: Committer,
+    dst: Committer,
+    name: str,
+    stored: StoredRecord,
+    *,
+    keep: contextlib.ExitStack,
+    slots: threading.Semaphore | None,
+    guard: Callable[[], None] | None,
+) -> Record:
+    parts, rec = validate_name(name), stored.record
     publish_data: Callable[[], Record]
     if rec.kind == "file":
         sink = dst.open_file(parts, PutMode.REPLACE)
         try:
-            with src.backend.open_read(parts) as f:
-                size, digest = copy_hashed(f, sink.write, chunk_size=COPY_CHUNK)
+            with contextlib.ExitStack() as reading:
+                f = reading.enter_context(src.backend.open_read(parts))
+                source = _rereadable(src, f)
+                if source is not None and sink.reread_from(source, rec.size):
+                    keep.push(reading.pop_all())  # the sink reads it again until it is done
+                # A local file is read straight into the copy's buffer (not through the
+                # reader's own, which is then never filled).
+                reader = cast(BinaryIO, source) if source is not None else f
+                size, digest = copy_hashed(reader, sink.write, chunk_size=COPY_CHUNK)
             _check_source(src, rec, "", (size, digest), (rec.size, rec.digest))
         except BaseException:
             sink.abort()
@@ -128,7 +182,7 @@ def copy_artifact(
         return publish_data()
 
     try:
-        with publish_slots if publish_slots is not None else contextlib.nullcontext():
+        with slots if slots is not None else contextlib.nullcontext():
             return dst.commit(parts, PutMode.REPLACE, publish, intent=rec, body=stored.raw)
     except BaseException:
         if not started:  # the publish lock (or the wait for a slot) failed: nothing published

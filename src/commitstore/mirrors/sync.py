@@ -13,7 +13,6 @@ from commitstore._check import check, verify
 from commitstore._commit import Committer
 from commitstore._order import arrange_records
 from commitstore._scan import StoredRecord, list_records, read_record
-from commitstore.backends.object.base import ObjectBackend
 from commitstore.errors import AlreadyExistsError, IntegrityError, NotFoundError
 from commitstore.layout import (
     META_DIR,
@@ -23,7 +22,7 @@ from commitstore.layout import (
     record_parts,
     validate_name,
 )
-from commitstore.mirrors.copy import SourceMismatch, copy_with_retries
+from commitstore.mirrors.copy import SourceMismatch, copy_with_retries, held_in_memory
 from commitstore.records import Record, RecordFormatError
 
 log = logging.getLogger("commitstore")
@@ -90,12 +89,14 @@ TRANSFERS = 2
 One more is read and staged meanwhile, so the mirror never waits for the primary to be read."""
 
 STAGING_MEMORY = 128 * 1024 * 1024
-"""Bytes that copies to one mirror may hold in memory at once. An object store's sink holds a
-file artifact up to the store's ``whole_max`` (64 MiB on S3) until it sends it whole, so each
-copy to it reserves that much (its size, if smaller) before it reads a byte, and waits while the
-reservations of the copies already running leave no room. A copy never reserves more than the
-budget, so one always runs. Mirrors that stage on disk (local folders, SMB, bridges) and folder
-artifacts (staged in a local folder) reserve nothing."""
+"""Bytes that the copies of one ``sync`` may hold in memory at once, all mirrors together. An
+object store's sink holds a file artifact up to the store's ``whole_max`` (64 MiB on S3) until it
+sends it whole, so each such copy reserves that much (its size, if smaller) before it reads a
+byte, and waits while the reservations of the copies already running leave no room. A copy never
+reserves more than the budget, so one always runs. Copies that hold nothing reserve nothing
+(``copy.held_in_memory``): to mirrors that stage on disk (local folders, SMB, bridges), of folder
+artifacts (staged in a local folder), and from a local primary to a store whose sink sends the
+bodies from the primary's file (S3)."""
 
 
 class _Budget:
@@ -120,13 +121,6 @@ class _Budget:
                 self._cond.notify_all()
 
 
-def _held_in_memory(store: Committer, rec: Record) -> int:
-    """Bytes a copy of ``rec`` to ``store`` holds in memory at most (see STAGING_MEMORY)."""
-    if rec.kind != "file" or not isinstance(store.backend, ObjectBackend):
-        return 0
-    return min(rec.size, store.backend.whole_max)
-
-
 def sync_mirrors(
     primary: Committer,
     mirrors: list[Committer],
@@ -137,21 +131,19 @@ def sync_mirrors(
 ) -> SyncReport:
     """Copy what each mirror lacks (or, with ``repair``, holds broken), ``transfers`` artifacts at
     a time per mirror, the next one staged meanwhile, holding at most ``staging_memory`` bytes
-    of staged copies in memory per mirror (see :data:`STAGING_MEMORY`). The mirror's records are
-    listed once (an artifact it lacks costs no lookup). The primary is read once per copy: the
-    copy itself checks the bytes against the primary's record (``copy_artifact``) and publishes
-    nothing on a mismatch. Artifacts a mirror already holds are checked on both sides, so
-    primary corruption is reported even when nothing needs copying."""
+    of staged copies in memory across all mirrors (see :data:`STAGING_MEMORY`). The mirror's
+    records are listed once (an artifact it lacks costs no lookup). The primary is read once per
+    copy: the copy itself checks the bytes against the primary's record (``copy_artifact``) and
+    publishes nothing on a mismatch. Artifacts a mirror already holds are checked on both sides,
+    so primary corruption is reported even when nothing needs copying."""
     records = list_records(primary.backend)
     names = {r.name for r in records}
     checks = _PrimaryChecks(primary)
+    memory = _Budget(max(1, staging_memory))  # shared: the bound is the process's
 
     def one(mirror: Committer) -> MirrorSync:
         ctx = _MirrorCtx(
-            mirror,
-            _record_paths(mirror),
-            threading.Semaphore(max(1, transfers)),
-            _Budget(max(1, staging_memory)),
+            mirror, _record_paths(mirror), threading.Semaphore(max(1, transfers)), memory
         )
         with concurrent.futures.ThreadPoolExecutor(max(1, transfers) + 1) as pool:
             outcomes = list(pool.map(lambda r: _sync_one(primary, ctx, r, checks, repair), records))
@@ -188,7 +180,7 @@ class _MirrorCtx:
     """Where the mirror had record files when sync started."""
     publish_slots: threading.Semaphore
     memory: _Budget
-    """Reservations of the copies' in-memory staging."""
+    """Reservations of the copies' in-memory staging (one budget for every mirror)."""
 
 
 def _record_paths(store: Committer) -> set[Parts]:
@@ -226,7 +218,7 @@ def _sync_one(
             return "failed", "mirror copy fails verification (repair=False)"
         return "skipped", ""
     try:
-        with ctx.memory.hold(_held_in_memory(mirror, rec)):
+        with ctx.memory.hold(held_in_memory(primary, mirror, rec)):
             copy_with_retries(primary, mirror, rec.name, publish_slots=ctx.publish_slots)
     except SourceMismatch as exc:
         checks.note(rec.name, False, f"{exc.status}: {exc}")

@@ -23,6 +23,10 @@ class ObjectBackend(Backend):
     staging_names = False
     md5_bodies = False
     """The upload sink computes each body's MD5 while filling it (stores that send one)."""
+    reread_bodies = False
+    """The upload sink may send bodies read again from a source it is offered instead of
+    buffers it owns (``ObjectFileSink.reread_from``): only where the server checks each body
+    against the MD5 computed from the bytes written (``md5_bodies``)."""
 
     def __init__(self, bucket: str, prefix: str, *, conditional_writes: bool | None, reason: str):
         self.bucket = bucket

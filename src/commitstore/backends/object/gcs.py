@@ -28,7 +28,8 @@ from commitstore.backends.base import take_options
 from commitstore.backends.object._gcserrors import translate
 from commitstore.backends.object._transport import TranslatedReader
 from commitstore.backends.object.base import ObjectBackend
-from commitstore.backends.object.upload import ObjectStat, Upload, ViewReader, Written, done
+from commitstore.backends.object.bodies import ViewReader
+from commitstore.backends.object.upload import ObjectStat, Upload, Written, done
 from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,

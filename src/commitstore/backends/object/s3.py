@@ -27,6 +27,7 @@ from commitstore.backends.base import PendingUpload, take_options
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
 from commitstore.backends.object._timestamps import fast_session
 from commitstore.backends.object.base import ObjectBackend
+from commitstore.backends.object.bodies import Body
 from commitstore.backends.object.s3list import list_prefix
 from commitstore.backends.object.s3read import S3RangedReader
 from commitstore.backends.object.s3upload import S3Upload, body_md5, content_md5
@@ -46,6 +47,10 @@ class S3Backend(ObjectBackend):
     md5_bodies = True
     """Each body's Content-MD5 is computed by the sink while the body fills (the writer's
     thread), so a body is sent the moment it is complete."""
+    reread_bodies = True
+    """The server refuses a body that does not match its Content-MD5, so a copy from a local
+    file sends its bodies straight from that file (read again, by position), holding none of
+    its bytes: the bytes sent are the bytes hashed, or nothing is stored."""
 
     def __init__(
         self,
@@ -106,7 +111,7 @@ class S3Backend(ObjectBackend):
         what: str,
         parts: Parts,
         method: str,
-        body: io.BytesIO,
+        body: Body,
         *,
         md5: bytes | None = None,
         **kwargs: Any,
@@ -116,6 +121,7 @@ class S3Backend(ObjectBackend):
         parts are hashed side by side and the loop stays free."""
         try:
             if md5 is None:
+                assert isinstance(body, io.BytesIO), "a window's MD5 is always given"
                 md5 = await asyncio.get_running_loop().run_in_executor(None, body_md5, body)
             return await self.fs._call_s3(
                 method, Bucket=self.bucket, Body=body, **content_md5(md5), **kwargs

@@ -11,6 +11,7 @@ import io
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
+from commitstore.backends.object.bodies import Body, SourceWindow
 from commitstore.backends.object.upload import Upload, Written
 from commitstore.errors import CommitError, CommitStoreError, NotFoundError
 from commitstore.layout import Parts
@@ -36,7 +37,7 @@ class S3Calls(Protocol):
         what: str,
         parts: Parts,
         method: str,
-        body: io.BytesIO,
+        body: Body,
         *,
         md5: bytes | None = None,
         **kwargs: Any,
@@ -73,6 +74,14 @@ class S3Upload(Upload):
     def send_part(
         self, number: int, body: io.BytesIO, length: int, *, final: bool
     ) -> concurrent.futures.Future[Any]:
+        return self._send(number, body)
+
+    def send_window(
+        self, number: int, body: SourceWindow, length: int, *, final: bool
+    ) -> concurrent.futures.Future[Any]:
+        return self._send(number, body)
+
+    def _send(self, number: int, body: Body) -> concurrent.futures.Future[Any]:
         b = self._b
         given = self._given.pop(number, None)
         if self._upload_id is None:
@@ -88,6 +97,7 @@ class S3Upload(Upload):
             try:
                 md5 = given
                 if md5 is None:  # not computed while filling: hash it now, off the loop
+                    assert isinstance(body, io.BytesIO), "a window's MD5 is always given"
                     md5 = await asyncio.get_running_loop().run_in_executor(None, body_md5, body)
                 self._md5s[number] = md5
                 done = await b.send_body(
@@ -128,7 +138,13 @@ class S3Upload(Upload):
         return Written(done.get("ETag"))
 
     def put_whole(self, body: io.BytesIO, length: int) -> Written:
-        md5 = self._given.pop(0, None) or body_md5(body)
+        given = self._given.pop(0, None)
+        return self._put(body, given if given is not None else body_md5(body))
+
+    def put_window(self, body: SourceWindow, length: int) -> Written:
+        return self._put(body, self._given.pop(0))
+
+    def _put(self, body: Body, md5: bytes) -> Written:
         coro = self._b.send_body(
             "uploading", self._parts, "put_object", body, md5=md5, Key=self._key, **self._cond
         )

@@ -11,170 +11,44 @@ only if it is still the version this writer made. Create-only uses the store's c
 exactly when ``capabilities.exclusive_create``; otherwise the core checks
 absence under ``publish_lock()`` and the sink checks nothing itself. Every failure aborts the
 session.
+
+A sink offered a source that can give the bytes again (``reread_from``: a copy from a local file)
+holds none of them, on a store whose server checks each body's MD5 (S3): every body is a window
+over the source, its MD5 computed from the bytes written; what the window served is hashed again
+and compared with what was written, so even a server that checks nothing cannot store a source
+that changed in between (a part: nothing is completed; a whole-object put: it is taken back).
 """
 
 from __future__ import annotations
 
-import abc
 import concurrent.futures
 import contextlib
 import hashlib
 import io
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
-from commitstore.backends.base import Capabilities, CommitInfo, FileSink, PutMode
+from commitstore.backends.base import CommitInfo, FileSink, PutMode, Rereadable
+from commitstore.backends.object.bodies import SourceWindow
+from commitstore.backends.object.session import ObjectStat, Store, Upload, Written, done
+from commitstore.digest import Hasher
 from commitstore.errors import CommitError
 from commitstore.layout import Parts
 
-
-@dataclass(frozen=True, slots=True)
-class ObjectStat:
-    """One object as the store reports it (a fresh stat or a listing entry)."""
-
-    key: str
-    size: int
-    mtime: float | None
-    tag: str | None
-    """ETag (S3, Azure) or generation (GCS): changes whenever the object is replaced."""
-    checksum: str | None = None
-    """The server's checksum of the content, in the encoding :meth:`Upload.checksum` uses."""
-
-
-@dataclass(frozen=True, slots=True)
-class Written:
-    """What the store answered to the completion (or whole-object put)."""
-
-    tag: str | None
-    checksum: str | None = None
-
-
-class Upload(abc.ABC):
-    """One object's upload session: created without I/O, started by its first part."""
-
-    part_size: int
-    """Bytes of the next part (read before each part is filled: it may grow)."""
-    max_inflight: int = 1
-    """Parts in flight at once; 1 sends them one after the other, in order."""
-    max_parts: int | None = None
-
-    @abc.abstractmethod
-    def send_part(
-        self, number: int, body: io.BytesIO, length: int, *, final: bool
-    ) -> concurrent.futures.Future[Any]:
-        """Send part ``number`` (from 1): ``body``, ``length`` bytes, positioned at 0 (the sink
-        never touches it again; the session keeps it as long as the request needs it). ``final``:
-        the last part. The future's result is the part's receipt for :meth:`complete`; its
-        exception, a translated error."""
-
-    @abc.abstractmethod
-    def complete(self, receipts: list[Any]) -> Written:
-        """The commit: make the parts (receipts in part order) the object, in one step."""
-
-    @abc.abstractmethod
-    def put_whole(self, body: io.BytesIO, length: int) -> Written:
-        """The commit of a small object: ``body`` (``length`` bytes, at 0) in one request."""
-
-    @abc.abstractmethod
-    def abort(self) -> None:
-        """Drop the session if it was started (may raise; the sink ignores errors)."""
-
-    def given_md5(self, number: int, md5: bytes) -> None:
-        """The MD5 of the body of part ``number`` (0: the whole object), computed by the sink
-        while it filled the body, given just before :meth:`send_part` (:meth:`put_whole`) when
-        the store asks for them (``Store.md5_bodies``). Default: ignored."""
-        del number, md5
-
-    def checksum(self) -> str | None:
-        """The checksum of every byte sent, to compare with :attr:`ObjectStat.checksum`."""
-        return None
-
-    def attested(self, written: Written) -> bool:
-        """True when the store's answer to the completion (or whole-object put) itself shows the
-        object is exactly the bytes sent, so no fresh stat is needed (S3: an ETag derived from
-        the bodies' server-checked MD5s). False (the default) means: stat to find out."""
-        return False
-
-
-def done(result: Any) -> concurrent.futures.Future[Any]:
-    """A future already holding ``result`` (for a part sent synchronously)."""
-    fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-    fut.set_result(result)
-    return fut
-
-
-class Store(Protocol):
-    """What the sink needs of its backend (an :class:`ObjectBackend`)."""
-
-    @property
-    def capabilities(self) -> Capabilities: ...
-
-    @property
-    def whole_max(self) -> int: ...
-
-    @property
-    def md5_bodies(self) -> bool:
-        """True when each body's MD5 is needed (S3's Content-MD5): the sink computes it while
-        the body fills, so the send starts the moment the body is complete."""
-        ...
-
-    def shown(self, parts: Parts) -> str: ...
-
-    def head(self, parts: Parts) -> ObjectStat | None: ...
-
-    def new_upload(self, parts: Parts, *, create_only: bool) -> Upload: ...
-
-    def delete_version(self, parts: Parts, tag: str) -> None: ...
-
-
-class ViewReader(io.RawIOBase):
-    """A seekable, read-only file over a buffer the caller keeps unchanged until the request
-    returns, used as a request body.
-
-    aiohttp joins a ``bytes`` body with the request headers (one copy) and asyncio's transport
-    keeps what the socket did not take yet (a second copy), so a 64 MiB chunk sent as ``bytes``
-    costs three times its size. A file body is streamed in 64 KiB reads instead, and being
-    seekable it can be sent again (gcsfs retries; aiohttp re-sends on a redirect status, and GCS
-    answers every non-final chunk with 308).
-    """
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self._view = view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._view.nbytes}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = self._view.nbytes if size is None or size < 0 else self._pos + size
-        data = bytes(self._view[self._pos : end])
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+__all__ = ["ObjectFileSink", "ObjectStat", "Store", "Upload", "Written", "done"]
+"""The session's names are re-exported: the stores import them from here."""
 
 
 class ObjectFileSink(FileSink):
     """One object: held whole up to ``whole_max``, else sent in parts; the completion publishes.
 
     Buffers are ``BytesIO`` objects that own their bytes: S3 hands them to botocore as bodies
-    (aiohttp sends them without another copy), GCS sends them through :class:`ViewReader`.
+    (aiohttp sends them without another copy), GCS sends them through ``ViewReader``. Offered a
+    source that can give the bytes again (:meth:`reread_from`), a sink on a store that checks
+    each body's MD5 holds no bytes at all: each body is a :class:`SourceWindow` over the source,
+    its MD5 computed from the bytes as they are written, and the object goes whole or in parts as
+    the expected size says.
     """
 
     def __init__(self, backend: Store, parts: Parts, *, mode: PutMode) -> None:
@@ -191,7 +65,14 @@ class ObjectFileSink(FileSink):
         self._up: Upload | None = None
         self._create_only = False
         self._finished = False  # completed: nothing left to abort
-        self._inflight: deque[tuple[int, concurrent.futures.Future[Any]]] = deque()
+        self._inflight: deque[tuple[int, concurrent.futures.Future[Any], SourceWindow | None]]
+        self._inflight = deque()
+        # Offered a source (reread_from): the bytes stay there, only their MD5s are computed.
+        self._source: Rereadable | None = None
+        self._in_parts = False  # with a source: the expected size goes in parts
+        self._start = 0  # with a source: where the part being hashed starts, its length
+        self._filled = 0
+        self._part_xxh = Hasher()  # and its digest, to check what its window served
         self._receipts: list[Any] = []
         self._sent = 0  # parts sent so far
         self._acked = 0  # bytes the store confirmed
@@ -207,10 +88,22 @@ class ObjectFileSink(FileSink):
             self._up = self._b.new_upload(self._parts, create_only=self._create_only)
         return self._up
 
+    def reread_from(self, source: Rereadable, size: int) -> bool:
+        if self.bytes_written or self._closed or not (self._b.reread_bodies and self._md5_on):
+            return False
+        self._source, self._whole = source, None
+        self._in_parts = size > self._b.whole_max
+        if self._in_parts:
+            self._whole_md5 = None
+        return True
+
     def write(self, data: memoryview) -> None:
         assert not self._closed, "write after publish/abort"
         self.bytes_written += data.nbytes
         try:
+            if self._source is not None:
+                self._hash_window(data)
+                return
             if self._whole is None:
                 self._fill(data)
                 return
@@ -261,27 +154,72 @@ class ObjectFileSink(FileSink):
                 self._part_md5.update(data[:room])
             data = data[room:]
 
+    def _hash_window(self, data: memoryview) -> None:
+        """With a source: the MD5 of each body, from the bytes written; a part is sent (from
+        the source) once full and at least one more byte follows it."""
+        if not self._in_parts:
+            assert self._whole_md5 is not None
+            self._whole_md5.update(data)
+            return
+        up = self._session()
+        while data.nbytes:
+            if self._part_md5 is not None and self._filled >= self._part_len:
+                self._send(final=False)
+            if self._part_md5 is None:
+                self._part_len = up.part_size
+                self._part_md5 = hashlib.md5(usedforsecurity=False)
+                self._part_xxh = Hasher()
+            take = data[: self._part_len - self._filled]
+            self._part_md5.update(take)
+            self._part_xxh.update(take)
+            self._filled += take.nbytes
+            data = data[take.nbytes :]
+
     def _send(self, *, final: bool) -> None:
         up = self._session()
-        part, self._part = self._part, None
-        assert part is not None
         self._sent += 1
         if up.max_parts is not None and self._sent > up.max_parts:
             raise CommitError(f"{self._b.shown(self._parts)}: more than {up.max_parts} parts")
-        length = part.tell()
-        part.seek(0)
         if self._part_md5 is not None:
             up.given_md5(self._sent, self._part_md5.digest())
             self._part_md5 = None
-        fut = up.send_part(self._sent, part, length, final=final)
-        self._inflight.append((length, fut))
+        window = None
+        if self._source is not None:
+            length = self._filled
+            window = SourceWindow(
+                self._source,
+                self._start,
+                length,
+                expected=self._part_xxh.digest(),
+                shown=self._b.shown(self._parts),
+            )
+            self._start, self._filled = self._start + length, 0
+            fut = up.send_window(self._sent, window, length, final=final)
+        else:
+            part, self._part = self._part, None
+            assert part is not None
+            length = part.tell()
+            part.seek(0)
+            fut = up.send_part(self._sent, part, length, final=final)
+        self._inflight.append((length, fut, window))
         while len(self._inflight) >= up.max_inflight:
             self._reap()
 
     def _reap(self) -> None:
-        length, fut = self._inflight.popleft()
-        self._receipts.append(fut.result())
+        length, fut, window = self._inflight.popleft()
+        self._receipts.append(_result(fut, window))
+        if window is not None and not window.intact():
+            raise CommitError(
+                f"{self._b.shown(self._parts)}: part {len(self._receipts)} was not sent as it was "
+                "hashed (the source changed in between); nothing was published"
+            )
         self._acked += length
+
+    def _filling(self) -> bool:
+        """A part holds bytes not sent yet."""
+        if self._source is not None:
+            return self._filled > 0
+        return self._part is not None and self._part.tell() > 0
 
     def publish(self, *, size: int, digest: str) -> CommitInfo:
         assert not self._closed, "publish after publish/abort"
@@ -290,7 +228,21 @@ class ObjectFileSink(FileSink):
             if size != self.bytes_written:
                 raise CommitError(f"{shown}: {self.bytes_written} bytes written, {size} expected")
             up = self._session()
-            if self._whole is not None:
+            if self._source is not None and not self._in_parts:
+                assert self._whole_md5 is not None
+                window = SourceWindow(self._source, 0, size, expected=digest, shown=shown)
+                up.given_md5(0, self._whole_md5.digest())
+                written = _result(lambda: up.put_window(window, size), window)
+                if not window.intact():  # a server that checks no Content-MD5 stored it
+                    if written.tag is not None:
+                        with contextlib.suppress(Exception):
+                            self._b.delete_version(self._parts, written.tag)
+                    raise CommitError(
+                        f"{shown}: not sent as it was hashed (the source changed in between); "
+                        "the object was taken back"
+                    )
+                self._acked = size
+            elif self._whole is not None:
                 body, self._whole = self._whole, None
                 length = body.tell()
                 body.seek(0)
@@ -299,7 +251,7 @@ class ObjectFileSink(FileSink):
                 written = up.put_whole(body, length)
                 self._acked = length
             else:
-                if self._part is not None and self._part.tell():
+                if self._filling():
                     self._send(final=True)
                 while self._inflight:
                     self._reap()
@@ -308,6 +260,7 @@ class ObjectFileSink(FileSink):
                 written = up.complete(self._receipts)
             self._finished = True
             self._closed = True
+            self._source = None
             tag = self._check(up, written, size, shown)
             best_effort = self._mode is PutMode.CREATE and not self._create_only
             return CommitInfo(
@@ -351,7 +304,7 @@ class ObjectFileSink(FileSink):
 
     def abort(self) -> None:
         self._closed = True
-        self._whole = self._part = None
+        self._whole = self._part = self._source = None
         self._whole_md5 = self._part_md5 = None
         while self._inflight:
             with contextlib.suppress(Exception):
@@ -361,3 +314,17 @@ class ObjectFileSink(FileSink):
             # A dead endpoint leaves the session; gc, a lifecycle rule or expiry ends it.
             with contextlib.suppress(Exception):
                 up.abort()
+
+
+def _result(
+    call: concurrent.futures.Future[Any] | Callable[[], Any], window: SourceWindow | None
+) -> Any:
+    """The result of a request (a future, or a call made now); when it failed because reading
+    its ``window`` body failed, that error (the HTTP client reports it as a lost connection)."""
+    try:
+        return call.result() if isinstance(call, concurrent.futures.Future) else call()
+    except Exception:
+        failure = getattr(window, "failure", None)
+        if failure is not None:
+            raise failure  # noqa: B904 (the transport error stays its context)
+        raise

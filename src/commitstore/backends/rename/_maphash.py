@@ -49,6 +49,7 @@ from typing import Any
 
 from commitstore.backends.rename._localfs import storage_error
 from commitstore.digest import Hasher
+from commitstore.errors import StorageError
 
 SLICE = 8 * 1024 * 1024
 """The unit of the residency check, the lease poll and the fallback read."""
@@ -200,6 +201,23 @@ class ReadFile(io.FileIO):
             return hash_mapped(self.fileno())
         except OSError as exc:
             raise storage_error(exc, "reading", self._shown) from exc
+
+    def pread(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``offset``, leaving the read position alone (``pread(2)``: safe
+        from several threads at once); fewer only at the end of the file."""
+        if self.closed:
+            shown = self._shown
+            raise StorageError(errno.EBADF, f"reading {shown} failed: closed", path=shown)
+        try:
+            data = os.pread(self.fileno(), n, offset)
+            while 0 < len(data) < n:  # a short read before the end: read on
+                more = os.pread(self.fileno(), n - len(data), offset + len(data))
+                if not more:
+                    break
+                data += more
+        except OSError as exc:
+            raise storage_error(exc, "reading", self._shown) from exc
+        return data
 
     def readinto(self, buffer: Any) -> int | None:
         try:

@@ -46,6 +46,9 @@ class BridgeBackend(LocalBackend):
     direct_io = False
     """Bridges write through the page cache: what ``O_DIRECT`` means on a FUSE or network
     filesystem varies (some ignore it, some bypass their own consistency with it)."""
+    rereads_locally = False
+    """Reads go to the far side of the mount (its cached pages are dropped first): a second
+    read is a second transfer."""
 
     def __init__(
         self,

@@ -82,6 +82,8 @@ class LocalBackend(RenameBackend[int, Staging]):
     )
     direct_io = True
     """Large staging files are written with ``O_DIRECT`` (``_direct``); bridges turn it off."""
+    rereads_locally = True
+    """Readers are local files (:class:`ReadFile`, with ``pread``) read from the page cache."""
 
     def __init__(self, root: str | os.PathLike[str], *, reason: str = "local path") -> None:
         self.root = os.path.abspath(os.fspath(root))
