@@ -166,7 +166,9 @@ def commit() -> str:
         ).stdout.strip()
 
     head = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    # the run's own result files (earlier suites of the same run) do not make the tree dirty
+    changed = git("status", "--porcelain", "-uno", "--", ".", ":!benchmarks/results")
+    return head + ("+dirty" if changed else "")
 
 
 LOAD_AT_START: list[float] = []
