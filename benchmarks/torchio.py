@@ -6,8 +6,9 @@
   fetched) vs ``torch.load(path, mmap=True)`` of a plain file, both touching every tensor
   (target <= 1.05x); the load alone is reported too.
 - S3 (moto, through the counting proxy): bytes the server sends for a cold
-  ``load(name=None, mmap=True)`` vs one ``GetObject`` of the same object (target <= 1.0x: one
-  download; records and the listing come on top), and vs ``torch.load`` over an s3fs file.
+  ``load(name=None, mmap=True)`` vs one ``GetObject`` of the same object (target <= 1.05x, the
+  S3 resume suite's: the artifact is read once, and the records and the listing come on top),
+  and vs ``torch.load`` over an s3fs file.
 
 Results are printed and written to ``benchmarks/results/torch.json`` (timings) and
 ``benchmarks/results/torch-s3.json`` (bytes), rendered into ``docs/benchmarks.md``.
@@ -226,7 +227,7 @@ def s3(size: int, tmp: Path) -> dict[str, dict[str, Any]]:
 TARGETS = {
     "save_vs_torch_save_fsync": 1.05,
     "resume_mmap_warm_vs_torch_load_mmap": 1.05,
-    "s3_resume_bytes_vs_one_download": 1.0,
+    "s3_resume_bytes_vs_one_download": 1.05,
 }
 
 

@@ -97,6 +97,20 @@ def test_an_aborted_direct_stage_leaves_nothing(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "s").iterdir() if not p.name.startswith(".")] == []
 
 
+def test_a_fetched_copy_is_written_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's own file goes direct; the fetch cache's copy of it, read (mapped) next, never."""
+    spy = Spy(monkeypatch)
+    data = os.urandom(posix.DIRECT_AFTER + 3 * _direct.BUFFER + 17)
+    store = open_store(tmp_path / "s")
+    store.put_bytes("one.bin", data)
+    assert len(spy.made) == 1
+    path = store.fetch("one.bin", tmp_path / "cache")
+    assert Path(path).read_bytes() == data
+    assert len(spy.made) == 1  # no direct writer for the copy
+
+
 def test_bridges_never_write_direct() -> None:
     from commitstore.backends.rename.bridge import BridgeBackend
 

@@ -8,6 +8,11 @@ file, and reads none of the artifact. What is checked on a hit: the name (derive
 record's digest), a regular file (not a symlink), the recorded size; the bytes are not hashed
 again (``rehash=True`` does). A cache folder is as trusted as the user who owns it. A fetch killed
 midway leaves only a staging file (``.commitstore.tmp.*``), never a file under a digest's name.
+
+The copy is written through the page cache, never with direct I/O: it is made to be read (and
+mapped, ``commitstore.torch.load(mmap=True)``) right away, and buffered writes leave it resident
+in large page-cache folios, where a direct write would leave nothing cached and a later read
+would fill the cache in small readahead pieces, each a page fault for a mapping.
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ def fetch(
     except OSError as exc:
         raise os_error(exc, "creating the cache folder", str(cache_dir)) from exc
     target = LocalBackend(cache_dir.resolve(), reason="fetch cache folder")
+    target.direct_io = False  # the copy is read next (module docstring)
     for attempt in range(ATTEMPTS):
         free = target.free_space(())
         if free is not None and free < rec.size:
