@@ -7,12 +7,12 @@ memory (``single_put_max`` + ``max_inflight`` x ``part_size``); part size double
 to stay under S3's 10,000. Every failure path aborts the upload; nothing is completed from
 ``__exit__`` after an exception (the upload is driven directly, never through an fsspec file's
 close). After completion the object must be shown to be what was sent: the completion's ETag
-equals the MD5-derived ETag of the bodies sent (each checked by the server against its
-``Content-MD5``), or else a fresh HEAD must show the expected size. ``IfNoneMatch="*"``
-(create-only) is used for ``PutMode.CREATE`` exactly where the endpoint honours it, which is probed
-once per store (or set with ``conditional_writes=``), never assumed. The shared sink
-(``upload.py``) drives the upload; this module holds S3's primitives, ``s3upload.py`` the
-upload session (:class:`S3Upload`).
+equals the MD5-derived ETag of the bodies sent (each checked by the server: against its
+``Content-MD5``, or by its answer's ETag, ``s3upload``), or else a fresh HEAD must show the
+expected size. ``IfNoneMatch="*"`` (create-only) is used for ``PutMode.CREATE`` exactly where
+the endpoint honours it, which is probed once per store (or set with ``conditional_writes=``),
+never assumed. The shared sink (``upload.py``) drives the upload; this module holds S3's
+primitives, ``s3upload.py`` the upload session (:class:`S3Upload`).
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ class S3Backend(ObjectBackend):
     """Each body's Content-MD5 is computed by the sink while the body fills (the writer's
     thread), so a body is sent the moment it is complete."""
     reread_bodies = True
-    """The server refuses a body that does not match its Content-MD5, so a copy from a local
-    file sends its bodies straight from that file (read again, by position), holding none of
-    its bytes: the bytes sent are the bytes hashed, or nothing is stored."""
+    """The server refuses a body that does not match its Content-MD5 (or answers a part with
+    an ETag that shows it, ``s3upload``), so a copy from a local file sends its bodies straight
+    from that file (read again, by position), holding none of its bytes: the bytes sent are the
+    bytes hashed, or nothing is stored."""
 
     def __init__(
         self,
@@ -88,11 +89,13 @@ class S3Backend(ObjectBackend):
         self.read_inflight = read_inflight
         """A sequential read keeps up to ``read_inflight`` ranged GETs of ``read_part_size`` in
         flight: at most ``(read_inflight + 1) x read_part_size`` bytes of memory per reader."""
+        self.part_etags_md5: bool | None = None
+        """Whether this server answers a part with its body's MD5 as ETag (``s3upload``)."""
         self.sign_payload = sign_payload
-        """Every body carries a Content-MD5 (hashed while the body fills, off the event loop) that
-        the server checks before storing anything. False: the body is otherwise UNSIGNED-PAYLOAD.
-        True: the SDK also signs its SHA-256 on the event loop, which authenticates it on plain
-        HTTP (the fs must be configured to match: ``payload_signing_enabled``)."""
+        """Every body is checked by the server (a Content-MD5, or a part's ETag: ``s3upload``).
+        False: the body is otherwise UNSIGNED-PAYLOAD. True: the SDK also signs its SHA-256 on
+        the event loop, which authenticates it on plain HTTP (the fs must be configured to
+        match: ``payload_signing_enabled``)."""
 
     def _probe_conditional(self) -> bool:
         try:
@@ -114,18 +117,19 @@ class S3Backend(ObjectBackend):
         body: Body,
         *,
         md5: bytes | None = None,
+        checked: bool = True,
         **kwargs: Any,
     ) -> Any:
         """An S3 call with ``body`` and its Content-MD5 (``md5``: the body's MD5, when the caller
         computed it already), on s3fs's event loop. The MD5 is computed on a worker thread, so
-        parts are hashed side by side and the loop stays free."""
+        parts are hashed side by side and the loop stays free. ``checked=False`` (parts only,
+        ``s3upload``): no Content-MD5, the caller checks the answer's ETag instead."""
         try:
-            if md5 is None:
+            if checked and md5 is None:
                 assert isinstance(body, io.BytesIO), "a window's MD5 is always given"
                 md5 = await asyncio.get_running_loop().run_in_executor(None, body_md5, body)
-            return await self.fs._call_s3(
-                method, Bucket=self.bucket, Body=body, **content_md5(md5), **kwargs
-            )
+            header = content_md5(md5) if checked and md5 is not None else {}
+            return await self.fs._call_s3(method, Bucket=self.bucket, Body=body, **header, **kwargs)
         except Exception as exc:
             raise translate(exc, what, self.shown(parts)) from exc
 

@@ -1,5 +1,18 @@
 """S3's upload session (:class:`S3Upload`): the ``Upload`` interface of ``upload.py`` over
-multipart uploads, whose completion is the commit, and the ``Content-MD5`` of each body."""
+multipart uploads, whose completion is the commit, and the ``Content-MD5`` of each body.
+
+Every part's answer is checked: its ETag must be the MD5 of the body sent, which S3 and every
+compatible server we know compute from the bytes they stored. Once a store has seen one part
+answered that way (:attr:`S3Calls.part_etags_md5`), later parts go without ``Content-MD5``: the
+ETag is then the server's own hash of what it received, compared with ours before the part is
+used, so the check stays on the server's side of the wire while the server hashes each body once
+rather than twice (``rclone serve s3`` hashes a body for its ``Content-MD5`` and again for its
+ETag). A part whose ETag is not its body's MD5 is sent again with ``Content-MD5``, which the
+server checks: garbled on the way, it is refused; answered with another ETag again, on a store
+whose parts were answered with MD5s, the commit fails (``CommitError``); on a store not yet
+known, the server's part ETags are taken to be something else (a KMS-encrypted bucket) and every
+later part carries ``Content-MD5``. A ``PutObject`` always carries it: it is the commit itself.
+Nothing is completed until every part's answer passed."""
 
 from __future__ import annotations
 
@@ -25,6 +38,9 @@ class S3Calls(Protocol):
     fs: Any
     part_size: int
     max_inflight: int
+    part_etags_md5: bool | None
+    """True once a part was answered with its body's MD5 as ETag, False once one was answered
+    otherwise although the server took its Content-MD5, None before either."""
 
     def key(self, parts: Parts) -> str: ...
 
@@ -40,6 +56,7 @@ class S3Calls(Protocol):
         body: Body,
         *,
         md5: bytes | None = None,
+        checked: bool = True,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, Any]: ...
 
@@ -60,7 +77,7 @@ class S3Upload(Upload):
 
     def __init__(self, backend: S3Calls, parts: Parts, *, create_only: bool) -> None:
         self._b, self._parts, self._key = backend, parts, backend.key(parts)
-        self._cond = {"IfNoneMatch": "*"} if create_only else {}
+        self._cond: dict[str, Any] = {"IfNoneMatch": "*"} if create_only else {}
         self.part_size = backend.part_size
         self.max_inflight = backend.max_inflight
         self._upload_id: str | None = None
@@ -100,21 +117,43 @@ class S3Upload(Upload):
                     assert isinstance(body, io.BytesIO), "a window's MD5 is always given"
                     md5 = await asyncio.get_running_loop().run_in_executor(None, body_md5, body)
                 self._md5s[number] = md5
-                done = await b.send_body(
-                    "uploading a part of",
-                    self._parts,
-                    "upload_part",
-                    body,
-                    md5=md5,
-                    Key=self._key,
-                    UploadId=upload_id,
-                    PartNumber=number,
-                )
+                known = b.part_etags_md5
+                tag = await self._part(body, md5, number, upload_id, checked=known is not True)
+                if tag != md5.hex() and known is not False:
+                    # stored bytes that are not the body's, or not an MD5 ETag: again, checked
+                    body.seek(0)
+                    tag = await self._part(body, md5, number, upload_id, checked=True)
+                    if tag != md5.hex():
+                        if b.part_etags_md5:
+                            raise CommitError(
+                                f"{b.shown(self._parts)}: part {number} was stored twice with an "
+                                f"ETag ({tag}) that is not the MD5 of the body sent"
+                            )
+                        b.part_etags_md5 = False
+                elif tag == md5.hex() and known is None:
+                    b.part_etags_md5 = True
             except NotFoundError as exc:
                 raise _gone(exc, b.shown(self._parts)) from exc
-            return {"PartNumber": number, "ETag": done["ETag"]}
+            return {"PartNumber": number, "ETag": f'"{tag}"'}
 
         return asyncio.run_coroutine_threadsafe(part(), b.fs.loop)
+
+    async def _part(
+        self, body: Body, md5: bytes, number: int, upload_id: str, *, checked: bool
+    ) -> str:
+        """Send part ``number``; its ETag as answered, unquoted (``checked``: with Content-MD5)."""
+        done = await self._b.send_body(
+            "uploading a part of",
+            self._parts,
+            "upload_part",
+            body,
+            md5=md5,
+            checked=checked,
+            Key=self._key,
+            UploadId=upload_id,
+            PartNumber=number,
+        )
+        return str(done.get("ETag") or "").strip().strip('"')
 
     def complete(self, receipts: list[Any]) -> Written:
         try:
