@@ -32,6 +32,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 from commitstore.backends.object._s3errors import translate
+from commitstore.backends.object.bodies import SeekableBody
 from commitstore.errors import BackendUnavailableError, CommitError, CommitStoreError, NotFoundError
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class _Replaced(Exception):
     """An answer from another version of the object than the one pinned at open."""
 
 
-class S3RangedReader(io.RawIOBase):
+class S3RangedReader(SeekableBody):
     """A readable, seekable file over one version of an S3 object (see the module docstring)."""
 
     def __init__(
@@ -80,19 +81,14 @@ class S3RangedReader(io.RawIOBase):
         """The most bytes held at once (ranges in flight and the one being consumed)."""
 
     # -- io.RawIOBase ------------------------------------------------------------------------
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
+    def _length(self) -> int:
+        return self.size
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """As a file's: a seek before the start is ``OSError(EINVAL)``, not a seek to 0."""
         self._checkClosed()
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}.get(whence)
-        if base is None or base + offset < 0:
+        base = self._origin(whence)
+        if base + offset < 0:
             raise OSError(errno.EINVAL, f"invalid seek ({offset}, {whence}) in {self._shown}")
         self._pos = base + offset
         return self._pos
