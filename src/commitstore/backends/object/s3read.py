@@ -8,10 +8,10 @@ loudly (:class:`NotFoundError`, "replaced while it was read") and never mixes tw
 While the consumer reads sequentially, up to ``depth`` ranges are in flight on s3fs's event loop.
 A fresh start or a seek starts a window of two ranges of ``block`` bytes (so a random-access
 reader such as ``torch.load`` costs one range per seek, as a read-ahead file did); every range
-consumed in order doubles the window's count (up to ``depth``) and its range length (up to the
-largest multiple of ``block`` of which three fit the budget): a long sequential read asks for
-fewer, larger ranges, which a server answering one request at a time (and reading the whole
-object per request, as moto does) needs. Results are consumed IN ORDER: the hash and the
+consumed in order doubles the window's count (up to ``depth``) and its range length (up to a
+third of the budget): a long sequential read asks for fewer, larger ranges, which a server
+answering one request at a time (and reading the whole object per request, as moto does)
+needs. Results are consumed IN ORDER: the hash and the
 destination see the bytes sequentially. Memory is bounded by a byte budget of
 ``(depth + 1) x block``: the ranges in flight and the one being consumed never hold more
 (a range is only requested if it fits, and a consumed range is released first). No range is ever
@@ -63,9 +63,9 @@ class S3RangedReader(SeekableBody):
         self._part, self._max_depth = block, max(1, depth)
         self._budget = (self._max_depth + 1) * block
         """Bytes held at most: the ranges in flight plus the one being consumed."""
-        self._cap = max(1, self._budget // 3 // block) * block
-        """The largest range, a multiple of ``block``: at least two fit in flight beside the one
-        being consumed (below ``depth`` 5, ranges stay ``block`` long)."""
+        self._cap = max(block, self._budget // 3)
+        """The largest range: two fit in flight beside the one being consumed (with ``depth``
+        below 3, ranges stay ``block`` long)."""
         self._block = block
         self._pos = 0
         self._buf, self._buf_start = b"", 0
