@@ -174,11 +174,43 @@ def test_one_copy_counted_at_the_proxy(
     store.get_file("n", tmp_path / "n")
     assert (tmp_path / "n").read_bytes() == data
     gets = [line for line in proxy.log if line.startswith("GET ") and "/n" in line]
-    # One GET of the record, then one ranged GET per range of the data: 6, each byte once.
+    # One GET of the record, then the ranges of the data, each byte once: three of BLOCK, then
+    # two of up to a third of the budget (4/3 x BLOCK with 3 in flight): 5.
     ranged = [line for line in gets if "/.commitstore" not in line]
-    assert len(ranged) == 6, proxy.log
+    assert len(ranged) == 5, proxy.log
     assert proxy.relayed >= size
     assert proxy.relayed - size < 64 * 1024, (proxy.relayed, size)  # heads and the record only
+
+
+def test_a_long_sequential_read_asks_for_fewer_larger_ranges_in_the_same_memory(
+    moto: MotoServer, proxy: RequestProxy, tmp_path: Path
+) -> None:
+    """With 6 ranges in flight, the budget is 7 x BLOCK: the window opens with ranges of BLOCK
+    (three: two, and one more once the first is in), then every range consumed in order doubles
+    the next ones' length up to a third of the budget (7/3 x BLOCK). A serial server (moto reads
+    the whole object per request) pays per request: 20 x BLOCK comes in 3 + 8 = 11 requests, not
+    20, each byte once, never more than the budget held."""
+    opts = {**moto.options(), "read_part_size": BLOCK, "read_inflight": 6}
+    opts["endpoint_url"] = proxy.endpoint
+    store = open_store(moto.url(f"r{time.monotonic_ns()}"), **opts)
+    size = 20 * BLOCK
+    data = _data(size)
+    store.put_bytes("long", data)
+    proxy.count()
+    store.get_file("long", tmp_path / "long")
+    assert (tmp_path / "long").read_bytes() == data
+    ranged = [line for line in proxy.log if line.startswith("GET ") and "/.commitstore" not in line]
+    assert len(ranged) == 11, proxy.log
+    assert proxy.relayed - size < 64 * 1024, (proxy.relayed, size)  # each byte once
+    with _reader(store, "long") as r:
+        assert r.read() == data
+        assert r.requested == size
+        assert 2 * BLOCK < r.peak_held <= 7 * BLOCK  # larger ranges, in the same memory
+        # A seek starts the window again: short ranges for a random-access reader.
+        r.seek(3 * BLOCK + 5)
+        before = r.requested
+        assert r.read(10) == data[3 * BLOCK + 5 :][:10]
+        assert r.requested - before == 3 * BLOCK  # two, and one more once the first is in
 
 
 @pytest.mark.parametrize("how", ["error", "drop"])

@@ -1,9 +1,11 @@
 """Request bodies of the upload sink that are not a buffer the sink owns: a read-only file over a
 buffer (:class:`ViewReader`), and a window over a source file read again by position
-(:class:`SourceWindow`), so a copy from a local file sends its bytes without holding them."""
+(:class:`SourceWindow`), so a copy from a local file sends its bytes without holding them. Both,
+and S3's ranged reader (``s3read.py``), are a :class:`SeekableBody`."""
 
 from __future__ import annotations
 
+import errno
 import io
 from typing import Any
 
@@ -12,7 +14,45 @@ from commitstore.digest import Hasher
 from commitstore.errors import CommitStoreError, IntegrityError
 
 
-class ViewReader(io.RawIOBase):
+class SeekableBody(io.RawIOBase):
+    """A read-only, seekable file of :meth:`_length` bytes whose position is ``_pos``: what the
+    bodies and readers of the object backends share. A subclass gives :meth:`read` (and the
+    length); :meth:`readinto` is a :meth:`read` copied into the buffer. A seek before the start
+    lands at 0, a seek past the end is allowed (the next read is empty), an unknown ``whence``
+    is ``OSError(EINVAL)``."""
+
+    _pos = 0
+
+    def _length(self) -> int:
+        raise NotImplementedError
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def _origin(self, whence: int) -> int:
+        """Where an offset from ``whence`` counts from."""
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length()}.get(whence)
+        if base is None:
+            raise OSError(errno.EINVAL, f"invalid whence {whence!r}")
+        return base
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._pos = max(0, self._origin(whence) + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class ViewReader(SeekableBody):
     """A seekable, read-only file over a buffer the caller keeps unchanged until the request
     returns, used as a request body.
 
@@ -28,19 +68,8 @@ class ViewReader(io.RawIOBase):
         self._view = view
         self._pos = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._view.nbytes}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+    def _length(self) -> int:
+        return self._view.nbytes
 
     def read(self, size: int | None = -1) -> bytes:
         end = self._view.nbytes if size is None or size < 0 else self._pos + size
@@ -48,13 +77,8 @@ class ViewReader(io.RawIOBase):
         self._pos += len(data)
         return data
 
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
 
-
-class SourceWindow(io.RawIOBase):
+class SourceWindow(SeekableBody):
     """Bytes ``[start, start + length)`` of ``source`` as a seekable, read-only request body,
     read by position each time the request reads (in the HTTP client's small reads), so nothing
     of it is held beyond the read in progress. Seekable: the SDK re-sends it on a retry.
@@ -71,29 +95,18 @@ class SourceWindow(io.RawIOBase):
         self, source: Rereadable, start: int, length: int, *, expected: str, shown: str
     ) -> None:
         super().__init__()
-        self._source, self._start, self._length = source, start, length
+        self._source, self._start, self._size = source, start, length
         self._expected, self._shown = expected, shown
         self._pos = 0
         self._hash = Hasher()
         self._next: int | None = 0  # where the next in-order read starts; None: out of order
         self.failure: CommitStoreError | None = None
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+    def _length(self) -> int:
+        return self._size
 
     def read(self, size: int | None = -1) -> bytes:
-        left = max(0, self._length - self._pos)
+        left = max(0, self._size - self._pos)
         n = left if size is None or size < 0 else min(size, left)
         if not n:
             return b""
@@ -117,14 +130,9 @@ class SourceWindow(io.RawIOBase):
             self._next = self._pos
         return data
 
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
     def intact(self) -> bool:
         """The window was read whole, in order, and its bytes were the ones expected."""
-        return self._next == self._length and self._hash.digest() == self._expected
+        return self._next == self._size and self._hash.digest() == self._expected
 
 
 Body = io.BytesIO | SourceWindow

@@ -1,15 +1,20 @@
 """Pipelined ranged reads of one S3 object version: what ``S3Backend.open_read`` returns.
 
-A HEAD at open pins the object's size and ETag. Reads are served from ranged GETs of ``block``
-bytes, each conditioned on that ETag (``If-Match``; a server that ignores the condition is caught
-by comparing each answer's own ETag and length), so an object replaced while it is read fails
+A HEAD at open pins the object's size and ETag. Reads are served from ranged GETs, each
+conditioned on that ETag (``If-Match``; a server that ignores the condition is caught by
+comparing each answer's own ETag and length), so an object replaced while it is read fails
 loudly (:class:`NotFoundError`, "replaced while it was read") and never mixes two versions.
 
-While the consumer reads sequentially, up to ``depth`` ranges are in flight on s3fs's event loop
-(the window starts at 2 and doubles with every range consumed in order, so a random-access
-reader such as ``torch.load`` costs one range per seek, as a read-ahead file did). Results are
-consumed IN ORDER: the hash and the destination see the bytes sequentially. Memory is bounded by
-``(depth + 1) x block`` (the ranges in flight and the one being consumed). No range is ever
+While the consumer reads sequentially, up to ``depth`` ranges are in flight on s3fs's event loop.
+A fresh start or a seek starts a window of two ranges of ``block`` bytes (so a random-access
+reader such as ``torch.load`` costs one range per seek, as a read-ahead file did); every range
+consumed in order doubles the window's count (up to ``depth``) and its range length (up to a
+third of the budget): a long sequential read asks for fewer, larger ranges, which a server
+answering one request at a time (and reading the whole object per request, as moto does)
+needs. Results are consumed IN ORDER: the hash and the
+destination see the bytes sequentially. Memory is bounded by a byte budget of
+``(depth + 1) x block``: the ranges in flight and the one being consumed never hold more
+(a range is only requested if it fits, and a consumed range is released first). No range is ever
 requested past the end of the object, and a sequential read of the whole object downloads each
 byte once. Every failure is typed (``_s3errors.translate``, the backend exception as
 ``__cause__``); a failure, a seek away from the window, or :meth:`close` cancels every range in
@@ -27,6 +32,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 from commitstore.backends.object._s3errors import translate
+from commitstore.backends.object.bodies import SeekableBody
 from commitstore.errors import BackendUnavailableError, CommitError, CommitStoreError, NotFoundError
 
 if TYPE_CHECKING:
@@ -37,7 +43,7 @@ class _Replaced(Exception):
     """An answer from another version of the object than the one pinned at open."""
 
 
-class S3RangedReader(io.RawIOBase):
+class S3RangedReader(SeekableBody):
     """A readable, seekable file over one version of an S3 object (see the module docstring)."""
 
     def __init__(
@@ -54,7 +60,13 @@ class S3RangedReader(io.RawIOBase):
         super().__init__()
         self._fs, self._bucket, self._key, self._shown = backend.fs, backend.bucket, key, shown
         self.size, self.etag = size, etag
-        self._block, self._max_depth = block, max(1, depth)
+        self._part, self._max_depth = block, max(1, depth)
+        self._budget = (self._max_depth + 1) * block
+        """Bytes held at most: the ranges in flight plus the one being consumed."""
+        self._cap = max(block, self._budget // 3)
+        """The largest range: two fit in flight beside the one being consumed (with ``depth``
+        below 3, ranges stay ``block`` long)."""
+        self._block = block
         self._pos = 0
         self._buf, self._buf_start = b"", 0
         self._queue: collections.deque[tuple[int, int, concurrent.futures.Future[bytes]]] = (
@@ -65,21 +77,18 @@ class S3RangedReader(io.RawIOBase):
         self._tasks: set[asyncio.Task[bytes]] = set()  # touched on the loop only
         self.requested = 0
         """Bytes requested so far (ranges in flight included): what the server is asked for."""
+        self.peak_held = 0
+        """The most bytes held at once (ranges in flight and the one being consumed)."""
 
     # -- io.RawIOBase ------------------------------------------------------------------------
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
+    def _length(self) -> int:
+        return self.size
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """As a file's: a seek before the start is ``OSError(EINVAL)``, not a seek to 0."""
         self._checkClosed()
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}.get(whence)
-        if base is None or base + offset < 0:
+        base = self._origin(whence)
+        if base + offset < 0:
             raise OSError(errno.EINVAL, f"invalid seek ({offset}, {whence}) in {self._shown}")
         self._pos = base + offset
         return self._pos
@@ -130,15 +139,19 @@ class S3RangedReader(io.RawIOBase):
 
     def _fill(self) -> None:
         """Make the range holding the current position the buffer, keeping the window full."""
+        self._buf = b""  # consumed (or of no use after a seek): released before asking for more
         if not self._queue or self._queue[0][0] != self._pos:
             # A fresh start, or a seek away from the window: nothing in flight is of use.
             self._cancel()
             self._next, self._depth = self._pos, min(2, self._max_depth)
+            self._block = self._part
         else:
+            # Read in order: a wider window of larger ranges, in the same memory (a server that
+            # answers one request at a time pays per request, not per range in flight).
             self._depth = min(self._depth * 2, self._max_depth)
+            self._block = min(self._block * 2, self._cap)
         self._top_up()
         start, _, fut = self._queue.popleft()
-        self._buf = b""
         try:
             data = fut.result()
         except BaseException as exc:
@@ -148,8 +161,13 @@ class S3RangedReader(io.RawIOBase):
         self._top_up()
 
     def _top_up(self) -> None:
+        held = len(self._buf) + sum(end - start for start, end, _ in self._queue)
         while len(self._queue) < self._depth and self._next < self.size:
             start, end = self._next, min(self._next + self._block, self.size)
+            if held + end - start > self._budget:
+                break  # never reached with nothing in flight and nothing held: block <= budget
+            held += end - start
+            self.peak_held = max(self.peak_held, held)
             self._queue.append((start, end, self._spawn(start, end)))
             self._next = end
             self.requested += end - start
