@@ -146,7 +146,7 @@ def test_a_shard_lying_with_the_right_tag_never_changes_the_bytes_a_read_hands_o
     t, _opts = target
     names = _names(t)
     truth = {r.name: r for r in t.reopen().list()}
-    victim, data = names[2], bytes([3]) * 12
+    victim, data = names[-1], bytes([N]) * (N - 1 + 10)  # the newest: what latest() returns
 
     # another length than the record object the listing shows: never used
     _lie(t, victim, _grow)
@@ -162,8 +162,13 @@ def test_a_shard_lying_with_the_right_tag_never_changes_the_bytes_a_read_hands_o
     assert listed.digest != truth[victim].digest, "the tag vouches for the cached bytes"
     assert _reads(probe, victim, tmp_path) == [data] * 3, "reads verify against the record"
     assert probe.verify(victim).ok
+    # a check that fails a cached record is made again with the record on storage: no false
+    # alarm, and latest() does not skip the newest artifact
+    assert probe.verify().ok, probe.verify()
+    newest = probe.latest()
+    assert newest is not None and newest == truth[victim]
     # and bytes that do not match the record on storage are refused whatever the cache says
-    t.door.write(victim, bytes([9]) * 12)  # now the data really is damaged
+    t.door.write(victim, bytes([9]) * len(data))  # now the data really is damaged
     for read in (lambda: probe.read_bytes(victim), lambda: _reads(probe, victim, tmp_path)):
         with pytest.raises(IntegrityError):
             read()
