@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from .helpers.blocking import forget_fifos
 from .helpers.s3servers import MotoServer
 
 pytest_plugins = ["commitstore.testing.plugin"]
@@ -20,3 +21,10 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def unblock_fifos() -> Iterator[None]:
+    """For tests that plant FIFOs (``helpers.blocking.mkfifo``): release and forget them after."""
+    yield
+    forget_fifos()

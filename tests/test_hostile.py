@@ -13,11 +13,10 @@ import json
 import math
 import os
 import stat
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -33,58 +32,13 @@ from commitstore.mirrors.sync import sync_mirrors
 from commitstore.records import RecordFormatError, decode_record
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target, record_path, xxh
 
+from .helpers.blocking import mkfifo, returns
 from .helpers.s3servers import BUCKET, MotoServer
 
-T = TypeVar("T")
 MAX_DEPTH = 32
 """The documented bounds (docs/format.md): metadata nesting, record bytes."""
 MAX_RECORD_BYTES = 16 * 1024 * 1024
-TIMEOUT = 20.0
-_FIFOS: list[Path] = []
-
-
-def _release_fifos() -> None:
-    """Unblock any thread stuck opening one of our FIFOs for reading."""
-    for p in _FIFOS:
-        try:
-            fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:
-            continue
-        os.close(fd)
-
-
-def returns(fn: Callable[[], T], timeout: float = TIMEOUT) -> T:
-    """Run ``fn`` in a thread; fail the test if it does not return within ``timeout``."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        _release_fifos()
-        t.join(5)
-        pytest.fail(f"call did not return within {timeout} s (blocked)")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
-
-
-def mkfifo(p: Path) -> None:
-    os.mkfifo(p)
-    _FIFOS.append(p)
-
-
-@pytest.fixture(autouse=True)
-def _unblock() -> Iterator[None]:
-    yield
-    _release_fifos()
-    _FIFOS.clear()
+pytestmark = pytest.mark.usefixtures("unblock_fifos")  # every test here may plant FIFOs
 
 
 def _local(root: Path) -> Target:

@@ -11,19 +11,25 @@ not synced.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
+import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
+import commitstore
 from commitstore import open_store
 from commitstore.backends.rename import _direct, posix
 from commitstore.errors import CommitError, InsufficientSpaceError
 from commitstore.testing import xxh
+
+from .faultshim.runner import FAULTS, ROOT_DIR, build_shim
 
 KiB = 1024
 
@@ -178,3 +184,74 @@ def test_a_commit_makes_exactly_the_ordered_syncs(
         ".commitstore.rec.first.bin.json",
     ]
     assert (root / "a.bin").read_bytes() == data
+
+
+@pytest.fixture(scope="module")
+def ring_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
+    """The warm ``tests.helpers.ringfault`` process under the syscall shim: one case a call."""
+    shim = build_shim(tmp_path_factory.mktemp("shim"))
+    src = str(Path(commitstore.__file__).resolve().parent.parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.ringfault", str(shim)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT_DIR,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT_DIR), src]),
+            "LD_PRELOAD": str(shim),
+        },
+        text=True,
+    )
+    base = tmp_path_factory.mktemp("ring")
+    cases = [0]
+
+    def run(k: int, err: int, gate: int) -> tuple[dict[str, Any], Path]:
+        assert proc.stdin is not None and proc.stdout is not None
+        cases[0] += 1
+        where = base / f"c{cases[0]}"
+        where.mkdir()
+        proc.stdin.write(json.dumps({"dir": str(where), "k": k, "err": err, "gate": gate}) + "\n")
+        proc.stdin.flush()
+        reply: dict[str, Any] = json.loads(proc.stdout.readline())
+        return reply, where / "store"
+
+    try:
+        yield run
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(30)
+
+
+@pytest.mark.parametrize("gate", [2, 5])
+@pytest.mark.parametrize("err", ["EIO", "ENOSPC", "SIGKILL"])
+def test_a_real_write_failure_with_the_next_buffer_queued(
+    ring_child: Callable[..., Any], err: str, gate: int
+) -> None:
+    """The ``gate``-th buffer write of the worker fails in libc (the preloaded shim: EIO,
+    ENOSPC, or the process SIGKILLed there) while the caller has already queued the buffer
+    after it: the stage raises the typed error, chained to that errno; nothing is published
+    (the old version verifies); no worker thread and no descriptor on the store is left; the
+    staging file is removed by the abort, or (killed) is left for gc, which removes it."""
+    count, _root = ring_child(0, 0, gate)
+    assert count["outcome"] == "ok" and count["next_queued"], count
+    k = count["count_at_gate"] + 1
+    assert count["calls"][k - 1].startswith("write "), count["calls"]
+    reply, root = ring_child(k, FAULTS[err], gate)
+    assert reply["killed"] is (err == "SIGKILL"), reply
+    store = open_store(root)
+    assert (root / "w.bin").read_bytes() == b"old version"
+    assert store.verify("w.bin", level="full").ok
+    left = [p.name for p in root.iterdir() if p.name not in (".commitstore", "w.bin")]
+    if err == "SIGKILL":
+        assert [n.startswith(".commitstore.tmp.") for n in left] == [True], left
+        assert len(store.gc(min_age=0).removed) == 1
+    else:
+        assert reply["outcome"] == "raised" and reply["fired"] and reply["next_queued"], reply
+        typed = {"EIO": "CommitError", "ENOSPC": "InsufficientSpaceError"}[err]
+        assert reply["raised"] == typed and reply["cause_errno"] == FAULTS[err], reply
+        assert reply["threads"] == [] and reply["open"] == [], reply
+        assert left == []
+    assert sorted(p.name for p in root.iterdir()) == [".commitstore", "w.bin"]
+    assert store.gc(min_age=0).removed == ()

@@ -143,6 +143,85 @@ def test_a_primary_file_changed_after_it_was_hashed_is_never_published(
     assert door.pending_uploads() == []
 
 
+def _truncate(path: Path, data: bytes) -> None:
+    os.truncate(path, len(data) // 2)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """What another writer's rename over the name does: a new file of the same size."""
+    other = path.with_name(path.name + ".new")
+    other.write_bytes(_other(data))
+    os.replace(other, path)
+
+
+def _overwrite(path: Path, data: bytes) -> None:
+    """Another process's commit of other bytes over the name (``overwrite=True``)."""
+    open_store(path.parent).put_bytes(path.name, _other(data), overwrite=True)
+
+
+def _other(data: bytes) -> bytes:
+    return bytes(b ^ 0x5A for b in data)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize(
+    "change", [_truncate, _replace, _overwrite], ids=["truncated", "replaced", "overwritten"]
+)
+def test_a_primary_file_truncated_or_replaced_while_it_is_sent_is_never_published_partly(
+    tmp_path: Path,
+    server: S3Server,
+    shape: str,
+    change: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The primary's file is cut to half, replaced by another file (a rename over it), or
+    overwritten by another commit, once the first body of the copy is on its way: the copy
+    fails loud, or (the old bytes still read through the descriptor the copy holds) publishes
+    exactly the recorded old version; never a mix, no unfinished upload; the primary keeps its
+    record (or, overwritten, its new version, whole)."""
+    name, size = f"{shape}.bin", SHAPES[shape]
+    data = os.urandom(size)
+    _write_primary(tmp_path, {name: data})
+    rec = open_store(tmp_path / "primary").record(name)
+    raw_record = (tmp_path / "primary" / record_path(name)).read_bytes()
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    store, door = _stores(tmp_path, server)
+    backend: Any = store.mirrors[0].backend
+    send_body = backend.send_body
+    changed: list[bool] = []
+
+    async def change_then_send(
+        what: str, parts: tuple[str, ...], method: str, body: Any, **kw: Any
+    ) -> Any:
+        if parts[0] != ".commitstore" and not changed:
+            assert isinstance(body, SourceWindow)
+            change(tmp_path / "primary" / name, data)
+            changed.append(True)
+        return await send_body(what, parts, method, body, **kw)
+
+    backend.send_body = change_then_send
+    report = store.sync()
+    assert changed
+    mirrored = door.read(name)
+    if mirrored is None:
+        assert report.mirrors[0].copied == ()
+        detail = report.mirrors[0].failed.get(name) or report.primary_bad.get(name, "")
+        assert "size_mismatch" in detail or "does not match" in detail, report
+        assert door.read(record_path(name)) is None
+    else:  # the old bytes, read through the copy's open descriptor: whole, and recorded
+        assert change is not _truncate
+        assert mirrored == data and xxh(mirrored) == rec.digest
+        assert door.read(record_path(name)) == raw_record
+    assert door.pending_uploads() == []
+    primary = open_store(tmp_path / "primary")
+    if change is _overwrite:  # the new version stands on the primary, whole
+        assert primary.read_bytes(name) == _other(data)
+        assert primary.verify(name, level="full").ok
+    else:
+        assert (tmp_path / "primary" / record_path(name)).read_bytes() == raw_record
+        assert not primary.verify(name).ok, "the change is what it is"
+
+
 def test_a_failed_read_of_the_primary_is_reported_as_one(
     tmp_path: Path, server: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:

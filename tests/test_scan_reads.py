@@ -12,11 +12,10 @@ is left out, an aside entry of a missing record is read in its place, and no des
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -29,7 +28,8 @@ from commitstore.layout import META_DIR, RECORDS_DIR, aside_part
 from commitstore.records import MAX_RECORD_BYTES, _parse_time
 from commitstore.testing import record_path
 
-T = TypeVar("T")
+from .helpers.blocking import mkfifo, returns
+
 RECORDS = (META_DIR, RECORDS_DIR)
 
 
@@ -93,28 +93,6 @@ def test_latest_and_prune_open_the_records_folder_a_fixed_number_of_times(
     assert counts[0] == counts[1] == (2, 2)
 
 
-def _returns(fn: Callable[[], T], release: Callable[[], None]) -> T:
-    """``fn()`` run in a thread; if it blocks, ``release`` unblocks it and the test fails."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(30)
-    if t.is_alive():
-        release()
-        t.join(5)
-        pytest.fail("the scan blocked")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
-
-
 @pytest.fixture
 def stale(tmp_path: Path) -> Iterator[tuple[CommitStore, Path, list[Any]]]:
     """A store of a/step_0..2, b/step_0..2 and top.pt, and a listing of its records folder
@@ -131,17 +109,13 @@ def _by_name(store: CommitStore, listing: list[Any]) -> tuple[set[str], dict[str
 
 
 def test_a_record_replaced_by_a_fifo_after_the_listing_is_bad_and_never_blocks(
-    stale: tuple[CommitStore, Path, list[Any]],
+    stale: tuple[CommitStore, Path, list[Any]], unblock_fifos: None
 ) -> None:
     store, root, listing = stale
     rec = root / record_path("a/step_1.pt")
     os.unlink(rec)
-    os.mkfifo(rec)
-
-    def release() -> None:
-        os.close(os.open(rec, os.O_WRONLY | os.O_NONBLOCK))
-
-    good, bad = _returns(lambda: _by_name(store, listing), release)
+    mkfifo(rec)
+    good, bad = returns(lambda: _by_name(store, listing))
     assert bad.keys() == {"a/step_1.pt"} and NOT_REGULAR in bad["a/step_1.pt"]
     assert "FIFO" in bad["a/step_1.pt"]
     assert len(good) == 6

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from commitstore import _recordcache
 from commitstore._order import arrange_records
@@ -144,7 +145,7 @@ def scan_records(
         key = "/".join(rel)
         listed = _recordcache.norm(info.tag)
         hit = cached.get(key)
-        if hit is not None and hit[0] == listed:
+        if _vouched(hit, listed, info):
             return hit[1]
         raw, got = read(rel)
         # only the version the listing shows is cached (a record replaced since, or a service
@@ -189,6 +190,14 @@ def scan_records(
     return good, bad
 
 
+def _vouched(
+    hit: tuple[str, bytes] | None, listed: str | None, info: FileInfo
+) -> TypeGuard[tuple[str, bytes]]:
+    """A cache entry stands for the listed record object: same tag and same length (an entry
+    edited by hand under the right tag, but to other bytes of another length, is fetched)."""
+    return hit is not None and hit[0] == listed and len(hit[1]) == info.size
+
+
 def _where(rel: Parts) -> str:
     return "/".join((META_DIR, RECORDS_DIR, *rel))
 
@@ -214,7 +223,7 @@ def _refresh_cache(
         key = "/".join(rel)
         shard = shard_of(key)
         hit = cached.get(key)
-        if hit is not None and hit[0] == _recordcache.norm(info.tag):
+        if _vouched(hit, _recordcache.norm(info.tag), info):
             kept.setdefault(shard, {})[key] = hit
         elif key in fresh:
             kept.setdefault(shard, {})[key] = fresh[key]

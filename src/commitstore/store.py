@@ -18,6 +18,7 @@ from typing import Any
 from commitstore import _check, _fetch, _folder, _read, _scan, _write
 from commitstore._commit import Committer, check_flag
 from commitstore._stage import Stage
+from commitstore._storemirrors import MirrorMethods
 from commitstore.backends import Backend
 from commitstore.errors import ConfigurationError
 from commitstore.layout import redact_url, validate_name
@@ -25,8 +26,8 @@ from commitstore.maintenance.adopt import AdoptReport, adopt
 from commitstore.maintenance.gc import GcReport, collect
 from commitstore.maintenance.prune import PruneReport, prune
 from commitstore.maintenance.retention import Retention, check_age
-from commitstore.mirrors.replicator import MirrorState, Replicator
-from commitstore.mirrors.sync import SyncReport, latest_any, restore, sync_mirrors
+from commitstore.mirrors.replicator import Replicator
+from commitstore.mirrors.sync import latest_any
 from commitstore.records import Record, VerifyReport
 
 __all__ = ["CommitStore"]
@@ -36,7 +37,7 @@ log = logging.getLogger("commitstore")
 Progress = Callable[[int], None]
 
 
-class CommitStore:
+class CommitStore(MirrorMethods):
     """Staged writes, commits, verification and reads of artifacts under one root.
 
     Guarantees, on every backend:
@@ -93,62 +94,6 @@ class CommitStore:
     def describe(self) -> dict[str, Any]:
         """Which commit strategy this store uses and why, with its declared capabilities."""
         return {"url": self.url, **self.backend.describe()}
-
-    # -- mirrors ----------------------------------------------------------------------------
-    def close(self) -> None:
-        """Wait for background replication, then stop it. Idempotent.
-
-        Raises:
-            MirrorError: under ``mirror_policy="required"``, if a mirror failed.
-        """
-        if self.replicator is not None:
-            self.replicator.close()
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Wait until every queued artifact reached every mirror (or failed there).
-
-        Raises:
-            MirrorError: under ``mirror_policy="required"``, if a mirror failed.
-            TimeoutError: ``timeout`` seconds passed first.
-        """
-        if self.replicator is not None:
-            self.replicator.flush(timeout)
-
-    @property
-    def mirrors(self) -> list[CommitStore]:
-        """The mirror stores, in the order given."""
-        return list(self._mirrors)
-
-    def mirror_status(self) -> list[MirrorState]:
-        """Per mirror: pending and failed (with the last error) replications, and the primary
-        artifacts it lacks."""
-        return self.replicator.status() if self.replicator else []
-
-    def sync(self, *, repair: bool = True) -> SyncReport:
-        """Copy to every mirror what it lacks and, with ``repair``, replace copies that fail
-        verification. Never deletes on a mirror; artifacts only the mirror has are reported.
-        A primary artifact that fails its own check is never copied. Idempotent."""
-        self.flush()
-        return sync_mirrors(self.committer, [m.committer for m in self._mirrors], repair=repair)
-
-    def restore(
-        self, name: str, *, source: CommitStore | None = None, overwrite: bool = False
-    ) -> Record:
-        """Copy a verified mirror copy of ``name`` (from ``source``, or the first mirror that
-        has a whole one) back to the primary, through the primary's commit protocol.
-
-        Copies only where nothing is lost: the primary's copy is missing or fails its full
-        check, or its record is byte-identical to the mirror's. A different primary version
-        that verifies is kept unless ``overwrite=True``.
-
-        Raises:
-            NotFoundError: no mirror holds a whole copy.
-            AlreadyExistsError: the primary holds a different version that verifies (the message
-                says which is newer by record ``created``), or one was committed meanwhile.
-        """
-        validate_name(name)
-        sources = [source] if source is not None else self._mirrors
-        return restore(self.committer, [m.committer for m in sources], name, overwrite=overwrite)
 
     def _after_commit(self, record: Record) -> None:
         """After a successful (durable) commit: replicate, then apply automatic retention."""

@@ -38,6 +38,7 @@ from commitstore.backends.rename._localfs import (
     storage_error,
     translated,
 )
+from commitstore.backends.rename._localwalk import files_below, folders_below, stats_below
 from commitstore.backends.rename._maphash import ReadFile
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
@@ -293,20 +294,10 @@ class LocalBackend(RenameBackend[int, Staging]):
             topfd = self.open_dir(parts, create=False)
         except (FileNotFoundError, NotADirectoryError, InvalidNameError):
             return []
-        out: list[tuple[Parts, FileInfo]] = []
         try:
-            for dirpath, dirnames, filenames, dfd in os.fwalk(".", dir_fd=topfd):
-                rel = tuple(p for p in dirpath.split("/") if p not in ("", "."))
-                for entry in (*dirnames, *filenames):
-                    try:
-                        st = os.stat(entry, dir_fd=dfd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    if not statmod.S_ISDIR(st.st_mode):
-                        out.append(((*rel, entry), stat_info(st)))
+            return files_below(topfd)
         finally:
             close_quietly(topfd)
-        return out
 
     @translated("listing")
     def walk_folders(self, parts: Parts) -> list[Parts]:
@@ -314,20 +305,10 @@ class LocalBackend(RenameBackend[int, Staging]):
             topfd = self.open_dir(parts, create=False)
         except (FileNotFoundError, NotADirectoryError, InvalidNameError):
             return []
-        out: list[Parts] = []
         try:
-            for dirpath, dirnames, _files, dfd in os.fwalk(".", dir_fd=topfd):
-                rel = tuple(p for p in dirpath.split("/") if p not in ("", "."))
-                for entry in dirnames:
-                    try:
-                        st = os.stat(entry, dir_fd=dfd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    if statmod.S_ISDIR(st.st_mode):
-                        out.append((*rel, entry))
+            return folders_below(topfd)
         finally:
             close_quietly(topfd)
-        return out
 
     @translated("checking")
     def last_change(self, parts: Parts) -> float | None:
@@ -349,10 +330,7 @@ class LocalBackend(RenameBackend[int, Staging]):
             except (FileNotFoundError, NotADirectoryError, InvalidNameError):
                 return None
             try:
-                for _dirpath, dirnames, filenames, dfd in os.fwalk(".", dir_fd=topfd):
-                    for entry in (*dirnames, *filenames):
-                        with contextlib.suppress(FileNotFoundError):
-                            stats.append(os.stat(entry, dir_fd=dfd, follow_symlinks=False))
+                stats += stats_below(topfd)
             finally:
                 close_quietly(topfd)
         if any(st.st_mtime <= 0 for st in stats):

@@ -1,0 +1,80 @@
+"""The mirror methods of :class:`commitstore.CommitStore` (waiting for replication, status,
+sync, restore): each hands the call to ``mirrors/`` with the committers of the store and of its
+mirrors. The facade inherits them; they use only its committer, mirrors and replicator."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from commitstore.layout import validate_name
+from commitstore.mirrors.replicator import MirrorState, Replicator
+from commitstore.mirrors.sync import SyncReport, restore, sync_mirrors
+from commitstore.records import Record
+
+if TYPE_CHECKING:
+    from commitstore._commit import Committer
+    from commitstore.store import CommitStore
+
+
+class MirrorMethods:
+    """The mirror half of the facade (set by ``CommitStore.__init__``)."""
+
+    committer: Committer
+    replicator: Replicator | None
+    _mirrors: Sequence[CommitStore]
+
+    def close(self) -> None:
+        """Wait for background replication, then stop it. Idempotent.
+
+        Raises:
+            MirrorError: under ``mirror_policy="required"``, if a mirror failed.
+        """
+        if self.replicator is not None:
+            self.replicator.close()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued artifact reached every mirror (or failed there).
+
+        Raises:
+            MirrorError: under ``mirror_policy="required"``, if a mirror failed.
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        if self.replicator is not None:
+            self.replicator.flush(timeout)
+
+    @property
+    def mirrors(self) -> list[CommitStore]:
+        """The mirror stores, in the order given."""
+        return list(self._mirrors)
+
+    def mirror_status(self) -> list[MirrorState]:
+        """Per mirror: pending and failed (with the last error) replications, and the primary
+        artifacts it lacks."""
+        return self.replicator.status() if self.replicator else []
+
+    def sync(self, *, repair: bool = True) -> SyncReport:
+        """Copy to every mirror what it lacks and, with ``repair``, replace copies that fail
+        verification. Never deletes on a mirror; artifacts only the mirror has are reported.
+        A primary artifact that fails its own check is never copied. Idempotent."""
+        self.flush()
+        return sync_mirrors(self.committer, [m.committer for m in self._mirrors], repair=repair)
+
+    def restore(
+        self, name: str, *, source: CommitStore | None = None, overwrite: bool = False
+    ) -> Record:
+        """Copy a verified mirror copy of ``name`` (from ``source``, or the first mirror that
+        has a whole one) back to the primary, through the primary's commit protocol.
+
+        Copies only where nothing is lost: the primary's copy is missing or fails its full
+        check, or its record is byte-identical to the mirror's. A different primary version
+        that verifies is kept unless ``overwrite=True``.
+
+        Raises:
+            NotFoundError: no mirror holds a whole copy.
+            AlreadyExistsError: the primary holds a different version that verifies (the message
+                says which is newer by record ``created``), or one was committed meanwhile.
+        """
+        validate_name(name)
+        sources = [source] if source is not None else self._mirrors
+        return restore(self.committer, [m.committer for m in sources], name, overwrite=overwrite)
