@@ -203,11 +203,8 @@ def _decode(data: bytes) -> Record:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RecordFormatError(f"record is not valid JSON: {exc}") from exc
-    if len(text) <= _CANONICAL_MAX:
-        record = _decode_canonical(text)
-        if record is not None:
-            return record
-    return _decode_json(text)
+    record = _decode_canonical(text)
+    return _decode_json(text) if record is None else record
 
 
 _CANONICAL_MAX = 4096
@@ -234,7 +231,7 @@ def _decode_canonical(text: str) -> Record | None:
     error): never accepts what that one rejects, and decodes what it accepts to an equal
     record. The checks :func:`check_record` makes that the pattern does not settle (name rules,
     the count bounds, a valid date, metadata values) are made here."""
-    match = _CANONICAL.fullmatch(text)
+    match = _CANONICAL.fullmatch(text) if len(text) <= _CANONICAL_MAX else None
     if match is None:
         return None
     alias, created_raw, digest, meta_raw, name, size_raw, step_raw = match.groups()
