@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -117,12 +118,15 @@ def _data_paths(rec: Record, parts: Parts) -> list[Parts]:
     return [(*parts, *f.path.split("/")) for f in rec.files]
 
 
+_order_of = operator.attrgetter("candidate.order")
+
+
 def verify_newest(store: Committer, listed: list[Listed]) -> list[Listed]:
     """The newest-good guard's evidence: hash artifacts fully, newest first, until one verifies
     (sizes alone miss bit rot, and on object stores a same-size replacement). Those that fail are
     marked not whole; older ones keep their size-level answer. Costs reading the few newest."""
     out = {item.candidate.name: item for item in listed}
-    for item in reversed(arrange(listed, lambda x: x.candidate.order)):
+    for item in reversed(arrange(listed, _order_of)):
         if not item.candidate.whole or item.candidate.alias:
             continue  # fails already by size; an alias is never pruned and guards nothing
         result = _check.check(store.backend, item.record, "full")
