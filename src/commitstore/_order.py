@@ -38,8 +38,10 @@ def arrange(items: Iterable[T], key: Callable[[T], OrderKey]) -> list[T]:
     items by ``(step, created, name)``, unstepped by ``(created, name)``, merged by ``created``
     (on a tie, the stepped one first)."""
     keyed = [(key(item), item) for item in items]
-    stepped = sorted((p for p in keyed if p[0][0]), key=_whole_key)  # all True: by the rest
-    plain = sorted((p for p in keyed if not p[0][0]), key=lambda p: (p[0][2], p[0][3]))
+    stepped = sorted([p for p in keyed if p[0][0]], key=_whole_key)  # all True: by the rest
+    plain = sorted([p for p in keyed if not p[0][0]], key=lambda p: (p[0][2], p[0][3]))
+    if not plain or not stepped:  # nothing to merge (the usual case: every artifact stepped)
+        return [p[1] for p in stepped or plain]
     out: list[T] = []
     i = j = 0
     while i < len(stepped) and j < len(plain):

@@ -111,7 +111,27 @@ def list_records(backend: Backend) -> list[Record]:
 def scan_records(
     backend: Backend, listing: list[tuple[Parts, FileInfo]] | None = None
 ) -> tuple[list[Record], list[VerifyResult]]:
-    """Every valid record in the store, and a ``bad_record`` result for every unreadable one.
+    """Every valid record in the store, and a ``bad_record`` result for every unreadable one
+    (:func:`scan_entries`, without the listing's entries)."""
+    found, bad = scan_entries(backend, listing)
+    return [entry.record for entry in found], bad
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedRecord:
+    """A valid record found by a scan, with the listing's entry of its record file."""
+
+    record: Record
+    info: FileInfo | None
+    """The listed record file; None when the record was read from its aside entry (a stopped
+    replace: the record itself is missing, so its age is unknown)."""
+
+
+def scan_entries(
+    backend: Backend, listing: list[tuple[Parts, FileInfo]] | None = None
+) -> tuple[list[ScannedRecord], list[VerifyResult]]:
+    """Every valid record in the store with its listed entry, and a ``bad_record`` result for
+    every unreadable one.
 
     One listing of the records folder, and the records read through one ``Backend.small_reads``
     (locally: one descriptor of the records folder for the whole scan, one open per record); on
@@ -126,9 +146,9 @@ def scan_records(
     leaves = [
         (rel, info)
         for rel, info in listing
-        if not is_staging_part(rel[-1])
-        and is_record_leaf((logical := _logical(rel))[-1])
-        and (logical == rel or logical not in present)  # an aside of a missing one
+        if is_record_leaf((logical := _logical(rel))[-1])
+        and not is_staging_part(rel[-1])
+        and (logical is rel or logical not in present)  # an aside of a missing one
     ]
     tagged = bool(leaves) and all(info.tag for _rel, info in leaves)
     caching = tagged and len(leaves) > _recordcache.DIRECT_MAX
@@ -154,7 +174,7 @@ def scan_records(
             fresh[key] = (listed, raw)
         return raw
 
-    def load(leaf: tuple[Parts, FileInfo]) -> Record | VerifyResult | None:
+    def load(leaf: tuple[Parts, FileInfo]) -> ScannedRecord | VerifyResult | None:
         rel, info = leaf
         if not info.regular:
             return _bad(rel, f"{_where(rel)}: {NOT_REGULAR}")
@@ -162,8 +182,9 @@ def scan_records(
             return _bad(rel, f"{_where(rel)} is {info.size} bytes, more than {MAX_RECORD_BYTES}")
         try:
             record = decode_record(fetch(rel, info))
-            parts = tuple(record.name.split("/"))  # a valid name: decode_record checked it
-            if record_parts(parts) != (META_DIR, RECORDS_DIR, *_logical(rel)):
+            logical = _logical(rel)
+            # a valid name (decode_record checked it)
+            if record_parts(tuple(record.name.split("/"))) != (META_DIR, RECORDS_DIR, *logical):
                 raise RecordFormatError(
                     f"record names {record.name!r} but is stored at {_where(rel)}"
                 )
@@ -175,7 +196,7 @@ def scan_records(
             return _bad(rel, f"{NOT_REGULAR}: {exc}")
         except (CommitStoreError, OSError) as exc:
             return _bad(rel, f"unreadable: {exc}")
-        return record
+        return ScannedRecord(record, info if logical is rel else None)
 
     with backend.small_reads((META_DIR, RECORDS_DIR), max_bytes=MAX_RECORD_BYTES) as read:
         if backend.read_concurrency > 1 and len(leaves) > 1:
@@ -185,7 +206,7 @@ def scan_records(
             loaded = [load(leaf) for leaf in leaves]
     if caching:
         _refresh_cache(backend, leaves, cached, fresh)
-    good = [r for r in loaded if isinstance(r, Record)]
+    good = [r for r in loaded if type(r) is ScannedRecord]
     bad = [r for r in loaded if isinstance(r, VerifyResult)]
     return good, bad
 

@@ -57,6 +57,21 @@ def validate_name(name: object, *, inside_folder: bool = False) -> Parts:
     Raises:
         InvalidNameError: with the reason, before any I/O.
     """
+    if not inside_folder and type(name) is str and _PLAIN_NAME.fullmatch(name) is not None:
+        return tuple(name.split("/"))
+    return _validate_general(name, inside_folder)
+
+
+_PLAIN_PART = r"(?!\.commitstore)(?!\.\.?(?:/|\Z))[A-Za-z0-9_.,=+@~-]{1,255}"
+_PLAIN_NAME = re.compile(f"{_PLAIN_PART}(?:/{_PLAIN_PART})*")
+"""The usual artifact name, settled by one match: ASCII parts of letters, digits and
+``_.,=+@~-`` (one byte a character, so at most :data:`MAX_PART_BYTES` of them), none ``.`` or
+``..``, none starting with the reserved prefix. Any other name gets every rule, one by one
+(:func:`_validate_general`); both accept the same names."""
+
+
+def _validate_general(name: object, inside_folder: bool) -> Parts:
+    """:func:`validate_name`, rule by rule."""
     if not isinstance(name, str):
         raise InvalidNameError(f"artifact name must be a str, not {type(name).__name__}")
     if not name:

@@ -14,11 +14,14 @@ from typing import Any, Literal
 
 from commitstore._recordcheck import (
     MAX_DEPTH,
+    MAX_INT,
     MAX_RECORD_BYTES,
     RecordFormatError,
+    check_metadata,
     check_record,
     new_fields,
 )
+from commitstore.layout import validate_name
 
 __all__ = [
     "MAX_DEPTH",
@@ -197,8 +200,75 @@ def _decode(data: bytes) -> Record:
     if len(data) > MAX_RECORD_BYTES:
         raise RecordFormatError(f"record is {len(data)} bytes, more than {MAX_RECORD_BYTES}")
     try:
-        doc = _DECODER.decode(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordFormatError(f"record is not valid JSON: {exc}") from exc
+    record = _decode_canonical(text)
+    return _decode_json(text) if record is None else record
+
+
+_CANONICAL_MAX = 4096
+"""Records up to this many characters are first matched against the encoder's own layout."""
+
+_CANONICAL = re.compile(
+    r'\{(?P<alias>"alias": true, )?'
+    r'"created": "(?P<created>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z)", '
+    r'"digest": "(?P<digest>xxh3_128:[0-9a-f]{32})", "files": \[\], "kind": "file", '
+    r'"metadata": (?P<metadata>\{.*\}), "name": "(?P<name>[^"\\\x00-\x1f]+)", '
+    r'"schema": "commitstore\.record/1", "size": (?P<size>0|[1-9][0-9]{0,18}), '
+    r'"step": (?P<step>null|0|[1-9][0-9]{0,18})\}\n?'
+)
+"""What :func:`encode_record` writes for a single-file record (sorted keys, no folder entries),
+one pattern over the whole text: the name a JSON string without escapes, sizes and steps plain
+JSON integers, the digest and time already in their only valid forms. ``metadata`` is the text
+between its key and the name's; only records of :data:`_CANONICAL_MAX` characters or fewer are
+matched (the split backtracks), longer ones go to :func:`_decode_json` directly."""
+
+
+def _decode_canonical(text: str) -> Record | None:
+    """The record ``text`` holds if it is in the encoder's layout (:data:`_CANONICAL`) and
+    passes every check; None otherwise, for :func:`_decode_json` to decide (and to word the
+    error): never accepts what that one rejects, and decodes what it accepts to an equal
+    record. The checks :func:`check_record` makes that the pattern does not settle (name rules,
+    the count bounds, a valid date, metadata values) are made here."""
+    match = _CANONICAL.fullmatch(text) if len(text) <= _CANONICAL_MAX else None
+    if match is None:
+        return None
+    alias, created_raw, digest, meta_raw, name, size_raw, step_raw = match.groups()
+    size = int(size_raw)
+    step = None if step_raw == "null" else int(step_raw)
+    if size >= MAX_INT or (step is not None and step >= MAX_INT):
+        return None
+    try:
+        validate_name(name)
+        created = datetime.fromisoformat(f"{created_raw[:-1]}+00:00")
+        if meta_raw == "{}":
+            metadata: dict[str, Any] = {}
+        else:
+            metadata = _DECODER.decode(meta_raw)
+            if type(metadata) is not dict:
+                return None
+            check_metadata(metadata)
+    except Exception:  # anything wrong: the general decoder words the error
+        return None
+    return Record(
+        name=name,
+        step=step,
+        size=size,
+        digest=digest,
+        files=(),
+        created=created,
+        metadata=metadata,
+        kind="file",
+        alias=alias is not None,
+    )
+
+
+def _decode_json(text: str) -> Record:
+    """The general decoder: any JSON layout, every rule of :func:`check_record`."""
+    try:
+        doc = _DECODER.decode(text)
+    except json.JSONDecodeError as exc:
         raise RecordFormatError(f"record is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise RecordFormatError("record is not a JSON object")

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from commitstore import _check
 from commitstore._commit import Committer
 from commitstore._order import arrange, sort_key
-from commitstore._scan import read_record, scan_records
+from commitstore._scan import read_record, scan_entries
 from commitstore.backends import FileInfo
 from commitstore.errors import NotFoundError
 from commitstore.layout import META_DIR, RECORDS_DIR, Parts, record_parts
@@ -75,39 +77,39 @@ def candidates(store: Committer, pending: set[str]) -> list[Listed]:
     walked = store.backend.walk(())
     listing = dict(walked)
     records_dir = (META_DIR, RECORDS_DIR)
-    records, _bad = scan_records(
+    found, _bad = scan_entries(
         store.backend, [(rel[2:], info) for rel, info in walked if rel[:2] == records_dir]
     )
     out = []
-    for rec in records:
-        parts = tuple(rec.name.split("/"))
-        infos = [listing.get(p) for p in _data_paths(rec, parts)]
-        rec_info = listing.get(record_parts(parts))
+    for entry in found:
+        rec = entry.record
         if rec.kind == "file":
-            whole = infos[0] is not None and infos[0].size == rec.size
+            info = listing.get(tuple(rec.name.split("/")))
+            whole = info is not None and info.size == rec.size
+            mtime = _newest((info, entry.info))
         else:
+            parts = tuple(rec.name.split("/"))
+            infos = [listing.get(p) for p in _data_paths(rec, parts)]
             whole = all(
                 i is not None and i.size == f.size for i, f in zip(infos, rec.files, strict=True)
             )
+            mtime = _newest((*infos, entry.info))
         cand = Candidate(
-            rec.name,
-            rec.step,
-            sort_key(rec),
-            _newest(infos, rec_info),
-            whole,
-            rec.name in pending,
-            alias=rec.alias,
+            rec.name, rec.step, sort_key(rec), mtime, whole, rec.name in pending, alias=rec.alias
         )
         out.append(Listed(cand, rec))
     return out
 
 
-def _newest(infos: list[FileInfo | None], rec_info: FileInfo | None) -> float | None:
+def _newest(infos: Iterable[FileInfo | None]) -> float | None:
     """The newest mtime among data files and record; None if any is missing, unknown or 0."""
-    times = [i.mtime if i is not None else None for i in (*infos, rec_info)]
-    if any(t is None or t <= 0 for t in times):
-        return None
-    return max(t for t in times if t is not None)
+    newest = 0.0
+    for info in infos:
+        mtime = None if info is None else info.mtime
+        if mtime is None or mtime <= 0:
+            return None
+        newest = max(newest, mtime)
+    return newest
 
 
 def _data_paths(rec: Record, parts: Parts) -> list[Parts]:
@@ -116,12 +118,15 @@ def _data_paths(rec: Record, parts: Parts) -> list[Parts]:
     return [(*parts, *f.path.split("/")) for f in rec.files]
 
 
+_order_of = operator.attrgetter("candidate.order")
+
+
 def verify_newest(store: Committer, listed: list[Listed]) -> list[Listed]:
     """The newest-good guard's evidence: hash artifacts fully, newest first, until one verifies
     (sizes alone miss bit rot, and on object stores a same-size replacement). Those that fail are
     marked not whole; older ones keep their size-level answer. Costs reading the few newest."""
     out = {item.candidate.name: item for item in listed}
-    for item in reversed(arrange(listed, lambda x: x.candidate.order)):
+    for item in reversed(arrange(listed, _order_of)):
         if not item.candidate.whole or item.candidate.alias:
             continue  # fails already by size; an alias is never pruned and guards nothing
         result = _check.check(store.backend, item.record, "full")
@@ -159,7 +164,7 @@ def still_planned(store: Committer, planned: Record, *, min_age: float) -> str |
     else:
         fresh = {"/".join(rel): info for rel, info in backend.walk(parts)}
         infos = [fresh.get(f.path) for f in planned.files]
-    mtime = _newest(infos, backend.stat(record_parts(parts)))
+    mtime = _newest((*infos, backend.stat(record_parts(parts))))
     if mtime is None:
         return "unknown mtime"
     if time.time() - mtime < min_age:

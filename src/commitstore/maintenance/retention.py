@@ -13,6 +13,7 @@ An alias (``Record.alias``: ``last.ckpt``) is never deleted and never counted by
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -88,6 +89,10 @@ class TargetPlan:
     """Outside the keep-set but protected, with the reason."""
 
 
+_order_of = operator.attrgetter("order")
+"""A candidate's :attr:`Candidate.order` (what ``arrange`` sorts by), without a Python call."""
+
+
 def keep_set(candidates: Iterable[Candidate], policy: Retention) -> frozenset[str]:
     """Names to keep, over the whole artifacts of every target: ``candidates`` from all targets
     together; a name counts once, if it is whole on any target."""
@@ -97,7 +102,7 @@ def keep_set(candidates: Iterable[Candidate], policy: Retention) -> frozenset[st
         everything.setdefault(c.name, c)
         if c.whole:
             whole.setdefault(c.name, c)
-    ordered = arrange((c for c in whole.values() if not c.alias), lambda c: c.order)
+    ordered = arrange((c for c in whole.values() if not c.alias), _order_of)
     keep = set(policy.keep)
     keep.update(c.name for c in everything.values() if c.alias)
     if policy.keep_last:
@@ -115,7 +120,7 @@ def plan_target(
     candidates: Iterable[Candidate], keep: frozenset[str], *, min_age: float, now: float
 ) -> TargetPlan:
     """Apply the keep-set and the guards to one target's committed artifacts."""
-    items = arrange(candidates, lambda c: c.order)
+    items = arrange(candidates, _order_of)
     good = next(
         (i for i in range(len(items) - 1, -1, -1) if items[i].whole and not items[i].alias), None
     )

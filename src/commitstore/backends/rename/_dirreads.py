@@ -114,37 +114,40 @@ class FolderReader:
                 FIFO, socket or device there or a symlinked folder on the way. StorageError,
                 BackendUnavailableError...: a read error, translated.
         """
-        parts = (*self._folder, *rel)
         try:
             with self._lock:
-                dirfd = self._dir(rel[:-1], parts)
-                fd, st = open_regular(dirfd, rel[-1], lambda: self._backend.path_of(parts))
+                dirfd = self._dir(rel[:-1], rel)
+                fd, st = open_regular(dirfd, rel[-1], lambda: self._shown(rel))
             try:
                 self._backend.drop_cached(fd)
                 return read_all(fd, st.st_size, self._max_bytes), None
             finally:
                 close_quietly(fd)
         except OSError as exc:
-            raise storage_error(exc, "reading", self._backend.path_of(parts)) from exc
+            raise storage_error(exc, "reading", self._shown(rel)) from exc
 
-    def _dir(self, sub: Parts, parts: Parts) -> int:
-        """The open folder ``sub`` below the folder (under the lock)."""
+    def _shown(self, rel: Parts) -> str:
+        """The file ``rel`` below the folder as errors name it (built only for an error)."""
+        return self._backend.path_of((*self._folder, *rel))
+
+    def _dir(self, sub: Parts, rel: Parts) -> int:
+        """The open folder ``sub`` below the folder (under the lock), to read ``rel``."""
         if self._top is None:
             try:
                 self._top = self._backend.open_dir(self._folder, create=False)
             except (FileNotFoundError, NotADirectoryError, InvalidNameError) as exc:
                 self._top = exc
         if not sub:
-            return self._check(self._top, parts)
+            return self._check(self._top, rel)
         if self._sub is None or self._sub[0] != sub:
             self._drop_sub()
-            self._sub = (sub, self._open_sub(self._check(self._top, parts), sub))
-        return self._check(self._sub[1], parts)
+            self._sub = (sub, self._open_sub(self._check(self._top, rel), sub))
+        return self._check(self._sub[1], rel)
 
-    def _check(self, opened: int | Exception, parts: Parts) -> int:
+    def _check(self, opened: int | Exception, rel: Parts) -> int:
         if isinstance(opened, int):
             return opened
-        shown = self._backend.path_of(parts)
+        shown = self._shown(rel)
         if isinstance(opened, InvalidNameError):
             raise not_regular(shown, "a folder on its path is a symlink") from opened
         raise NotFoundError(f"{shown} does not exist") from opened

@@ -256,14 +256,13 @@ def translated(
 
 
 def stat_info(st: os.stat_result) -> FileInfo:
-    mtime = st.st_mtime if st.st_mtime > 0 else None
-    is_dir = statmod.S_ISDIR(st.st_mode)
-    return FileInfo(
-        size=st.st_size,
-        mtime=mtime,
-        is_dir=is_dir,
-        regular=is_dir or statmod.S_ISREG(st.st_mode),
-    )
+    mode = statmod.S_IFMT(st.st_mode)
+    mtime = st.st_mtime
+    is_dir = mode == statmod.S_IFDIR
+    return FileInfo(st.st_size, mtime if mtime > 0 else None, is_dir, None, is_dir or mode == _REG)
+
+
+_REG = statmod.S_IFREG
 
 
 def kind_of(mode: int) -> str:
