@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from .helpers.blocking import forget_fifos
-from .helpers.s3servers import MotoServer
+from .helpers.gcsserver import FakeGcs
+from .helpers.s3servers import MotoServer, RcloneS3
 
 pytest_plugins = ["commitstore.testing.plugin"]
 
@@ -17,6 +18,26 @@ pytest_plugins = ["commitstore.testing.plugin"]
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
     """A moto S3 server (one request at a time), stopped by PID after the module."""
     server = MotoServer(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def rclone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RcloneS3]:
+    """``rclone serve s3`` over a real folder, stopped by PID after the module."""
+    server = RcloneS3(tmp_path_factory.mktemp("rclone"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
+    """fake-gcs-server, stopped by PID after the module."""
+    server = FakeGcs(tmp_path_factory.mktemp("fakegcs"))
     try:
         yield server
     finally:

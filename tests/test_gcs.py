@@ -24,15 +24,6 @@ from .helpers.recordcache import check_record_cache
 MiB = 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
-    server = FakeGcs(tmp_path_factory.mktemp("fakegcs"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def make_target(server: FakeGcs, **options: object) -> Target:
     prefix = f"t{time.monotonic_ns()}"
     opts = {**server.options(), "chunk_size": 1 * MiB, **options}

@@ -142,15 +142,6 @@ class Requests:
 
 # -- targets ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
-    server = FakeGcs(tmp_path_factory.mktemp("fakegcs"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
     server = Azurite(tmp_path_factory.mktemp("azurite"))
     try:

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +24,12 @@ from commitstore.testing import GcsBackdoor, S3Backdoor, Target, record_path
 
 from .helpers.blocking import mkfifo, returns
 from .helpers.gcsserver import BUCKET as GCS_BUCKET
-from .helpers.gcsserver import FakeGcs
 from .helpers.recordcache import CACHE, RECORDS, _count_fetches, _entries, _shards
 from .helpers.s3servers import BUCKET
 
 N = DIRECT_MAX + 4
 """Enough records that a scan uses the cache."""
 ROOT_DIR = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
-    server = FakeGcs(tmp_path_factory.mktemp("fakegcs"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=["moto", "gcs"])

@@ -34,15 +34,6 @@ MiB = 1024 * 1024
 ROOT_DIR = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def rclone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RcloneS3]:
-    server = RcloneS3(tmp_path_factory.mktemp("rclone"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def make_target(server: S3Server, **options: object) -> Target:
     prefix = f"t{time.monotonic_ns()}"
     # Small parts and single-PUT limit, so that test-sized artifacts exercise multipart uploads.

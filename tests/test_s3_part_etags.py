@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import fsspec.asyn
@@ -17,18 +17,9 @@ from commitstore import CommitError, CommitStore, open_store
 from commitstore.testing import S3Backdoor, Target, xxh
 
 from .helpers.faultproxy import through_proxy
-from .helpers.s3servers import BUCKET, MotoServer, RcloneS3, S3Server
+from .helpers.s3servers import BUCKET, MotoServer, S3Server
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def rclone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RcloneS3]:
-    server = RcloneS3(tmp_path_factory.mktemp("rclone"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _target(server: S3Server, endpoint: str | None = None) -> Target:

@@ -20,20 +20,11 @@ from commitstore.backends.object.s3 import S3Backend
 from commitstore.backends.object.s3read import S3RangedReader
 
 from .helpers.requestproxy import RequestProxy
-from .helpers.s3servers import BUCKET, MotoServer, RcloneS3, S3Server
+from .helpers.s3servers import BUCKET, MotoServer, S3Server
 
 MiB = 1024 * 1024
 BLOCK = 256 * 1024
 READ_OPTS: dict[str, Any] = {"read_part_size": BLOCK, "read_inflight": 3}
-
-
-@pytest.fixture(scope="module")
-def rclone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RcloneS3]:
-    server = RcloneS3(tmp_path_factory.mktemp("rclone"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=["moto", "rclone"])
