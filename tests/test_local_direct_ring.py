@@ -47,6 +47,11 @@ class Failing(_direct.DirectWriter):
     fail_at = 2
     err = errno.EIO
     made: ClassVar[list[int]] = []
+    writers: ClassVar[list[_direct.DirectWriter]] = []
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(fd)
+        Failing.writers.append(self)
 
     def _write_direct(self, buf: Any, length: int) -> None:
         Failing.made.append(length)
@@ -67,6 +72,7 @@ def test_a_failed_worker_write_is_the_callers_typed_error_and_publishes_nothing(
     monkeypatch.setattr(posix, "DirectWriter", Failing)
     monkeypatch.setattr(Failing, "err", err)
     monkeypatch.setattr(Failing, "made", [])
+    monkeypatch.setattr(Failing, "writers", [])
     store = open_store(tmp_path / "s")
     old = os.urandom(3 * KiB)
     store.put_bytes("w.bin", old)
@@ -78,9 +84,44 @@ def test_a_failed_worker_write_is_the_callers_typed_error_and_publishes_nothing(
     assert "writing" in str(caught.value) or "flushing" in str(caught.value)
     # the writes queued behind the failed one were skipped, not made
     assert len(Failing.made) == Failing.fail_at, Failing.made
+    # the failed stage's worker thread has ended by the time the error reaches the caller
+    (writer,) = Failing.writers
+    assert [t for t in writer._pool._threads if t.is_alive()] == []
     assert (tmp_path / "s" / "w.bin").read_bytes() == old
     assert store.verify("w.bin", level="full").ok
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [".commitstore", "w.bin"]
+
+
+@pytest.mark.usefixtures("small_ring")
+def test_closing_a_failed_writer_leaves_no_worker_thread(tmp_path: Path) -> None:
+    """Every write of a failed stage has returned (the failed one and the skipped ones behind
+    it) before the abort closes the writer: ``close`` still ends the worker before it returns,
+    even when freeing the buffers is slow (it is done after the worker ended, not by it)."""
+
+    class Slow(Failing):
+        def _free(self) -> None:
+            threading.Event().wait(0.3)
+            super()._free()
+
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        writer = Slow(fd)
+        Failing.made.clear()
+        chunk = memoryview(bytes(_direct.BUFFER))
+        with pytest.raises(OSError):
+            for _ in range(_direct.BUFFERS * 2):
+                writer.write(chunk)
+        for fut in writer._pending:
+            if fut is not None:
+                with pytest.raises(OSError):
+                    fut.result()
+        writer.close()
+        assert [t for t in writer._pool._threads if t.is_alive()] == []
+        assert all(buf.closed for buf in writer._bufs)
+    finally:
+        os.close(fd)
+        Failing.made.clear()
+        Failing.writers.clear()
 
 
 @pytest.mark.usefixtures("small_ring")

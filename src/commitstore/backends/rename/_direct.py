@@ -148,12 +148,14 @@ class DirectWriter:
         16 MiB the device wrote from takes milliseconds, and the commit's syncs need not wait
         for it. Otherwise (an abort) the write in flight is waited for (its error dropped, the
         writes queued behind it skipped), so no write can reach the descriptor once the
-        caller closes it."""
+        caller closes it, and the worker thread has ended when this returns (a failed stage
+        leaves no thread behind, whether or not its writes were all done)."""
         if self._closed:
             return
         self._closed = True
+        flushed = not self._failed and self._rest is not None and self._rest.done()
         self._failed = True  # what is still queued is not written
-        if all(p is None or p.done() for p in (*self._pending, self._rest)):
+        if flushed and all(p is None or p.done() for p in self._pending):
             self._pool.submit(self._free)
             self._pool.shutdown(wait=False)
         else:
