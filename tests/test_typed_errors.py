@@ -249,3 +249,25 @@ def test_an_error_is_unavailable_by_its_words_never_by_digits_inside_a_url() -> 
     assert not is_unavailable(OSError("Forbidden: key ab5030cd"))
     assert is_unavailable(OSError(f"503 Service Unavailable: {url}"))
     assert is_unavailable(OSError("An error occurred (SlowDown) when calling PutObject"))
+
+
+def test_a_dropped_connection_to_a_port_with_412_in_it_is_unavailable_not_a_conflict() -> None:
+    """The fake GCS server once listened on port 41251: the text of a connection cut mid-chunk
+    held "412", and the upload was reported as "already exists" (a create-only conflict)."""
+    from aiohttp import ClientOSError
+
+    from commitstore.backends.object import _gcserrors
+    from commitstore.backends.object._transport import says_status
+
+    url = "http://127.0.0.1:41251/upload/storage/v1/b/b/o?uploadType=resumable&upload_id=a412b"
+    cut = ClientOSError(None, f"Can not write request body for {url}")
+    err = _gcserrors.translate(cut, "uploading", "gs://b/k")
+    assert isinstance(err, commitstore.BackendUnavailableError), err
+    assert not says_status(OSError(f"Forbidden: {url}"), 412)
+    assert not says_status(OSError("key ab412cd, version 1.412"), 412)
+    assert says_status(OSError(f"412 Precondition Failed: {url}"), 412)
+    assert says_status(OSError("HTTP status 412"), 412)
+    refused = OSError(f"412 Precondition Failed: {url}")
+    assert isinstance(
+        _gcserrors.translate(refused, "uploading", "x"), commitstore.AlreadyExistsError
+    )

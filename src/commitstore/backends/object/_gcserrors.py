@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from commitstore.backends.object._transport import is_unavailable, short
+from commitstore.backends.object._transport import is_unavailable, says_status, short
 from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
@@ -21,7 +21,7 @@ def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
     if isinstance(exc, FileExistsError):
         return AlreadyExistsError(f"{shown} already exists")
     code = getattr(exc, "code", None)
-    if code == 412 or "412" in str(exc)[:200] or "conditionNotMet" in str(exc):
+    if code == 412 or says_status(exc, 412) or "conditionNotMet" in str(exc):
         return AlreadyExistsError(f"{shown} already exists")
     if code == 404:
         return NotFoundError(f"{shown} does not exist")

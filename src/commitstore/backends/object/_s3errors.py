@@ -6,7 +6,7 @@ import errno
 import uuid
 from typing import Any
 
-from commitstore.backends.object._transport import is_unavailable, short
+from commitstore.backends.object._transport import is_unavailable, says_status, short
 from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
@@ -66,7 +66,7 @@ def probe_conditional_create(fs: Any, bucket: str, prefix: str) -> bool:
     except FileExistsError:
         honoured = True
     except OSError as exc:
-        honoured = "412" in str(exc) or "Precondition" in str(exc)
+        honoured = says_status(exc, 412) or "Precondition" in str(exc)
     finally:
         fs.call_s3("delete_object", Bucket=bucket, Key=key)
     return honoured

@@ -53,6 +53,14 @@ def is_unavailable(exc: BaseException, extra: tuple[type[BaseException], ...] = 
     return any(re.search(rf"(?<![0-9A-Za-z]){w}(?![0-9A-Za-z])", text) for w in UNAVAILABLE_WORDS)
 
 
+def says_status(exc: BaseException, status: int) -> bool:
+    """Whether ``exc``'s text names HTTP ``status`` (its ``code`` aside): as a whole number, never
+    inside a URL (a port ``:41251`` or an upload id once made a dropped connection look like
+    ``412 Precondition Failed``)."""
+    text = _URL.sub(" ", str(exc))
+    return re.search(rf"(?<![0-9A-Za-z.:]){status}(?![0-9A-Za-z])", text) is not None
+
+
 def short(exc: BaseException) -> str:
     """The first line of an exception's text, at most 200 characters, for messages."""
     text = str(exc).splitlines()[0] if str(exc) else ""
