@@ -198,13 +198,26 @@ def scan_entries(
             return _bad(rel, f"unreadable: {exc}")
         return ScannedRecord(record, info if logical is rel else None)
 
+    def hit(leaf: tuple[Parts, FileInfo]) -> bool:
+        rel, info = leaf
+        return _vouched(cached.get("/".join(rel)), _recordcache.norm(info.tag), info)
+
+    # Records the cache vouches for cost no request: decoded here, in the listing's order; only
+    # the others go to the readers (a thread per record would cost more than the decoding).
+    hits = [hit(leaf) for leaf in leaves] if cached else [False] * len(leaves)
     with backend.small_reads((META_DIR, RECORDS_DIR), max_bytes=MAX_RECORD_BYTES) as read:
-        if backend.read_concurrency > 1 and len(leaves) > 1:
+        loaded = [load(leaf) if h else None for leaf, h in zip(leaves, hits, strict=True)]
+        misses = [i for i, h in enumerate(hits) if not h]
+        if backend.read_concurrency > 1 and len(misses) > 1:
             with concurrent.futures.ThreadPoolExecutor(backend.read_concurrency) as pool:
-                loaded = list(pool.map(load, leaves))
+                for i, got in zip(misses, pool.map(load, [leaves[i] for i in misses]), strict=True):
+                    loaded[i] = got
         else:
-            loaded = [load(leaf) for leaf in leaves]
-    if caching:
+            for i in misses:
+                loaded[i] = load(leaves[i])
+    # the cache needs rewriting only where records were fetched, or where at least REWRITE_DROPS
+    # entries are gone (fewer than that unused in all: no shard can have lost that many)
+    if caching and (fresh or len(cached) - sum(hits) >= _recordcache.REWRITE_DROPS):
         _refresh_cache(backend, leaves, cached, fresh)
     good = [r for r in loaded if type(r) is ScannedRecord]
     bad = [r for r in loaded if isinstance(r, VerifyResult)]

@@ -216,6 +216,15 @@ class Backend(abc.ABC):
     second read of the same bytes costs no transfer (a local disk's page cache): a copy to a
     sink that takes :meth:`FileSink.reread_from` then holds none of the bytes in memory."""
 
+    plans_from_records: bool = False
+    """Whether a prune may plan from the records' listing alone and look at data only where the
+    plan depends on it (the newest artifacts, the ones the policy keeps, names with a commit in
+    flight): True where data is only ever changed by a whole replace, which a commit fronts with
+    its pending record, and where listing every data file costs per key (object stores). Every
+    delete still re-checks its data and record with fresh stats first (``prune.still_planned``),
+    so this changes what a plan costs, never what is deleted. Elsewhere (file systems, where a
+    modification time can be 0, "unknown") the plan lists the data too."""
+
     staging_names: bool = True
     """Whether writes leave entries under reserved staging names (``.commitstore.tmp.*``) while
     they run, as the rename family does. Object stores upload to the final key and have none, so

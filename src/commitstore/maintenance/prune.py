@@ -1,9 +1,11 @@
-"""Pruning: gather each target's committed artifacts (one listing each), hash the newest until one
-verifies, plan with the pure policy of ``retention.py`` over every target at once, delete
-record-first after re-checking each artifact under the publish lock."""
+"""Pruning: gather each target's committed artifacts (one listing each: of the whole store, or
+on object stores of the records only, their data then checked where the plan depends on it), hash
+the newest until one verifies, plan with the pure policy of ``retention.py`` over every target at
+once, delete record-first after re-checking each artifact under the publish lock."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import operator
@@ -17,13 +19,21 @@ from commitstore._order import arrange, sort_key
 from commitstore._scan import read_record, scan_entries
 from commitstore.backends import FileInfo
 from commitstore.errors import NotFoundError
-from commitstore.layout import META_DIR, RECORDS_DIR, Parts, record_parts
+from commitstore.layout import (
+    META_DIR,
+    RECORDS_DIR,
+    Parts,
+    is_intent_leaf,
+    record_of_intent,
+    record_parts,
+)
 from commitstore.maintenance.retention import (
     Candidate,
     Retention,
     TargetPlan,
-    keep_set,
+    guard_window,
     plan_target,
+    selection,
 )
 from commitstore.records import Record, RecordFormatError
 
@@ -68,12 +78,20 @@ class Listed:
 
     candidate: Candidate
     record: Record
+    checked: bool = True
+    """Whether the candidate's wholeness and mtime come from its data (listed or stat'ed);
+    False: from its record alone (whole assumed, the record's mtime), until the plan depends on
+    them (:func:`settle`)."""
 
 
 def candidates(store: Committer, pending: set[str]) -> list[Listed]:
-    """Every committed artifact of ``store`` with its mtime and size-level wholeness, from one
-    listing of the whole store (records included; on object stores, records come from the record
-    cache where their tags match, so no request per artifact)."""
+    """Every committed artifact of ``store`` with its mtime and size-level wholeness. Where the
+    backend :attr:`~commitstore.backends.Backend.plans_from_records`, from one listing of the
+    records (data checked later, where the plan needs it); elsewhere from one listing of the
+    whole store, records included. On object stores, records come from the record cache where
+    their tags match, so no request per artifact."""
+    if store.backend.plans_from_records:
+        return _from_records(store, pending)
     walked = store.backend.walk(())
     listing = dict(walked)
     records_dir = (META_DIR, RECORDS_DIR)
@@ -99,6 +117,100 @@ def candidates(store: Committer, pending: set[str]) -> list[Listed]:
         )
         out.append(Listed(cand, rec))
     return out
+
+
+def _from_records(store: Committer, pending: set[str]) -> list[Listed]:
+    """The candidates from the records' listing alone: each whole as far as known, its mtime
+    its record's. A name whose pending record is listed too (a commit of it in flight, or one
+    that stopped) has its data checked at once."""
+    walked = store.backend.walk((META_DIR, RECORDS_DIR))
+    found, _bad = scan_entries(store.backend, walked)
+    in_flight = {record_of_intent(rel) for rel, _info in walked if is_intent_leaf(rel[-1])}
+    out = []
+    for entry in found:
+        rec = entry.record
+        cand = Candidate(
+            rec.name,
+            rec.step,
+            sort_key(rec),
+            _newest((entry.info,)),
+            True,
+            rec.name in pending,
+            alias=rec.alias,
+        )
+        item = Listed(cand, rec, checked=False)
+        if in_flight and record_parts(tuple(rec.name.split("/")))[2:] in in_flight:
+            item = _check_data(store, item)
+        out.append(item)
+    return out
+
+
+def _check_data(store: Committer, item: Listed) -> Listed:
+    """``item`` with its wholeness (sizes) and mtime from fresh stats of its data."""
+    rec, backend = item.record, store.backend
+    parts = tuple(rec.name.split("/"))
+    if rec.kind == "file":
+        info = backend.stat(parts)
+        infos = [info]
+        whole = info is not None and not info.is_dir and info.size == rec.size
+    else:
+        fresh = {"/".join(rel): info for rel, info in backend.walk(parts)}
+        infos = [fresh.get(f.path) for f in rec.files]
+        whole = all(
+            i is not None and i.size == f.size for i, f in zip(infos, rec.files, strict=True)
+        )
+    data = _newest(infos)
+    listed = item.candidate.mtime
+    mtime = None if data is None or listed is None else max(data, listed)
+    return Listed(replace(item.candidate, whole=whole, mtime=mtime), rec)
+
+
+def settle(
+    targets: list[Committer], per_target: list[list[Listed]], policy: Retention, now: float
+) -> tuple[list[list[Listed]], list[TargetPlan]]:
+    """The plans, once every candidate whose wholeness they depend on has its data checked:
+    plan with what is known (a candidate not checked yet counted whole), check the data of the
+    unchecked ones the plan depends on (those the keep-set chose for being whole, and each
+    target's guard window, ``retention.guard_window``), and plan again until none is left.
+    Every candidate outside those is either deleted or kept whatever its wholeness, so the
+    plans are the ones checking every artifact's data would give; only the mtimes of the
+    unchecked ones are their records' (each delete re-checks with fresh stats). Checks run
+    ``read_concurrency`` at a time per target."""
+    while True:
+        everything = [item.candidate for listed in per_target for item in listed]
+        keep, chosen = selection(everything, policy)
+        need: list[list[Listed]] = []
+        for listed in per_target:
+            window = {c.name for c in guard_window([i.candidate for i in listed])}
+            need.append(
+                [
+                    i
+                    for i in listed
+                    if not i.checked and (i.candidate.name in chosen or i.candidate.name in window)
+                ]
+            )
+        if not any(need):
+            plans = [
+                plan_target([i.candidate for i in ls], keep, min_age=policy.min_age, now=now)
+                for ls in per_target
+            ]
+            return per_target, plans
+        per_target = [
+            _check_all(store, listed, todo) if todo else listed
+            for store, listed, todo in zip(targets, per_target, need, strict=True)
+        ]
+
+
+def _check_all(store: Committer, listed: list[Listed], todo: list[Listed]) -> list[Listed]:
+    """``listed`` with the data of ``todo`` checked (:func:`_check_data`), concurrently."""
+    workers = max(1, min(store.backend.read_concurrency, len(todo)))
+    if workers == 1:
+        done = [_check_data(store, item) for item in todo]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            done = list(pool.map(functools.partial(_check_data, store), todo))
+    fresh = {item.record.name: item for item in done}
+    return [fresh.get(item.record.name, item) for item in listed]
 
 
 def _newest(infos: Iterable[FileInfo | None]) -> float | None:
@@ -179,15 +291,6 @@ def _changed(verified: list[Listed], listed: list[Listed]) -> bool:
     )
 
 
-def _plans(per_target: list[list[Listed]], policy: Retention, now: float) -> list[TargetPlan]:
-    """The size-level plan of every target (one keep-set over all of them)."""
-    keep = keep_set([item.candidate for listed in per_target for item in listed], policy)
-    return [
-        plan_target([i.candidate for i in listed], keep, min_age=policy.min_age, now=now)
-        for listed in per_target
-    ]
-
-
 def prune(
     targets: list[Committer],
     policy: Retention,
@@ -203,14 +306,14 @@ def prune(
     (never deleted)."""
     now = time.time() if now is None else now
     per_target = [candidates(t, pending.get(t.url, set())) for t in targets]
-    plans = _plans(per_target, policy, now)
+    per_target, plans = settle(targets, per_target, policy, now)
     if any(plan.delete for plan in plans):
         # Hashing can only protect more than the size-level plan (a name that fails is either
         # whole elsewhere or newer than the newest that verifies), so it is needed only when
         # something would be deleted; the plan changes only if some candidate fails.
         verified = [verify_newest(t, ls) for t, ls in zip(targets, per_target, strict=True)]
         if any(_changed(v, ls) for v, ls in zip(verified, per_target, strict=True)):
-            per_target, plans = verified, _plans(verified, policy, now)
+            per_target, plans = settle(targets, verified, policy, now)
     out = []
     for store, listed, plan in zip(targets, per_target, plans, strict=True):
         records = {item.record.name: item.record for item in listed}

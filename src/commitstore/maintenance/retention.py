@@ -20,7 +20,16 @@ from dataclasses import dataclass, field
 from commitstore._order import OrderKey, arrange
 from commitstore.errors import ConfigurationError
 
-__all__ = ["Candidate", "Retention", "TargetPlan", "check_age", "keep_set", "plan_target"]
+__all__ = [
+    "Candidate",
+    "Retention",
+    "TargetPlan",
+    "check_age",
+    "guard_window",
+    "keep_set",
+    "plan_target",
+    "selection",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +105,16 @@ _order_of = operator.attrgetter("order")
 def keep_set(candidates: Iterable[Candidate], policy: Retention) -> frozenset[str]:
     """Names to keep, over the whole artifacts of every target: ``candidates`` from all targets
     together; a name counts once, if it is whole on any target."""
+    return selection(candidates, policy)[0]
+
+
+def selection(
+    candidates: Iterable[Candidate], policy: Retention
+) -> tuple[frozenset[str], frozenset[str]]:
+    """:func:`keep_set`, and the part of it chosen for being whole (``keep_last``,
+    ``keep_every``): the only names whose wholeness the keep-set depends on. (A name that is not
+    whole is never chosen; one chosen that is not whole after all leaves its place to the next
+    whole one, which is older than every name chosen by ``keep_last``.)"""
     everything: dict[str, Candidate] = {}
     whole: dict[str, Candidate] = {}
     for c in candidates:
@@ -103,17 +122,18 @@ def keep_set(candidates: Iterable[Candidate], policy: Retention) -> frozenset[st
         if c.whole:
             whole.setdefault(c.name, c)
     ordered = arrange((c for c in whole.values() if not c.alias), _order_of)
-    keep = set(policy.keep)
-    keep.update(c.name for c in everything.values() if c.alias)
+    chosen: set[str] = set()
     if policy.keep_last:
-        keep.update(c.name for c in ordered[-policy.keep_last :])
+        chosen.update(c.name for c in ordered[-policy.keep_last :])
     if policy.keep_every:
-        keep.update(
+        chosen.update(
             c.name for c in ordered if c.step is not None and c.step % policy.keep_every == 0
         )
+    keep = set(policy.keep) | chosen
+    keep.update(c.name for c in everything.values() if c.alias)
     if policy.keep_last is None and policy.keep_every is None and not policy.keep:
         keep.update(everything)  # no policy: keep everything
-    return frozenset(keep)
+    return frozenset(keep), frozenset(chosen)
 
 
 def plan_target(
@@ -121,9 +141,7 @@ def plan_target(
 ) -> TargetPlan:
     """Apply the keep-set and the guards to one target's committed artifacts."""
     items = arrange(candidates, _order_of)
-    good = next(
-        (i for i in range(len(items) - 1, -1, -1) if items[i].whole and not items[i].alias), None
-    )
+    good = _newest_good(items)
     delete, kept, skipped = [], [], {}
     for i, c in enumerate(items):
         if c.name in keep or c.alias:
@@ -143,3 +161,20 @@ def plan_target(
         else:
             delete.append(c.name)
     return TargetPlan(tuple(delete), tuple(kept), skipped)
+
+
+def _newest_good(items: list[Candidate]) -> int | None:
+    """Index (in ``items``, oldest first) of the newest whole artifact that is not an alias."""
+    return next(
+        (i for i in range(len(items) - 1, -1, -1) if items[i].whole and not items[i].alias), None
+    )
+
+
+def guard_window(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """The candidates of one target whose wholeness its guard depends on: from the newest down
+    to the newest whole one that is not an alias (everything, if none is), aliases left out.
+    :func:`plan_target` protects the newest whole artifact and what is newer, so a name
+    further down can change its plan only through the keep-set."""
+    items = arrange(candidates, _order_of)
+    good = _newest_good(items)
+    return [c for c in items[good or 0 :] if not c.alias]

@@ -21,6 +21,7 @@ class ObjectBackend(Backend):
     scheme: str
     read_concurrency = 16
     staging_names = False
+    plans_from_records = True
     md5_bodies = False
     """The upload sink computes each body's MD5 while filling it (stores that send one)."""
     reread_bodies = False
