@@ -10,6 +10,7 @@ import argparse
 import concurrent.futures
 import datetime
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,6 +28,10 @@ from ._harness import write_results
 
 TARGET_S = {"moto, first scan": 5.0, "local": 1.0}
 """Wall-time targets per measurement (each of the prune plan and ``latest``)."""
+
+ROUNDS = 3
+"""Rounds of the local, first-scan and warm measurements and of the records' bare listing,
+taken in turn (each a fresh store object); the medians are reported, every run kept."""
 
 COUNTED = ("walk", "open_read", "read_small", "stat")
 
@@ -149,6 +154,24 @@ def _measure(
     }
 
 
+def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One measurement from ``runs`` of it: the median of each time, every run's time kept (the
+    calls are the same in every run; the first run's are reported)."""
+    out = dict(runs[0])
+    for key in ("prune_plan_s", "latest_size_s"):
+        values = [r[key] for r in runs]
+        out[key] = statistics.median(values)
+        out[key.removesuffix("_s") + "_runs_s"] = values
+    return out
+
+
+def _floor_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out = dict(runs[0])
+    out["s"] = statistics.median(r["s"] for r in runs)
+    out["runs_s"] = [r["s"] for r in runs]
+    return out
+
+
 def _measure_s3(server: MotoServer, url: str, n: int) -> dict[str, Any]:
     """Each measurement in a fresh store object (a new S3 filesystem, no listing cache), as a new
     process would see it: the first scan of a store written by commits (its record cache as the
@@ -164,9 +187,15 @@ def _measure_s3(server: MotoServer, url: str, n: int) -> dict[str, Any]:
         for o in listed:
             client.delete_object(Bucket=BUCKET, Key=o["Key"])
 
+    first, warm, floor = [], [], []
+    for _ in range(ROUNDS):
+        floor.append(_bare_listing(server, f"{prefix}/.commitstore/records/"))
+        first.append(_measure("moto, first scan", open_store(url, **options), n))
+        warm.append(_measure("moto, warm", open_store(url, **options), n))
     out = {
-        "moto, first scan": _measure("moto, first scan", open_store(url, **options), n),
-        "moto, warm": _measure("moto, warm", open_store(url, **options), n),
+        "moto, first scan": _median_of(first),
+        "moto, warm": _median_of(warm),
+        "records floor": _floor_of(floor),
     }
     drop_cache()
     out["moto, no cache"] = _measure("moto, no cache", open_store(url, **options), n, drop_cache)
@@ -180,7 +209,7 @@ def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="cs-bench-scale-") as tmp:
         local = open_store(Path(tmp) / "store")
         _fill(local, n_local)
-        results = {"local": _measure("local", local, n_local)}
+        results = {"local": _median_of([_measure("local", local, n_local) for _ in range(ROUNDS)])}
         if getattr(args, "local_only", False):
             print(f"  local only: results not written; load average {os.getloadavg()}")
             return
@@ -188,16 +217,15 @@ def main(args: argparse.Namespace) -> None:
         try:
             n_s3 = n_local
             _seed_s3(moto, f"s3://{BUCKET}/scale", "scale", n_s3)
-            floors = {
-                "records": _bare_listing(moto, "scale/.commitstore/records/"),
-                "whole store": _bare_listing(moto, "scale/"),
-            }
+            whole = _bare_listing(moto, "scale/")
             results.update(_measure_s3(moto, f"s3://{BUCKET}/scale", n_s3))
+            floors = {"records": results.pop("records floor"), "whole store": whole}
             results["moto, one bare listing (floor)"] = {"artifacts": n_s3, **floors}
         finally:
             moto.stop()
     write_results(
         "scale",
-        f"scale: prune plan and latest(level='size'), {n_local} artifacts, one run",
+        f"scale: prune plan and latest(level='size'), {n_local} artifacts, medians of "
+        f"{ROUNDS} runs (taken in turn; no cache and the whole store's listing: one run)",
         results,
     )
