@@ -4,6 +4,7 @@ several test modules use are started once per module here."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol, TypeVar
 
 import pytest
 
@@ -14,34 +15,38 @@ from .helpers.s3servers import MotoServer, RcloneS3
 pytest_plugins = ["commitstore.testing.plugin"]
 
 
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    """A moto S3 server (one request at a time), stopped by PID after the module."""
-    server = MotoServer(tmp_path_factory.mktemp("moto"))
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Stoppable)
+
+
+def _served(server: S) -> Iterator[S]:
+    """Yield ``server`` (started by its constructor); stop it by PID afterwards, whatever
+    happened."""
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A moto S3 server (one request at a time), stopped by PID after the module."""
+    yield from _served(MotoServer(tmp_path_factory.mktemp("moto")))
 
 
 @pytest.fixture(scope="module")
 def rclone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RcloneS3]:
     """``rclone serve s3`` over a real folder, stopped by PID after the module."""
-    server = RcloneS3(tmp_path_factory.mktemp("rclone"))
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _served(RcloneS3(tmp_path_factory.mktemp("rclone")))
 
 
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
     """fake-gcs-server, stopped by PID after the module."""
-    server = FakeGcs(tmp_path_factory.mktemp("fakegcs"))
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _served(FakeGcs(tmp_path_factory.mktemp("fakegcs")))
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ of every record with its cache. Nothing here raises for a bad record: a scan rep
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TypeGuard
 
@@ -158,15 +159,20 @@ def scan_entries(
         else {}
     )
     fresh: _recordcache.Entries = {}
+    vouched: dict[str, bytes] = {}  # record key -> its bytes, where the cache vouches for it
+    for rel, info in leaves if cached else ():
+        key = "/".join(rel)
+        entry = cached.get(key)
+        if _vouched(entry, _recordcache.norm(info.tag), info):
+            vouched[key] = entry[1]
 
     def fetch(rel: Parts, info: FileInfo) -> bytes:
+        key = "/".join(rel)
+        if key in vouched:
+            return vouched[key]
         if not caching:
             return read(rel)[0]
-        key = "/".join(rel)
         listed = _recordcache.norm(info.tag)
-        hit = cached.get(key)
-        if _vouched(hit, listed, info):
-            return hit[1]
         raw, got = read(rel)
         # only the version the listing shows is cached (a record replaced since, or a service
         # whose GET tags differ from its listing's, would miss again at every scan)
@@ -198,13 +204,9 @@ def scan_entries(
             return _bad(rel, f"unreadable: {exc}")
         return ScannedRecord(record, info if logical is rel else None)
 
-    def hit(leaf: tuple[Parts, FileInfo]) -> bool:
-        rel, info = leaf
-        return _vouched(cached.get("/".join(rel)), _recordcache.norm(info.tag), info)
-
     # Records the cache vouches for cost no request: decoded here, in the listing's order; only
     # the others go to the readers (a thread per record would cost more than the decoding).
-    hits = [hit(leaf) for leaf in leaves] if cached else [False] * len(leaves)
+    hits = ["/".join(rel) in vouched for rel, _info in leaves]
     with backend.small_reads((META_DIR, RECORDS_DIR), max_bytes=MAX_RECORD_BYTES) as read:
         loaded = [load(leaf) if h else None for leaf, h in zip(leaves, hits, strict=True)]
         misses = [i for i, h in enumerate(hits) if not h]
@@ -217,8 +219,8 @@ def scan_entries(
                 loaded[i] = load(leaves[i])
     # the cache needs rewriting only where records were fetched, or where at least REWRITE_DROPS
     # entries are gone (fewer than that unused in all: no shard can have lost that many)
-    if caching and (fresh or len(cached) - sum(hits) >= _recordcache.REWRITE_DROPS):
-        _refresh_cache(backend, leaves, cached, fresh)
+    if caching and (fresh or len(cached) - len(vouched) >= _recordcache.REWRITE_DROPS):
+        _refresh_cache(backend, leaves, cached, vouched, fresh)
     good = [r for r in loaded if type(r) is ScannedRecord]
     bad = [r for r in loaded if isinstance(r, VerifyResult)]
     return good, bad
@@ -246,6 +248,7 @@ def _refresh_cache(
     backend: Backend,
     leaves: list[tuple[Parts, FileInfo]],
     cached: _recordcache.Entries,
+    vouched: Collection[str],
     fresh: _recordcache.Entries,
 ) -> None:
     """Rewrite each shard that had to be fetched from, or that lost at least
@@ -253,12 +256,11 @@ def _refresh_cache(
     shard_of = _recordcache.shard_of
     kept: dict[int, _recordcache.Entries] = {}
     fetched: set[int] = set()
-    for rel, info in leaves:
+    for rel, _info in leaves:
         key = "/".join(rel)
         shard = shard_of(key)
-        hit = cached.get(key)
-        if _vouched(hit, _recordcache.norm(info.tag), info):
-            kept.setdefault(shard, {})[key] = hit
+        if key in vouched:
+            kept.setdefault(shard, {})[key] = cached[key]
         elif key in fresh:
             kept.setdefault(shard, {})[key] = fresh[key]
             fetched.add(shard)

@@ -17,7 +17,7 @@ from commitstore import _check
 from commitstore._commit import Committer
 from commitstore._order import arrange, sort_key
 from commitstore._scan import read_record, scan_entries
-from commitstore.backends import FileInfo
+from commitstore.backends import Backend, FileInfo
 from commitstore.errors import NotFoundError
 from commitstore.layout import (
     META_DIR,
@@ -101,19 +101,16 @@ def candidates(store: Committer, pending: set[str]) -> list[Listed]:
     out = []
     for entry in found:
         rec = entry.record
-        if rec.kind == "file":
-            info = listing.get(tuple(rec.name.split("/")))
-            whole = info is not None and info.size == rec.size
-            mtime = _newest((info, entry.info))
-        else:
-            parts = tuple(rec.name.split("/"))
-            infos = [listing.get(p) for p in _data_paths(rec, parts)]
-            whole = all(
-                i is not None and i.size == f.size for i, f in zip(infos, rec.files, strict=True)
-            )
-            mtime = _newest((*infos, entry.info))
+        infos = [listing.get(p) for p in _data_paths(rec, tuple(rec.name.split("/")))]
+        mtime = _newest((*infos, entry.info))
         cand = Candidate(
-            rec.name, rec.step, sort_key(rec), mtime, whole, rec.name in pending, alias=rec.alias
+            rec.name,
+            rec.step,
+            sort_key(rec),
+            mtime,
+            _whole(rec, infos),
+            rec.name in pending,
+            alias=rec.alias,
         )
         out.append(Listed(cand, rec))
     return out
@@ -147,22 +144,32 @@ def _from_records(store: Committer, pending: set[str]) -> list[Listed]:
 
 def _check_data(store: Committer, item: Listed) -> Listed:
     """``item`` with its wholeness (sizes) and mtime from fresh stats of its data."""
-    rec, backend = item.record, store.backend
-    parts = tuple(rec.name.split("/"))
-    if rec.kind == "file":
-        info = backend.stat(parts)
-        infos = [info]
-        whole = info is not None and not info.is_dir and info.size == rec.size
-    else:
-        fresh = {"/".join(rel): info for rel, info in backend.walk(parts)}
-        infos = [fresh.get(f.path) for f in rec.files]
-        whole = all(
-            i is not None and i.size == f.size for i, f in zip(infos, rec.files, strict=True)
-        )
+    infos = _fresh_infos(store.backend, item.record)
     data = _newest(infos)
     listed = item.candidate.mtime
     mtime = None if data is None or listed is None else max(data, listed)
-    return Listed(replace(item.candidate, whole=whole, mtime=mtime), rec)
+    return Listed(
+        replace(item.candidate, whole=_whole(item.record, infos), mtime=mtime), item.record
+    )
+
+
+def _fresh_infos(backend: Backend, rec: Record) -> list[FileInfo | None]:
+    """Fresh stats of ``rec``'s data files (a file: one stat; a folder: one walk of it), in the
+    order of :func:`_data_paths`; None for a missing one."""
+    parts = tuple(rec.name.split("/"))
+    if rec.kind == "file":
+        return [backend.stat(parts)]
+    fresh = {"/".join(rel): info for rel, info in backend.walk(parts)}
+    return [fresh.get(f.path) for f in rec.files]
+
+
+def _whole(rec: Record, infos: list[FileInfo | None]) -> bool:
+    """Whether the data files ``infos`` (:func:`_data_paths` order) have the recorded sizes."""
+    sizes = [rec.size] if rec.kind == "file" else [f.size for f in rec.files]
+    return all(
+        i is not None and not i.is_dir and i.size == size
+        for i, size in zip(infos, sizes, strict=True)
+    )
 
 
 def settle(
@@ -271,12 +278,7 @@ def still_planned(store: Committer, planned: Record, *, min_age: float) -> str |
         return "record gone since the plan (data left alone)"
     if found.record != planned:
         return "record changed since the plan (overwritten)"
-    if planned.kind == "file":
-        infos = [backend.stat(parts)]
-    else:
-        fresh = {"/".join(rel): info for rel, info in backend.walk(parts)}
-        infos = [fresh.get(f.path) for f in planned.files]
-    mtime = _newest((*infos, backend.stat(record_parts(parts))))
+    mtime = _newest((*_fresh_infos(backend, planned), backend.stat(record_parts(parts))))
     if mtime is None:
         return "unknown mtime"
     if time.time() - mtime < min_age:
