@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -258,3 +259,31 @@ def test_a_name_with_its_commit_in_flight_is_planned_from_its_data(moto: MotoSer
     assert real.skipped.get("step_0.pt", "").startswith("modified since the plan"), real
     assert door.read("step_0.pt") == bytes([0]) * 50
     assert fresh.verify("step_0.pt", level="full").ok
+
+
+@pytest.mark.parametrize("policy_kw", [{"keep_last": 2}, {"keep_every": 5}], ids=["last", "every"])
+def test_a_name_whose_records_differ_between_targets_is_placed_by_its_whole_copy(
+    tmp_path: Path, policy_kw: dict[str, int]
+) -> None:
+    """The primary's ``A.pt`` (step 1) has lost its data; the mirror's ``A.pt`` is another,
+    whole version (step 10 of 4). Checking every data file orders ``A.pt`` by the mirror's
+    record, so the policy keeps it; planned from the records, the primary's copy must be
+    checked too, or ``A.pt`` is placed by its stale record and the mirror's whole, verifying
+    copy is deleted."""
+    roots = (tmp_path / "p", tmp_path / "m")
+    primary, mirror = (open_store(r) for r in roots)
+    for i, name in enumerate(("A.pt", "B.pt", "C.pt"), start=1):
+        primary.put_bytes(name, bytes([i]) * 100, step=i)
+    for step, name in ((6, "Y.pt"), (7, "Z.pt"), (10, "A.pt"), (11, "W.pt")):
+        mirror.put_bytes(name, bytes([step]) * 100, step=step)
+    (roots[0] / "A.pt").unlink()
+    copies = (tmp_path / "p2", tmp_path / "m2")
+    for src, dst in zip(roots, copies, strict=True):
+        shutil.copytree(src, dst)
+    pol = Retention(min_age=0, **policy_kw)  # type: ignore[arg-type]
+    eager = _prune([primary.committer, mirror.committer], pol, from_records=False, dry_run=False)
+    twins = [open_store(r).committer for r in copies]
+    lazy = _prune(twins, pol, from_records=True, dry_run=False)
+    assert lazy == eager
+    assert "A.pt" in eager[1][1], eager  # kept on the mirror
+    assert open_store(copies[1]).verify("A.pt", level="full").ok

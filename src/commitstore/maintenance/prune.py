@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from commitstore import _check
 from commitstore._commit import Committer
-from commitstore._order import arrange, sort_key
+from commitstore._order import OrderKey, arrange, sort_key
 from commitstore._scan import read_record, scan_entries
 from commitstore.backends import Backend, FileInfo
 from commitstore.errors import NotFoundError
@@ -182,20 +182,25 @@ def settle(
     Every candidate outside those is either deleted or kept whatever its wholeness, so the
     plans are the ones checking every artifact's data would give; only the mtimes of the
     unchecked ones are their records' (each delete re-checks with fresh stats). Checks run
-    ``read_concurrency`` at a time per target."""
+    ``read_concurrency`` at a time per target.
+
+    A name whose records differ between targets (a mirror that lags an overwrite) is ordered by
+    the record of the first target where it is whole, so its data is checked on every target:
+    which copy is whole decides where the keep-set places it."""
+    first: dict[str, OrderKey] = {}
+    mixed: set[str] = set()
+    for listed in per_target:
+        for item in listed:
+            if first.setdefault(item.candidate.name, item.candidate.order) != item.candidate.order:
+                mixed.add(item.candidate.name)
     while True:
         everything = [item.candidate for listed in per_target for item in listed]
         keep, chosen = selection(everything, policy)
         need: list[list[Listed]] = []
         for listed in per_target:
             window = {c.name for c in guard_window([i.candidate for i in listed])}
-            need.append(
-                [
-                    i
-                    for i in listed
-                    if not i.checked and (i.candidate.name in chosen or i.candidate.name in window)
-                ]
-            )
+            depends = chosen | window | mixed
+            need.append([i for i in listed if not i.checked and i.candidate.name in depends])
         if not any(need):
             plans = [
                 plan_target([i.candidate for i in ls], keep, min_age=policy.min_age, now=now)
