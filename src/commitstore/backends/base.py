@@ -11,11 +11,13 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
+import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
+from commitstore._recordcheck import MAX_RECORD_BYTES, RecordFormatError
 from commitstore.errors import ConfigurationError
 from commitstore.layout import Parts
 
@@ -274,14 +276,21 @@ class Backend(abc.ABC):
         return max(t for t in times if t is not None)
 
     def read_small(self, parts: Parts) -> bytes:
-        """All bytes of a small file (a record), in as few requests as the storage allows."""
+        """All bytes of a small file (a record, a pending record, a marker, a cache shard), in
+        as few requests as the storage allows.
+
+        Raises:
+            RecordFormatError: the file is larger than :data:`MAX_SMALL_BYTES` (the maximum
+                record size, ``docs/format.md``); its size is checked before anything is read,
+                and at most ``MAX_SMALL_BYTES + 1`` bytes are ever read (a file that grows while
+                it is read). NotFoundError, IntegrityError, StorageError: as :meth:`open_read`.
+        """
         with self.open_read(parts) as f:
-            data: bytes = f.read()
-        return data
+            return read_bounded(f, lambda: "/".join(parts))
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
-        """Like :meth:`read_small`, plus the tag (see :attr:`FileInfo.tag`) of the version read,
-        taken from the same response; None where the storage has no tags."""
+        """Like :meth:`read_small` (the same bound), plus the tag (see :attr:`FileInfo.tag`) of
+        the version read, taken from the same response; None where the storage has no tags."""
         return self.read_small(parts), None
 
     def small_reads(
@@ -316,6 +325,35 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """Strategy, reason it was chosen, location and capabilities (no credentials)."""
+
+
+MAX_SMALL_BYTES = MAX_RECORD_BYTES
+"""The largest file :meth:`Backend.read_small` reads: the maximum record size."""
+
+
+def too_large(shown: str, size: int | None = None) -> RecordFormatError:
+    """The error of a small file (a record...) over :data:`MAX_SMALL_BYTES` (``size``: its
+    size, where known)."""
+    what = "larger than" if size is None else f"{size} bytes, more than"
+    return RecordFormatError(f"{shown} is {what} {MAX_SMALL_BYTES} bytes")
+
+
+def read_bounded(f: BinaryIO, shown: Callable[[], str]) -> bytes:
+    """All bytes of the seekable ``f`` (positioned at 0) if there are at most
+    :data:`MAX_SMALL_BYTES`: its size is taken by seeking to its end (nothing read), and at most
+    one byte more than the bound is read after that.
+
+    Raises:
+        RecordFormatError: it is larger.
+    """
+    size = f.seek(0, io.SEEK_END)
+    if size > MAX_SMALL_BYTES:
+        raise too_large(shown(), size)
+    f.seek(0)
+    data: bytes = f.read(MAX_SMALL_BYTES + 1)
+    if len(data) > MAX_SMALL_BYTES:  # grew since the seek
+        raise too_large(shown(), len(data))
+    return data
 
 
 def take_options(options: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from commitstore.backends.base import take_options
+from commitstore.backends.base import MAX_SMALL_BYTES, take_options, too_large
 from commitstore.backends.object._azureerrors import translate
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.backends.object.upload import ObjectStat, Upload, Written
@@ -171,15 +171,25 @@ class AzureBackend(ObjectBackend):
         return io.BufferedReader(raw, READ_CHUNK)
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
-        """One download; the tag is the ETag of the version it returned."""
+        """One download of the first ``MAX_SMALL_BYTES + 1`` bytes at most (a range): a larger
+        blob raises RecordFormatError, and no more of it than that is downloaded. The tag is the
+        ETag of the version it returned."""
         client = self.blob(parts)
 
         def fetch() -> tuple[bytes, str | None]:
-            stream = client.download_blob()
+            try:
+                stream = client.download_blob(offset=0, length=MAX_SMALL_BYTES + 1)
+            except Exception as exc:  # the SDK's HttpResponseError (imported with an az:// URL)
+                if getattr(exc, "status_code", None) != 416:
+                    raise
+                stream = client.download_blob()  # empty: no range can start in it
             data: bytes = stream.readall()
             return data, stream.properties.etag
 
-        return self.call("reading", parts, fetch)
+        data, tag = self.call("reading", parts, fetch)
+        if len(data) > MAX_SMALL_BYTES:
+            raise too_large(self.shown(parts))
+        return data, tag
 
     def describe_store(self) -> dict[str, Any]:
         return {

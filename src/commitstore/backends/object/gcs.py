@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import contextlib
+import functools
 import io
 import json
 import os
@@ -24,7 +25,7 @@ import google_crc32c
 from fsspec.asyn import sync
 
 from commitstore._secrets import leaks, redact, secret_values, stand_in
-from commitstore.backends.base import take_options
+from commitstore.backends.base import MAX_SMALL_BYTES, take_options, too_large
 from commitstore.backends.object._gcserrors import translate
 from commitstore.backends.object._transport import TranslatedReader
 from commitstore.backends.object.base import ObjectBackend
@@ -227,12 +228,26 @@ class GcsBackend(ObjectBackend):
         return cast(BinaryIO, TranslatedReader(f, lambda exc: translate(exc, "reading", shown)))
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
-        """One media GET; the tag is the generation that GET returned."""
-        headers, data = self.call(
-            "reading", parts, "GET", "b/{}/o/{}", self.bucket, self.key(parts), alt="media"
-        )
+        """One media GET of the first ``MAX_SMALL_BYTES + 1`` bytes at most (a range): a larger
+        object raises RecordFormatError, and no more of it than that is downloaded. The tag is
+        the generation that GET returned."""
+        headers, data = self.run("reading", parts, self._get_small(self.key(parts)))
+        if len(data) > MAX_SMALL_BYTES:
+            raise too_large(self.shown(parts))
         tag = headers.get("x-goog-generation") if headers is not None else None
         return bytes(data), tag
+
+    async def _get_small(self, key: str) -> tuple[Any, bytes]:
+        """The ranged media GET of :meth:`read_small_tagged`; an empty object, which a range
+        cannot start in (416), is read again without one."""
+        get = functools.partial(self.fs._call, "GET", "b/{}/o/{}", self.bucket, key, alt="media")
+        try:
+            got: tuple[Any, bytes] = await get(headers={"Range": f"bytes=0-{MAX_SMALL_BYTES}"})
+        except Exception as exc:  # gcsfs's HttpError (gcsfs is imported only with a gs:// URL)
+            if getattr(exc, "code", None) != 416:
+                raise
+            got = await get()
+        return got
 
     def describe_store(self) -> dict[str, Any]:
         return {

@@ -23,7 +23,7 @@ import os
 from typing import Any, BinaryIO, cast
 from urllib.parse import unquote, urlsplit
 
-from commitstore.backends.base import PendingUpload, take_options
+from commitstore.backends.base import MAX_SMALL_BYTES, PendingUpload, take_options, too_large
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
 from commitstore.backends.object._timestamps import fast_session
 from commitstore.backends.object.base import ObjectBackend
@@ -227,11 +227,18 @@ class S3Backend(ObjectBackend):
         return cast(BinaryIO, reader)
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
-        """One GET; the tag is the ETag of the version that GET returned."""
+        """One GET; the tag is the ETag of the version that GET returned. The response's length
+        is checked before its body is read: a larger object than ``MAX_SMALL_BYTES`` raises
+        RecordFormatError, its body never read (the connection is dropped)."""
         result = self.call("reading", parts, "get_object", Key=self.key(parts))
         body = result["Body"]
         try:
-            data: bytes = self.run_coro(body.read())
+            length = result.get("ContentLength")
+            if isinstance(length, int) and length > MAX_SMALL_BYTES:
+                raise too_large(self.shown(parts), length)
+            data: bytes = self.run_coro(_read_capped(body, MAX_SMALL_BYTES + 1))
+            if len(data) > MAX_SMALL_BYTES:  # no length given, or a longer body than it said
+                raise too_large(self.shown(parts), len(data))
         finally:
             body.close()
         return data, result.get("ETag")
@@ -379,3 +386,17 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         read_inflight=opts["read_inflight"],
         reason="s3:// URL (multipart upload completion is the commit)",
     )
+
+
+async def _read_capped(body: Any, cap: int) -> bytes:
+    """The bytes of a response body up to its end, or its first ``cap`` or more when it is longer
+    (a stream's ``read(n)`` may return fewer than ``n`` before the end)."""
+    chunks: list[bytes] = []
+    total = 0
+    while total < cap:
+        chunk: bytes = await body.read(cap - total)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)

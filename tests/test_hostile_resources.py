@@ -1,0 +1,210 @@
+"""Hostile resources on storage and in arguments: files far larger than any record at a record's
+path, compressed cache shards that expand without bound, damaged files ``adopt`` parses, special
+files as sources, read-only mounts, symlinked folders and loose option values. Every answer is a
+typed one, bounded in memory and time, and nothing committed is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commitstore import IntegrityError, open_store
+from commitstore.backends import PutMode
+from commitstore.records import MAX_RECORD_BYTES
+from commitstore.testing import xxh
+
+from .helpers.azurite import Azurite
+from .helpers.gcsserver import FakeGcs
+from .helpers.requestproxy import RequestProxy
+from .helpers.s3servers import BUCKET, MotoServer
+
+REPO = Path(__file__).resolve().parents[1]
+GiB = 1 << 30
+
+
+def _child(script: str, *args: str) -> dict[str, Any]:
+    """Run ``script`` in a child Python (this checkout's ``src`` first) and return the JSON
+    object it prints last."""
+    path = f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        check=False,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+# -- records, pending records and markers larger than any record -----------------------------
+_BOUNDED_READS = """
+import json, os, resource, sys
+import commitstore
+
+root, what = sys.argv[1], sys.argv[2]
+store = commitstore.open_store(root)
+
+def vm() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
+
+def rchar() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("rchar:"))
+
+limit = vm() + 256 * 1024 * 1024  # far less than the 1 GiB planted
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+before = rchar()
+try:
+    if what == "record":
+        got = repr(store.record("a.bin"))
+    elif what == "verify_name":
+        got = [(r.name, r.status) for r in store.verify("a.bin").results]
+    elif what == "verify_all":
+        got = [(r.name, r.status) for r in store.verify().results]
+    elif what == "latest":
+        got = repr(store.latest())
+    elif what == "gc":
+        got = repr(store.gc(min_age=0))
+    result = {"ok": got}
+except BaseException as exc:
+    result = {"error": type(exc).__name__, "status": getattr(exc, "status", None),
+              "message": str(exc)[:300]}
+result["read"] = rchar() - before
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize("what", ["record", "verify_name", "verify_all", "latest"])
+def test_a_sparse_gigabyte_at_a_record_path_is_refused_unread(tmp_path: Path, what: str) -> None:
+    store = open_store(str(tmp_path))
+    store.put_bytes("a.bin", b"hello")
+    store.put_bytes("b.bin", b"world")
+    record = tmp_path / ".commitstore" / "records" / ".commitstore.rec.a.bin.json"
+    os.truncate(record, GiB)  # sparse: costs no disk
+    got = _child(_BOUNDED_READS, str(tmp_path), what)
+    assert got["read"] < MAX_RECORD_BYTES, got
+    if what == "record":
+        assert got["error"] == "IntegrityError" and got["status"] == "bad_record", got
+        assert str(GiB) in got["message"]
+    elif what in ("verify_name", "verify_all"):
+        assert ["a.bin", "bad_record"] in got["ok"], got
+    else:
+        assert "b.bin" in got["ok"], got  # the other artifact is still found
+    assert store.read_bytes("b.bin") == b"world"
+
+
+def test_a_sparse_gigabyte_pending_record_is_not_read_by_gc_or_a_commit(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path))
+    store.put_bytes("a.bin", b"hello")
+    pending = tmp_path / ".commitstore" / "records" / ".commitstore.new.a.bin.json"
+    pending.write_bytes(b"")
+    os.truncate(pending, GiB)
+    old = time.time() - 7200
+    os.utime(pending, (old, old))
+    got = _child(_BOUNDED_READS, str(tmp_path), "gc")
+    assert got["read"] < MAX_RECORD_BYTES, got
+    assert "error" not in got, got
+    assert not pending.exists()  # a pending record too large to be one is dropped, as damaged
+    # a commit over the name reads the pending record of an earlier commit first
+    pending.write_bytes(b"")
+    os.truncate(pending, GiB)
+    store.put_bytes("a.bin", b"again", overwrite=True)
+    assert store.read_bytes("a.bin") == b"again"
+
+
+@pytest.fixture(scope="module")
+def proxy(moto: MotoServer) -> Any:
+    p = RequestProxy(moto.port)
+    yield p
+    p.stop()
+
+
+def test_an_s3_record_object_over_the_bound_is_never_downloaded(
+    moto: MotoServer, proxy: RequestProxy
+) -> None:
+    prefix = f"big{time.monotonic_ns()}"
+    opts = {**moto.options(), "endpoint_url": proxy.endpoint}
+    store = open_store(moto.url(prefix), **opts)
+    store.put_bytes("a.bin", b"hello")
+    size = 3 * MAX_RECORD_BYTES
+    key = f"{prefix}/.commitstore/records/.commitstore.rec.a.bin.json"
+    moto.client().put_object(Bucket=BUCKET, Key=key, Body=b" " * size)
+    proxy.count()
+    with pytest.raises(IntegrityError) as err:
+        store.record("a.bin")
+    assert err.value.status == "bad_record"
+    assert str(size) in str(err.value)
+    assert proxy.relayed < MAX_RECORD_BYTES, proxy.relayed
+    proxy.count()
+    assert [(r.name, r.status) for r in store.verify().results] == [("a.bin", "bad_record")]
+    assert proxy.relayed < MAX_RECORD_BYTES, proxy.relayed
+
+
+@pytest.fixture(scope="module")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    server = Azurite(tmp_path_factory.mktemp("azurite"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _proxied_store(kind: str, request: pytest.FixtureRequest) -> tuple[Any, RequestProxy]:
+    """A fresh store on the ``kind`` server, every request through a counting proxy."""
+    prefix = f"big{time.monotonic_ns()}"
+    if kind == "gcs":
+        gcs: FakeGcs = request.getfixturevalue("gcs")
+        proxy = RequestProxy(int(gcs.endpoint.rsplit(":", 1)[1]))
+        opts = {**gcs.options(), "endpoint_url": proxy.endpoint}
+        url = gcs.url(prefix)
+    else:
+        az: Azurite = request.getfixturevalue("azurite")
+        proxy = RequestProxy(az.port)
+        conn = az.connection_string.replace(f":{az.port}/", f":{proxy.port}/")
+        opts, url = {"connection_string": conn}, az.url(prefix)
+    request.addfinalizer(proxy.stop)
+    return open_store(url, **opts), proxy
+
+
+def _plant(store: Any, parts: tuple[str, ...], data: bytes) -> None:
+    sink = store.backend.open_sink(parts, mode=PutMode.REPLACE)
+    sink.write(memoryview(data))
+    sink.publish(size=len(data), digest=xxh(data))
+
+
+@pytest.mark.parametrize("kind", ["gcs", "azure"])
+def test_gcs_and_azure_record_objects_are_read_by_a_bounded_range(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    store, proxy = _proxied_store(kind, request)
+    store.put_bytes("a.bin", b"hello")
+    store.put_bytes("e.bin", b"empty record")
+    records = (".commitstore", "records")
+    _plant(store, (*records, ".commitstore.rec.a.bin.json"), b" " * (2 * MAX_RECORD_BYTES))
+    _plant(store, (*records, ".commitstore.rec.e.bin.json"), b"")
+    proxy.count()
+    with pytest.raises(IntegrityError) as err:
+        store.record("a.bin")
+    assert err.value.status == "bad_record"
+    assert proxy.relayed < MAX_RECORD_BYTES + 1024 * 1024, proxy.relayed
+    # an empty object cannot hold a range's first byte: it is read whole, and is a bad record
+    with pytest.raises(IntegrityError) as err:
+        store.record("e.bin")
+    assert err.value.status == "bad_record"
+    assert {(r.name, r.status) for r in store.verify().results} == {
+        ("a.bin", "bad_record"),
+        ("e.bin", "bad_record"),
+    }
