@@ -6,18 +6,23 @@ typed one, bounded in memory and time, and nothing committed is lost.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from commitstore import IntegrityError, open_store
+from commitstore._recordcache import DIRECT_MAX, SHARDS
+from commitstore._recordcache import SCHEMA as CACHE_SCHEMA
 from commitstore.backends import PutMode
 from commitstore.records import MAX_RECORD_BYTES
 from commitstore.testing import xxh
@@ -38,7 +43,8 @@ def _child(script: str, *args: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), *args],
         check=False,
-        env={**os.environ, "PYTHONPATH": path},
+        # one malloc arena: each thread's own would reserve 64 MiB of the address space limited
+        env={**os.environ, "PYTHONPATH": path, "MALLOC_ARENA_MAX": "1"},
         capture_output=True,
         text=True,
         timeout=300,
@@ -208,3 +214,64 @@ def test_gcs_and_azure_record_objects_are_read_by_a_bounded_range(
         ("a.bin", "bad_record"),
         ("e.bin", "bad_record"),
     }
+
+
+# -- record-cache shards that expand without bound ------------------------------------------
+def _gzip_bomb(expanded: int) -> bytes:
+    """A valid one-member gzip of ``expanded`` spaces (a multiple of 1 MiB), about a
+    thousandth of that size, built without compressing it all: the deflate blocks of each
+    MiB are identical once the compressor is reset between them."""
+    chunk = b" " * (1 << 20)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    block = deflate.compress(chunk) + deflate.flush(zlib.Z_FULL_FLUSH)
+    n = expanded >> 20
+    crc = 0
+    for _ in range(n):
+        crc = zlib.crc32(chunk, crc)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    trailer = struct.pack("<II", crc, expanded & 0xFFFFFFFF)
+    return header + block * n + deflate.flush() + trailer
+
+
+_SCAN_UNDER_A_LIMIT = """
+import json, resource, sys
+import commitstore
+
+url, opts = sys.argv[1], json.loads(sys.argv[2])
+store = commitstore.open_store(url, **opts)
+with open("/proc/self/status") as f:
+    vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
+limit = vm + 768 * 1024 * 1024  # less than the 1 GiB one shard expands to
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    result = {"names": [r.name for r in store.list()]}
+except BaseException as exc:
+    result = {"error": type(exc).__name__, "message": str(exc)[:300]}
+print(json.dumps(result))
+"""
+
+
+def test_a_gzip_bomb_cache_shard_is_ignored_unexpanded_and_rewritten(moto: MotoServer) -> None:
+    prefix = f"bomb{time.monotonic_ns()}"
+    store = open_store(moto.url(prefix), **moto.options())
+    names = [f"c/step_{i:04d}.pt" for i in range(DIRECT_MAX + 4)]
+    for i, name in enumerate(names):
+        store.put_bytes(name, bytes([i + 1]) * (i + 10))
+    bomb = _gzip_bomb(GiB)
+    assert len(bomb) < 2 * 1024 * 1024
+    client = moto.client()
+    shards = [f"{prefix}/.commitstore/cache/records/{s:02x}.json.gz" for s in range(SHARDS)]
+    for key in shards:
+        client.put_object(Bucket=BUCKET, Key=key, Body=bomb)
+    got = _child(_SCAN_UNDER_A_LIMIT, moto.url(prefix), json.dumps(moto.options()))
+    assert got == {"names": names}, got
+    # the shards the scan fetched records for were rewritten whole (and small) again
+    rewritten = 0
+    for key in shards:
+        body = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        if body != bomb:
+            doc = json.loads(gzip.decompress(body))
+            assert doc["schema"] == CACHE_SCHEMA
+            rewritten += 1
+    assert rewritten > 0
+    assert [r.name for r in store.list()] == names

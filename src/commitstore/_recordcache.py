@@ -23,6 +23,9 @@ Guarantees:
 - Writing the cache is best effort (a read-only credential, a failing endpoint): a failure is
   logged at debug level and never fails the scan or the commit that tried.
 - A scan that needs at most ``DIRECT_MAX`` records reads them directly and leaves the cache alone.
+- A shard costs a bounded read: at most ``MAX_RECORD_BYTES`` read (``Backend.read_small``) and
+  ``MAX_SHARD_BYTES`` inflated; a larger, truncated or otherwise damaged shard is ignored (its
+  records are fetched, and the shard rewritten).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import gzip
 import json
 import logging
 import threading
+import zlib
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
@@ -68,8 +72,36 @@ def shard_parts(shard: int) -> Parts:
     return (*CACHE_DIR, f"{shard:02x}.json.gz")
 
 
+MAX_SHARD_BYTES = 32 * 1024 * 1024
+"""The most a shard may expand to (about 60,000 entries of typical records); one that expands
+further (a gzip bomb) is damaged: ignored, never inflated past this, and rewritten by the next
+scan that fetches its records."""
+
+
+class ShardError(ValueError):
+    """A shard that is not one whole gzip member of at most :data:`MAX_SHARD_BYTES`."""
+
+
+def inflate(blob: bytes) -> bytes:
+    """The decompressed bytes of one shard, inflating at most ``MAX_SHARD_BYTES + 1`` bytes.
+
+    Raises:
+        ShardError: it expands beyond :data:`MAX_SHARD_BYTES`, is truncated, or has bytes after
+            its gzip member. zlib.error: it is not gzip.
+    """
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip header and trailer, checked
+    out = inflater.decompress(blob, MAX_SHARD_BYTES + 1)
+    if len(out) > MAX_SHARD_BYTES or inflater.unconsumed_tail:
+        raise ShardError(f"expands to more than {MAX_SHARD_BYTES} bytes")
+    if not inflater.eof:
+        raise ShardError("truncated")
+    if inflater.unused_data:
+        raise ShardError("bytes after its end")
+    return out
+
+
 def _decode(blob: bytes, shard: int) -> Entries:
-    doc = json.loads(gzip.decompress(blob))
+    doc = json.loads(inflate(blob))
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         return {}
     entries = doc["entries"]
@@ -86,13 +118,32 @@ def _decode(blob: bytes, shard: int) -> Entries:
     return out
 
 
+_DECODE_LOCK = threading.Lock()
+"""Shards are read concurrently but inflated and parsed one at a time: JSON parsing holds the
+interpreter anyway, and the memory a scan's shards cost stays that of one
+(:data:`MAX_SHARD_BYTES` and its parse), however many are read at once."""
+
+
 def load_shard(backend: Backend, shard: int) -> Entries:
-    """One shard's entries; empty when it is missing or cannot be read or parsed."""
+    """One shard's entries; empty when it is missing or cannot be read or parsed (a shard over
+    the bounds is damaged, see :func:`inflate`)."""
     try:
-        return _decode(backend.read_small(shard_parts(shard)), shard)
+        blob = backend.read_small(shard_parts(shard))
+        with _DECODE_LOCK:
+            return _decode(blob, shard)
     except NotFoundError:
         return {}
-    except (CommitStoreError, OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+    except (
+        CommitStoreError,
+        OSError,
+        EOFError,
+        ValueError,  # a too large shard (read_small, inflate), bad JSON or UTF-8
+        KeyError,
+        TypeError,
+        RecursionError,  # JSON nested too deep
+        MemoryError,  # a shard within the bounds whose parse still does not fit
+        zlib.error,
+    ) as exc:
         log.debug("record cache shard %02x unreadable, ignored: %s", shard, exc)
         return {}
 
@@ -115,7 +166,11 @@ def save(backend: Backend, shard: int, entries: Entries) -> None:
         "schema": SCHEMA,
         "entries": {k: [tag, raw.decode("utf-8")] for k, (tag, raw) in sorted(entries.items())},
     }
-    body = gzip.compress(json.dumps(doc, separators=(",", ":")).encode("utf-8"), mtime=0)
+    text = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    if len(text) > MAX_SHARD_BYTES:  # a reader would ignore it: its records are fetched
+        log.debug("record cache shard %02x not written: %d bytes", shard, len(text))
+        return
+    body = gzip.compress(text, mtime=0)
     try:
         put_small(backend, shard_parts(shard), body, PutMode.REPLACE)
     except (CommitStoreError, OSError) as exc:
