@@ -7,6 +7,7 @@ typed one, bounded in memory and time, and nothing committed is lost.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import struct
@@ -14,16 +15,20 @@ import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from commitstore import IntegrityError, open_store
 from commitstore._recordcache import DIRECT_MAX, SHARDS
 from commitstore._recordcache import SCHEMA as CACHE_SCHEMA
 from commitstore.backends import PutMode
+from commitstore.maintenance.adopt import structure_problem
 from commitstore.records import MAX_RECORD_BYTES
 from commitstore.testing import xxh
 
@@ -275,3 +280,109 @@ def test_a_gzip_bomb_cache_shard_is_ignored_unexpanded_and_rewritten(moto: MotoS
             rewritten += 1
     assert rewritten > 0
     assert [r.name for r in store.list()] == names
+
+
+# -- adopt's parsers on damaged files ----------------------------------------------------------
+def _safetensors(header: object, data: bytes = b"\0" * 16) -> bytes:
+    raw = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+def _zip_bytes(*, force_zip64: bool = False, members: int = 2) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for i in range(members):
+            with z.open(f"archive/data/{i}", "w", force_zip64=force_zip64) as m:
+                m.write(bytes([i]) * (40 + i))
+    return buf.getvalue()
+
+
+def _with_cd_extra(zip_data: bytes, extra: bytes) -> bytes:
+    """``zip_data`` (one stored member, no zip64) with ``extra`` as its central directory
+    entry's extra field and its local header offset deferred to zip64 (0xFFFFFFFF)."""
+    cd_at = zip_data.index(b"PK\x01\x02")
+    eocd_at = zip_data.index(b"PK\x05\x06")
+    entry = bytearray(zip_data[cd_at:eocd_at])
+    name_len, extra_len = struct.unpack("<HH", entry[28:32])
+    assert extra_len == 0
+    entry[30:32] = struct.pack("<H", len(extra))
+    entry[42:46] = struct.pack("<L", 0xFFFFFFFF)
+    entry = entry[: 46 + name_len] + extra + entry[46 + name_len :]
+    eocd = bytearray(zip_data[eocd_at:])
+    eocd[12:16] = struct.pack("<L", len(entry))
+    return zip_data[:cd_at] + bytes(entry) + bytes(eocd)
+
+
+DAMAGED: dict[str, bytes] = {
+    # data_offsets that are not integers (compared with ints: TypeError)
+    "offsets.safetensors": _safetensors({"t": {"dtype": "F32", "data_offsets": ["0", 4]}}),
+    "offsets_null.safetensors": _safetensors({"t": {"data_offsets": [None, None]}}),
+    # a header nested deeper than the JSON parser recurses (RecursionError)
+    "deep.safetensors": _safetensors(b"[" * 200_000 + b"]" * 200_000),
+    "deep.json": b"[" * 200_000 + b"]" * 200_000,
+    # a zip64 extra field whose length is not a multiple of 8 (struct.error)
+    "extra.pt": _with_cd_extra(_zip_bytes(members=1), struct.pack("<HH", 1, 5) + b"\0" * 5),
+    # an end of central directory saying zip64, 4 bytes into the file (a negative seek)
+    "early.pt": b"PK\x03\x04"
+    + b"PK\x05\x06"
+    + struct.pack("<4H2LH", 0, 0, 0xFFFF, 0xFFFF, 0, 0, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGED))
+def test_adopt_reports_damaged_files_it_cannot_parse(tmp_path: Path, name: str) -> None:
+    data = DAMAGED[name]
+    assert isinstance(structure_problem(name, io.BytesIO(data), trust=False), str)
+    store = open_store(str(tmp_path))
+    (tmp_path / name).write_bytes(data)
+    report = store.adopt()
+    assert report.adopted == () and set(report.rejected) == {name}, report
+    folder = tmp_path / "checkpoint-7"
+    folder.mkdir()
+    (folder / name).write_bytes(data)
+    (folder / "config.json").write_bytes(b"{}")
+    report = store.adopt("checkpoint-7")
+    assert report.adopted == () and report.rejected["checkpoint-7"].startswith(name), report
+    assert store.list() == []
+
+
+def _valid_files() -> dict[str, bytes]:
+    return {
+        "model.safetensors": _safetensors(
+            {
+                "__metadata__": {"format": "pt"},
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
+            }
+        ),
+        "model.pt": _zip_bytes(),
+        "model64.pt": _zip_bytes(force_zip64=True),
+        "config.json": json.dumps({"a": [1, 2, {"b": None}], "c": "d"}).encode(),
+    }
+
+
+VALID = _valid_files()
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_adopt_parsers_pass_the_valid_files_the_fuzzing_starts_from(name: str) -> None:
+    assert structure_problem(name, io.BytesIO(VALID[name]), trust=False) is None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    name=st.sampled_from(sorted(VALID)),
+    cut=st.floats(min_value=0, max_value=1),
+    flips=st.lists(st.tuples(st.floats(min_value=0, max_value=1), st.integers(1, 255)), max_size=4),
+)
+def test_adopt_parsers_answer_typed_for_truncated_and_flipped_files(
+    name: str, cut: float, flips: list[tuple[float, int]]
+) -> None:
+    data = bytearray(VALID[name])
+    for where, xor in flips:
+        data[min(int(where * len(data)), len(data) - 1)] ^= xor
+    damaged = bytes(data[: int(cut * len(data))] if cut < 1 else data)
+    answer = structure_problem(name, io.BytesIO(damaged), trust=False)
+    assert answer is None or isinstance(answer, str)
+    if not flips and len(damaged) < len(VALID[name]):
+        assert answer is not None  # a truncated file is never adopted

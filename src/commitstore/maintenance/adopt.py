@@ -30,6 +30,12 @@ ZIP_SUFFIXES = (".pt", ".pth", ".ckpt", ".zip", ".bin")
 EOCD = b"PK\x05\x06"
 EOCD_MIN = 22
 MAX_COMMENT = 65535
+MAX_CENTRAL_DIRECTORY = 64 * 1024 * 1024
+"""A zip whose central directory is larger is not checked (about 600,000 members)."""
+MAX_SAFETENSORS_HEADER = 100 * 1000 * 1000
+"""The safetensors format's own limit on its JSON header."""
+MAX_JSON_CHECK = 64 * 1024 * 1024
+"""A ``.json`` file larger than this is not parsed (adopted only with ``trust=True``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,8 @@ def check_zip(f: BinaryIO) -> str | None:
 
 
 def _check_zip64(f: BinaryIO, size: int, eocd_at: int) -> str | None:
+    if eocd_at < 20:
+        return "zip64 locator missing"
     f.seek(eocd_at - 20)
     loc = f.read(20)
     if len(loc) < 20 or loc[:4] != b"PK\x06\x07":
@@ -85,6 +93,8 @@ def _check_members(
 ) -> str | None:
     if cd_offset + cd_size > size:
         return "central directory lies beyond the end of the file"
+    if cd_size > MAX_CENTRAL_DIRECTORY:
+        return f"central directory larger than {MAX_CENTRAL_DIRECTORY} bytes (not checked)"
     f.seek(cd_offset)
     cd = f.read(cd_size)
     pos = 0
@@ -94,13 +104,18 @@ def _check_members(
         comp, _unc = struct.unpack("<LL", cd[pos + 20 : pos + 28])
         name_len, extra_len, comment_len = struct.unpack("<HHH", cd[pos + 28 : pos + 34])
         (local_off,) = struct.unpack("<L", cd[pos + 42 : pos + 46])
+        if pos + 46 + name_len + extra_len + comment_len > len(cd):
+            return "central directory damaged"
         extra = cd[pos + 46 + name_len : pos + 46 + name_len + extra_len]
-        comp, local_off = _zip64_extra(extra, comp, _unc, local_off)
+        found = _zip64_extra(extra, comp, _unc, local_off)
+        if found is None:
+            return "a member's zip64 extra field is damaged"
+        comp, local_off = found
         if local_off + 30 > size:
             return "a member's local header lies beyond the end of the file"
         f.seek(local_off)
         header = f.read(30)
-        if header[:4] != b"PK\x03\x04":
+        if len(header) < 30 or header[:4] != b"PK\x03\x04":
             return "a member's local header is damaged"
         lname, lextra = struct.unpack("<HH", header[26:30])
         if local_off + 30 + lname + lextra + comp > size:
@@ -109,12 +124,16 @@ def _check_members(
     return None
 
 
-def _zip64_extra(extra: bytes, comp: int, unc: int, off: int) -> tuple[int, int]:
+def _zip64_extra(extra: bytes, comp: int, unc: int, off: int) -> tuple[int, int] | None:
+    """The member's compressed size and local header offset, from its zip64 extra field where
+    the central directory defers to it; None if that field is damaged."""
     i = 0
     while i + 4 <= len(extra):
         tag, length = struct.unpack("<HH", extra[i : i + 4])
         if tag == 1:
             fields = extra[i + 4 : i + 4 + length]
+            if len(fields) != length or length % 8:
+                return None
             vals = [struct.unpack("<Q", fields[j : j + 8])[0] for j in range(0, len(fields), 8)]
             it = iter(vals)
             if unc == 0xFFFFFFFF:
@@ -137,10 +156,11 @@ def check_safetensors(f: BinaryIO) -> str | None:
     (n,) = struct.unpack("<Q", head)
     if 8 + n > size:
         return "header runs past the end of the file"
-    try:
-        header = json.loads(f.read(n))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return "header is not valid JSON"
+    if n > MAX_SAFETENSORS_HEADER:
+        return f"header larger than {MAX_SAFETENSORS_HEADER} bytes"
+    problem, header = _parse_json(f.read(n))
+    if problem is not None:
+        return f"header is {problem}"
     if not isinstance(header, dict):
         return "header is not a JSON object"
     data_len = size - 8 - n
@@ -150,28 +170,57 @@ def check_safetensors(f: BinaryIO) -> str | None:
         offsets = spec.get("data_offsets") if isinstance(spec, dict) else None
         if not (isinstance(offsets, list) and len(offsets) == 2):
             return f"tensor {key!r} has no data_offsets"
+        if not all(type(o) is int and o >= 0 for o in offsets):
+            return f"tensor {key!r} has data_offsets that are not byte offsets"
         if offsets[1] > data_len or offsets[0] > offsets[1]:
             return f"tensor {key!r} data runs past the end of the file (truncated)"
     return None
 
 
-def check_json(f: BinaryIO) -> str | None:
-    """None if the file is one JSON document."""
-    f.seek(0)
+def _parse_json(data: bytes) -> tuple[str | None, object]:
+    """``(None, value)`` for one JSON document, else ``(what is wrong, None)``: never raises."""
     try:
-        json.loads(f.read())
+        return None, json.loads(data)
     except (UnicodeDecodeError, ValueError):
-        return "not valid JSON (truncated?)"
-    return None
+        return "not valid JSON (truncated?)", None
+    except RecursionError:
+        return "JSON nested too deep to check", None
+
+
+def check_json(f: BinaryIO, *, trust: bool = False) -> str | None:
+    """None if the file is one JSON document (one larger than :data:`MAX_JSON_CHECK` is not
+    read: refused, or passed unchecked with ``trust``)."""
+    if _size(f) > MAX_JSON_CHECK:
+        return None if trust else f"JSON larger than {MAX_JSON_CHECK} bytes (adopt with trust=True)"
+    f.seek(0)
+    return _parse_json(f.read())[0]
+
+
+_PARSE_ERRORS = (struct.error, ValueError, TypeError, IndexError, KeyError, OverflowError)
 
 
 def structure_problem(name: str, f: BinaryIO, *, trust: bool) -> str | None:
-    """Why ``name`` must not be adopted, or None."""
+    """Why ``name`` must not be adopted (damaged, truncated, of an unknown format), or None.
+
+    Files are untrusted input: whatever their bytes, the answer is one of these two, read with
+    bounded memory. Raises only CommitStoreError, for a read the storage failed.
+    """
+    try:
+        return _structure_problem(name, f, trust=trust)
+    except CommitStoreError:
+        raise
+    except _PARSE_ERRORS as exc:  # a parser gap: still damaged input, never a crash
+        return f"damaged ({type(exc).__name__}: {exc})"
+    except RecursionError:
+        return "damaged (nested too deep to check)"
+
+
+def _structure_problem(name: str, f: BinaryIO, *, trust: bool) -> str | None:
     lower = name.lower()
     if lower.endswith(".safetensors"):
         return check_safetensors(f)
     if lower.endswith(".json"):
-        return check_json(f)
+        return check_json(f, trust=trust)
     if lower.endswith(ZIP_SUFFIXES):
         f.seek(0)
         if f.read(4) == b"PK\x03\x04":
