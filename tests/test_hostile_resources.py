@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commitstore import IntegrityError, open_store
+from commitstore import ConfigurationError, IntegrityError, open_store
 from commitstore._recordcache import DIRECT_MAX, SHARDS
 from commitstore._recordcache import SCHEMA as CACHE_SCHEMA
 from commitstore.backends import PutMode
@@ -33,6 +33,7 @@ from commitstore.records import MAX_RECORD_BYTES
 from commitstore.testing import xxh
 
 from .helpers.azurite import Azurite
+from .helpers.blocking import mkfifo, returns
 from .helpers.gcsserver import FakeGcs
 from .helpers.requestproxy import RequestProxy
 from .helpers.s3servers import BUCKET, MotoServer
@@ -386,3 +387,24 @@ def test_adopt_parsers_answer_typed_for_truncated_and_flipped_files(
     assert answer is None or isinstance(answer, str)
     if not flips and len(damaged) < len(VALID[name]):
         assert answer is not None  # a truncated file is never adopted
+
+
+# -- special files as put sources ---------------------------------------------------------------
+@pytest.mark.usefixtures("unblock_fifos")
+def test_a_fifo_or_a_device_as_put_source_is_refused_without_blocking(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "store"))
+    fifo = tmp_path / "source.fifo"
+    mkfifo(fifo)
+    with pytest.raises(ConfigurationError, match="not a regular file"):
+        returns(lambda: store.put_file("a.bin", fifo))
+    link = tmp_path / "link"
+    link.symlink_to(fifo)  # a symlink to one is one too
+    with pytest.raises(ConfigurationError, match="not a regular file"):
+        returns(lambda: store.put_file("a.bin", link))
+    with pytest.raises(ConfigurationError, match="not a regular file"):
+        returns(lambda: store.put_file("a.bin", "/dev/zero"))  # would never end
+    assert store.list() == []
+    regular = tmp_path / "regular.bin"
+    regular.write_bytes(b"payload")
+    assert store.put_file("a.bin", regular).size == 7
+    assert store.read_bytes("a.bin") == b"payload"

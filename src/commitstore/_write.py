@@ -9,17 +9,19 @@ to the sink, and publish through ``Committer.commit`` with the new record as the
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from commitstore._commit import Committer, check_flag, check_new, make_record, mode_of
 from commitstore._stage import Stage
 from commitstore.backends import CommitInfo, FileSink
 from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
-from commitstore.errors import CommitError, NotFoundError, StorageError
+from commitstore.errors import CommitError, ConfigurationError, NotFoundError, StorageError
 from commitstore.records import FileRecord, Record
 
 if TYPE_CHECKING:
@@ -137,14 +139,7 @@ def put_file(
     """Commit a local file as ``name``, streamed with constant memory; the source must keep its
     size while it is copied (CommitError otherwise: nothing published)."""
     parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
-    try:
-        src = open(local_path, "rb")  # noqa: SIM115 - closed below, errors typed first
-    except FileNotFoundError as exc:
-        raise NotFoundError(f"{local_path}: no such local file") from exc
-    except OSError as exc:
-        raise StorageError(
-            exc.errno or 0, f"{local_path}: cannot read: {exc.strerror}", path=str(local_path)
-        ) from exc
+    src = open_source(local_path)
     with src:
         size = os.fstat(src.fileno()).st_size
         committer.check_free(parts, size)
@@ -154,3 +149,45 @@ def put_file(
                 raise CommitError(f"{local_path}: changed size while it was copied")
     assert st.record is not None
     return st.record
+
+
+_SOURCE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+def open_source(local_path: str | os.PathLike[str]) -> BinaryIO:
+    """The local regular file ``local_path`` opened to read, never blocking: a FIFO, socket,
+    device or folder is refused from a ``stat`` before it is opened, and the file is opened
+    ``O_NONBLOCK`` and checked again with ``fstat`` (a FIFO swapped in between is refused, not
+    waited on); it reads blocking again once it is known to be a regular file.
+
+    Raises:
+        ConfigurationError: a FIFO, socket or device (nothing was opened, or it was closed).
+        NotFoundError: nothing there. StorageError: a folder (``EISDIR``), or it cannot be read
+            (permissions...).
+    """
+    shown = os.fspath(local_path)
+    try:
+        _require_regular(os.stat(local_path).st_mode, shown)
+        fd = os.open(local_path, _SOURCE_FLAGS)
+    except FileNotFoundError as exc:
+        raise NotFoundError(f"{shown}: no such local file") from exc
+    except OSError as exc:
+        message = f"{shown}: cannot read: {exc.strerror}"
+        raise StorageError(exc.errno or 0, message, path=shown) from exc
+    try:
+        _require_regular(os.fstat(fd).st_mode, shown)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _require_regular(mode: int, shown: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise StorageError(errno.EISDIR, f"{shown}: cannot read: Is a directory", path=shown)
+    if not stat.S_ISREG(mode):
+        raise ConfigurationError(
+            f"{shown}: not a regular file (a FIFO, socket or device); put_file reads regular "
+            "files only"
+        )

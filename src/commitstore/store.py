@@ -213,6 +213,7 @@ class CommitStore(MirrorMethods):
 
         Raises:
             NotFoundError (a ``FileNotFoundError``), StorageError: the local file cannot be read.
+            ConfigurationError: it is a FIFO, socket or device (refused, never waited on).
             CommitError: the source changed size while it was copied (nothing published).
         """
         return _write.put_file(self.committer, self.stage, name, local_path, kw, progress=progress)
