@@ -6,6 +6,8 @@ typed one, bounded in memory and time, and nothing committed is lost.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gzip
 import io
 import json
@@ -408,3 +410,73 @@ def test_a_fifo_or_a_device_as_put_source_is_refused_without_blocking(tmp_path: 
     regular.write_bytes(b"payload")
     assert store.put_file("a.bin", regular).size == 7
     assert store.read_bytes("a.bin") == b"payload"
+
+
+# -- checks on a read-only mount ------------------------------------------------------------------
+@pytest.fixture
+def read_only_view(tmp_path: Path) -> Any:
+    """``(rw, ro)``: a store folder and a read-only bind mount of it (unmounted after)."""
+    rw, ro = tmp_path / "rw", tmp_path / "ro"
+    rw.mkdir()
+    ro.mkdir()
+    mounted = False
+
+    def mount() -> Path:
+        nonlocal mounted
+        subprocess.run(["mount", "--bind", str(rw), str(ro)], check=True)
+        mounted = True
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], check=True)
+        return ro
+
+    try:
+        yield rw, mount
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=False)
+
+
+@pytest.mark.parametrize("lock_file", [True, False], ids=["lock-file", "no-lock-file"])
+def test_a_damaged_artifact_on_a_read_only_mount_is_an_integrity_error(
+    read_only_view: Any, lock_file: bool
+) -> None:
+    rw, mount = read_only_view
+    writer = open_store(str(rw))
+    writer.put_bytes("a.bin", b"hello world")
+    writer.put_bytes("b.bin", b"whole")
+    writer.put_bytes("c.bin", b"to be cut short")
+    with open(rw / "a.bin", "r+b") as f:
+        f.write(b"J")  # same size, other bytes
+    os.truncate(rw / "c.bin", 3)
+    lock = rw / ".commitstore" / "lock"
+    assert lock.exists()
+    if not lock_file:
+        lock.unlink()
+    ro = mount()
+    with pytest.raises(OSError) as refused:
+        (ro / "x").write_bytes(b"")
+    assert refused.value.errno == errno.EROFS
+    store = open_store(str(ro))
+    statuses = {r.name: r.status for r in store.verify().results}
+    assert statuses == {"a.bin": "hash_mismatch", "b.bin": "ok", "c.bin": "size_mismatch"}
+    assert store.verify("a.bin").results[0].status == "hash_mismatch"
+    for name, status in (("a.bin", "hash_mismatch"), ("c.bin", "size_mismatch")):
+        with pytest.raises(IntegrityError) as err:
+            store.read_bytes(name)
+        assert err.value.status == status
+        with pytest.raises(IntegrityError):
+            store.open(name)
+        with pytest.raises(IntegrityError):
+            store.get_file(name, rw.parent / f"out-{name}")
+        assert not (rw.parent / f"out-{name}").exists()
+    assert store.read_bytes("b.bin") == b"whole"
+    latest = store.latest()
+    assert latest is not None and latest.name == "b.bin"
+    assert lock.exists() == lock_file  # nothing created
+    if lock_file:  # the read-only mount's check still excludes a writer of the rw mount
+        with store.backend.read_lock():
+            fd = os.open(lock, os.O_RDWR)
+            try:
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)

@@ -167,7 +167,7 @@ def locate(backend: Backend, record: Record, level: str) -> tuple[VerifyResult, 
     for attempt in range(1, RECHECKS):
         if found[0].status == "ok":
             return found
-        with backend.publish_lock() if attempt + 1 == RECHECKS else contextlib.nullcontext():
+        with backend.read_lock() if attempt + 1 == RECHECKS else contextlib.nullcontext():
             try:
                 fresh = read_record(backend, tuple(record.name.split("/")))
             except (RecordFormatError, CommitStoreError):

@@ -36,7 +36,7 @@ still gets old or new bytes (where the storage has a lock: local disks, bridges,
 def _attempt(backend: Backend, attempt: int) -> contextlib.AbstractContextManager[None]:
     if attempt + 1 < ATTEMPTS:
         return contextlib.nullcontext()
-    return backend.publish_lock()
+    return backend.read_lock()
 
 
 def _file_record(backend: Backend, url: str, name: str) -> Record:
@@ -48,7 +48,7 @@ def _file_record(backend: Backend, url: str, name: str) -> Record:
 
 def _record_changed(backend: Backend, rec: Record) -> bool:
     """After a failed check: wait out any publish in flight, then see if the record moved on."""
-    with backend.publish_lock():
+    with backend.read_lock():
         pass
     try:
         found = read_record(backend, tuple(rec.name.split("/")))

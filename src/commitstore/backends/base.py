@@ -12,14 +12,17 @@ import abc
 import contextlib
 import enum
 import io
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from commitstore._recordcheck import MAX_RECORD_BYTES, RecordFormatError
-from commitstore.errors import ConfigurationError
+from commitstore.errors import ConfigurationError, InsufficientSpaceError, StorageError
 from commitstore.layout import Parts
+
+log = logging.getLogger("commitstore")
 
 
 class PutMode(enum.Enum):
@@ -313,6 +316,21 @@ class Backend(abc.ABC):
         writes instead; the default holds nothing.
         """
         yield
+
+    @contextlib.contextmanager
+    def read_lock(self) -> Iterator[None]:
+        """What a check holds to wait out a publish in flight (the last of its re-reads of a
+        changed record): :meth:`publish_lock` where it can be taken, else nothing. A check
+        never needs to write: where the lock cannot be taken (a read-only mount, a read-only
+        credential, a full disk refusing the lock file) it runs without it, and reports what it
+        finds (a damaged artifact is an integrity problem, never a storage error of the lock).
+        Errors of the storage being unreachable still raise."""
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(self.publish_lock())
+            except (StorageError, InsufficientSpaceError) as exc:
+                log.debug("checking without the publish lock: %s", exc)
+            yield
 
     def pending_uploads(self) -> list[PendingUpload]:
         """Unfinished uploads under this store's root (object stores); none elsewhere."""

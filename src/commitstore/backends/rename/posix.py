@@ -17,6 +17,7 @@ import dataclasses
 import errno
 import fcntl
 import io
+import logging
 import os
 import stat as statmod
 from collections.abc import Callable, Iterator
@@ -43,7 +44,13 @@ from commitstore.backends.rename._maphash import ReadFile
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK
-from commitstore.errors import InvalidNameError, NotFoundError
+from commitstore.errors import (
+    InsufficientSpaceError,
+    IntegrityError,
+    InvalidNameError,
+    NotFoundError,
+    StorageError,
+)
 from commitstore.layout import META_DIR, Parts
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -370,6 +377,43 @@ class LocalBackend(RenameBackend[int, Staging]):
             yield
         finally:
             close_quietly(fd)
+
+    @contextlib.contextmanager
+    def read_lock(self) -> Iterator[None]:
+        """The publish lock taken read-only: the lock file opened without write access and
+        never created (``flock`` needs none), so a check on a read-only mount of a store still
+        waits out a writer publishing through another mount of it. No lock file (no writer
+        ever published here), or one that cannot be opened or locked: nothing is held
+        (``Backend.read_lock``)."""
+        try:
+            fd = self._read_lock_fd((META_DIR, "lock"))
+        except (StorageError, InsufficientSpaceError, NotFoundError, IntegrityError) as exc:
+            logging.getLogger("commitstore").debug("checking without the publish lock: %s", exc)
+            fd = None
+        try:
+            yield
+        finally:
+            if fd is not None:
+                close_quietly(fd)
+
+    @translated("locking")
+    def _read_lock_fd(self, parts: Parts) -> int | None:
+        try:
+            dirfd = self.open_dir(parts[:-1], create=False)
+        except (FileNotFoundError, NotADirectoryError, InvalidNameError):
+            return None
+        try:
+            fd, _st = open_regular(dirfd, parts[-1], lambda: self.path_of(parts))
+        except NotFoundError:
+            return None
+        finally:
+            close_quietly(dirfd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            close_quietly(fd)
+            raise
+        return fd
 
     @translated("locking")
     def _lock_fd(self, parts: Parts) -> int:
