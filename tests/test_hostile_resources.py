@@ -19,6 +19,7 @@ import textwrap
 import time
 import zipfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commitstore import ConfigurationError, IntegrityError, open_store
+from commitstore import (
+    ConfigurationError,
+    IntegrityError,
+    InvalidNameError,
+    StorageError,
+    open_store,
+)
 from commitstore._recordcache import DIRECT_MAX, SHARDS
 from commitstore._recordcache import SCHEMA as CACHE_SCHEMA
 from commitstore.backends import PutMode
+from commitstore.errors import StoragePathError
 from commitstore.maintenance.adopt import structure_problem
 from commitstore.records import MAX_RECORD_BYTES
 from commitstore.testing import xxh
@@ -480,3 +488,31 @@ def test_a_damaged_artifact_on_a_read_only_mount_is_an_integrity_error(
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             finally:
                 os.close(fd)
+
+
+# -- a storage state is a storage error, not a name error ------------------------------------------
+def test_a_symlinked_folder_or_a_file_on_a_path_is_a_storage_error(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    store = open_store(str(root))
+    store.put_bytes("file", b"an artifact")
+    os.symlink(outside, root / "link")
+    (root / "plain").write_bytes(b"put there by another tool")
+    calls: dict[str, tuple[Callable[[], object], int]] = {
+        "put link/a": (lambda: store.put_bytes("link/a", b"x"), errno.ELOOP),
+        "put plain/a": (lambda: store.put_bytes("plain/a", b"x"), errno.ENOTDIR),
+    }
+    for what, (call, code) in calls.items():
+        with pytest.raises(StorageError) as err:
+            call()
+        assert err.value.errno == code, what
+        assert isinstance(err.value, StoragePathError), what
+    with pytest.raises(StorageError) as err, store.stage_dir("link/deeper/x") as d:
+        (d / "f").write_bytes(b"x")
+    assert err.value.errno == errno.ELOOP
+    # names alone are still InvalidNameError, and never a StorageError
+    with pytest.raises(InvalidNameError) as bad:
+        store.put_bytes("../escape", b"x")
+    assert not isinstance(bad.value, StorageError)
+    assert list(outside.iterdir()) == []
+    assert store.read_bytes("file") == b"an artifact"

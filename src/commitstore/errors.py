@@ -16,6 +16,7 @@ exception, when there is one, is chained as ``__cause__``. Messages never contai
     ├── MirrorError              (also ExceptionGroup)      one or more mirrors failed
     ├── BackendUnavailableError                             the storage could not be reached
     └── StorageError             (also OSError, errno)      the storage refused or failed a call
+        └── StoragePathError     (ELOOP, ENOTDIR)           a symlink or file on a name's path
 
 Whose fault: ``InvalidNameError``, ``ConfigurationError`` and ``AlreadyExistsError`` are the
 caller's; ``IntegrityError`` is the data's; ``InsufficientSpaceError`` is the target's and is
@@ -48,6 +49,7 @@ __all__ = [
     "MirrorError",
     "NotFoundError",
     "StorageError",
+    "StoragePathError",
 ]
 
 
@@ -132,8 +134,9 @@ class InsufficientSpaceError(CommitStoreError, OSError):
 
 
 class InvalidNameError(CommitStoreError, ValueError):
-    """The artifact name is not valid (see ``docs/format.md``), or writing it would leave the
-    store's root (a symlink below it). Raised before any I/O whenever the name alone shows it."""
+    """The artifact name is not valid (see ``docs/format.md``): names only, raised before any
+    I/O. A symlink or a file on a valid name's path is a storage state: :class:`StoragePathError`
+    (a StorageError that is still an InvalidNameError, deprecated, for older callers)."""
 
 
 class ConfigurationError(CommitStoreError, ValueError):
@@ -170,3 +173,10 @@ class StorageError(CommitStoreError, OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+class StoragePathError(StorageError, InvalidNameError):
+    """A storage state, not a name: a folder on a valid name's path is a symlink (commitstore
+    never follows one below the root) or a file (``errno`` ``ELOOP`` or ``ENOTDIR``). A
+    :class:`StorageError`; also an :class:`InvalidNameError` only for callers written when that
+    was what these raised (deprecated: catch ``StorageError``; the second base goes in v2)."""

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from commitstore.backends.localtree import close_quietly
 from commitstore.backends.rename._localfs import kind_of, not_regular, storage_error
-from commitstore.errors import InvalidNameError, NotFoundError
+from commitstore.errors import InvalidNameError, NotFoundError, StoragePathError
 from commitstore.layout import Parts
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -155,7 +155,7 @@ class FolderReader:
     @staticmethod
     def _open_sub(top: int, sub: Parts) -> int | Exception:
         """``sub`` opened from ``top`` one part at a time (``O_NOFOLLOW``), or why it cannot be:
-        FileNotFoundError, or InvalidNameError for a symlink or a file on the way."""
+        FileNotFoundError, or StoragePathError for a symlink or a file on the way."""
         fd = top
         try:
             for part in sub:
@@ -165,7 +165,7 @@ class FolderReader:
                     return exc
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        return InvalidNameError(f"{part!r} is a symlink or not a folder")
+                        return StoragePathError(exc.errno, f"{part!r} is a symlink or not a folder")
                     raise
                 if fd != top:
                     close_quietly(fd)

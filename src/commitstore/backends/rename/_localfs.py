@@ -26,9 +26,9 @@ from commitstore.errors import (
     CommitStoreError,
     InsufficientSpaceError,
     IntegrityError,
-    InvalidNameError,
     NotFoundError,
     StorageError,
+    StoragePathError,
 )
 from commitstore.layout import Parts
 
@@ -54,7 +54,9 @@ def os_error(exc: Exception, what: str, path: str) -> Exception:
     if exc.errno in _NOSPACE:
         return InsufficientSpaceError(f"no space left while {what} {path}", path=path)
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-        return InvalidNameError(f"{path}: a path component is a symlink or not a folder")
+        return StoragePathError(
+            exc.errno, f"{path}: a path component is a symlink or not a folder", path=path
+        )
     if exc.errno in _UNREACHABLE:
         return BackendUnavailableError(f"{what} {path}: storage unreachable ({exc.strerror})")
     return CommitError(f"{what} {path} failed: {exc.strerror or exc}")

@@ -50,6 +50,7 @@ from commitstore.errors import (
     InvalidNameError,
     NotFoundError,
     StorageError,
+    StoragePathError,
 )
 from commitstore.layout import META_DIR, Parts
 
@@ -74,6 +75,22 @@ class Staging:
     closed: bool = False
     direct: DirectWriter | None = None
     tried_direct: bool = False
+
+
+def _not_a_folder(dirfd: int, part: str, shown: str) -> StoragePathError:
+    """The error of ``part`` of ``dirfd``, found on a path where a folder should be: ``ELOOP``
+    for a symlink (never followed below the root), ``ENOTDIR`` for anything else."""
+    try:
+        link = statmod.S_ISLNK(os.lstat(part, dir_fd=dirfd).st_mode)
+    except OSError:
+        link = False
+    if link:
+        return StoragePathError(
+            errno.ELOOP,
+            f"{shown}: {part!r} is a symlink; commitstore never follows symlinks below the root",
+            path=shown,
+        )
+    return StoragePathError(errno.ENOTDIR, f"{shown}: {part!r} is not a folder", path=shown)
 
 
 class LocalBackend(RenameBackend[int, Staging]):
@@ -128,10 +145,7 @@ class LocalBackend(RenameBackend[int, Staging]):
                     nfd = os.open(part, DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise InvalidNameError(
-                            f"{self.path_of(parts)}: {part!r} is a symlink or not a folder; "
-                            "commitstore never follows symlinks below the root"
-                        ) from exc
+                        raise _not_a_folder(fd, part, self.path_of(parts)) from exc
                     raise
                 close_quietly(fd)
                 fd = nfd
