@@ -31,6 +31,7 @@ from commitstore import (
     ConfigurationError,
     IntegrityError,
     InvalidNameError,
+    Retention,
     StorageError,
     open_store,
 )
@@ -516,3 +517,72 @@ def test_a_symlinked_folder_or_a_file_on_a_path_is_a_storage_error(tmp_path: Pat
     assert not isinstance(bad.value, StorageError)
     assert list(outside.iterdir()) == []
     assert store.read_bytes("file") == b"an artifact"
+
+
+# -- option validation ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"readback": "maybe"},
+        {"readback": 1},
+        {"readback": None},
+        {"strategy": "fast"},
+        {"strategy": True},
+    ],
+    ids=repr,
+)
+def test_local_storage_options_are_strict_before_any_io(tmp_path: Path, options: Any) -> None:
+    root = tmp_path / "never"
+    (key,) = options
+    with pytest.raises(ConfigurationError, match=f"storage option {key} must"):
+        open_store(str(root), **options)
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("s3://bucket/p", {"part_size": True}),
+        ("s3://bucket/p", {"max_inflight": "4"}),
+        ("s3://bucket/p", {"conditional_writes": "yes"}),
+        ("s3://bucket/p", {"sign_payload": 0}),
+        ("gs://bucket/p", {"chunk_size": 2.5}),
+        ("gs://bucket/p", {"conditional_writes": 1}),
+        ("az://container/p", {"max_inflight": False}),
+        ("az://container/p", {"client_options": ["retry_total"]}),
+        ("smb://host/share/p", {"readback": "maybe"}),
+        ("smb://host/share/p", {"port": True}),
+        ("smb://host/share/p", {"timeout": float("nan")}),
+        ("webdav+http://host/p", {"verify": 0}),
+        ("sftp://host/p", {"readback": "false"}),
+    ],
+    ids=repr,
+)
+def test_remote_storage_options_are_strict(url: str, options: Any) -> None:
+    (key,) = options
+    with pytest.raises(ConfigurationError, match=f"storage option {key} must"):
+        open_store(url, **options)  # refused before the factory connects to anything
+
+
+def test_bools_are_not_numbers_nor_numbers_bools(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path))
+    store.put_bytes("a.bin", b"kept")
+    calls: dict[str, Callable[[], object]] = {
+        "prune min_age=True": lambda: store.prune(keep_last=0, min_age=True),
+        "prune dry_run='yes'": lambda: store.prune(keep_last=0, min_age=0, dry_run="yes"),  # type: ignore[arg-type]
+        "gc min_age=False": lambda: store.gc(min_age=False),
+        "gc dry_run=1": lambda: store.gc(dry_run=1),  # type: ignore[arg-type]
+        "adopt trust='no'": lambda: store.adopt(trust="no"),  # type: ignore[arg-type]
+        "put overwrite='no'": lambda: store.put_bytes("a.bin", b"new", overwrite="no"),
+        "sync repair=1": lambda: store.sync(repair=1),  # type: ignore[arg-type]
+        "Retention min_age=True": lambda: Retention(keep_last=1, min_age=True),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ConfigurationError):
+            call()
+            pytest.fail(what)
+    assert store.read_bytes("a.bin") == b"kept"
+    assert [r.name for r in store.list()] == ["a.bin"]
+    # the valid forms still work
+    assert store.prune(keep_last=1, min_age=0.0, dry_run=False).targets
+    assert store.gc(min_age=0, dry_run=True).dry_run

@@ -154,7 +154,7 @@ def test_unknown_host_key_refused_by_default(sftp: SftpServer) -> None:
 def test_bad_options_before_io() -> None:
     with pytest.raises(ConfigurationError, match="unknown storage options"):
         open_store("sftp://u@127.0.0.1:1/x", colour="blue")
-    with pytest.raises(ConfigurationError, match="numbers"):
+    with pytest.raises(ConfigurationError, match="port must be an integer"):
         open_store("sftp://u@127.0.0.1:1/x", port="twenty")
     with pytest.raises(ConfigurationError, match="look like"):
         open_store("sftp:///no-host")

@@ -37,8 +37,9 @@ RECORD_HEADROOM = 64 * 1024
 
 
 def mode_of(overwrite: bool) -> PutMode:
-    """The publish mode of the public ``overwrite=`` flag."""
-    return PutMode.REPLACE if overwrite else PutMode.CREATE
+    """The publish mode of the public ``overwrite=`` flag (a bool: ConfigurationError, before
+    any I/O, for anything else, so ``overwrite="no"`` never replaces)."""
+    return PutMode.REPLACE if check_flag(overwrite, "overwrite") else PutMode.CREATE
 
 
 def check_new(

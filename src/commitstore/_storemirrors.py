@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from commitstore._commit import check_flag
 from commitstore.layout import validate_name
 from commitstore.mirrors.replicator import MirrorState, Replicator
 from commitstore.mirrors.sync import SyncReport, restore, sync_mirrors
@@ -58,6 +59,7 @@ class MirrorMethods:
         verification. Never deletes on a mirror; artifacts only the mirror has are reported.
         A primary artifact that fails its own check is never copied. Idempotent."""
         self.flush()
+        repair = check_flag(repair, "repair")
         return sync_mirrors(self.committer, [m.committer for m in self._mirrors], repair=repair)
 
     def restore(

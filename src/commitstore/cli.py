@@ -2,24 +2,35 @@
 
 Exit status: 0 all good; 1 an integrity problem was found or an operation failed; 2 usage error
 (a local path that names no folder, for every command but ``put``, is one: nothing is created).
-Expected failures print one line on stderr, never a traceback.
+Expected failures print one line on stderr, never a traceback. With ``--json`` every line on
+stderr is one JSON object: an error is ``{"error": {"type", "message", "exit_code", ...}}``
+(with the same exit status as without ``--json``; ``errno`` and ``status`` where the error has
+them), a log message ``{"log": {"level", "message"}}``; stdout holds only the result document.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextvars
+import errno
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from commitstore import CommitStore, __version__, open_store
 from commitstore._order import arrange_records
 from commitstore._progress import ProgressBar
 from commitstore._scan import scan_records
-from commitstore.errors import CommitStoreError, ConfigurationError, InvalidNameError
+from commitstore.errors import (
+    CommitStoreError,
+    ConfigurationError,
+    InvalidNameError,
+    StorageError,
+)
 from commitstore.records import Record, VerifyReport
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -40,6 +51,8 @@ def record_json(rec: Record) -> dict[str, Any]:
 
 
 def _value(text: str) -> Any:
+    """A ``-o KEY=VALUE`` value: a bool, an integer, a finite number, else the text (each
+    backend then checks the kind it needs: ``readback=maybe`` stays text and is refused)."""
     low = text.lower()
     if low in ("true", "yes", "on"):
         return True
@@ -48,7 +61,12 @@ def _value(text: str) -> Any:
     try:
         return int(text)
     except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
         return text
+    return number if math.isfinite(number) else text
 
 
 def _local_path(url: str) -> str | None:
@@ -97,9 +115,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         lines.append(f"{step:>8}  {r.size:>14}  {r.digest[:20]:<20}  {r.name}")
     lines += [f"{'?':>8}  {'?':>14}  {'bad_record':<20}  {b.name}  ({b.detail})" for b in bad]
     _emit(args, [record_json(r) for r in records], "\n".join(lines))
-    if args.json:  # the list stays records only; bad ones go to stderr
+    if args.json:  # the list stays records only; bad ones go to stderr, one JSON line each
         for b in bad:
-            print(f"commitstore: bad_record {b.name}: {b.detail}", file=sys.stderr)
+            _stderr_json({"bad_record": {"name": b.name, "detail": b.detail}})
     return EXIT_OK
 
 
@@ -258,8 +276,54 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.dir, as_json=args.json)
 
 
+_JSON_ERRORS: contextvars.ContextVar[bool] = contextvars.ContextVar("json_errors", default=False)
+"""Set by :func:`main` when the command line has ``--json``: usage errors are JSON too."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as a JSON object on stderr under ``--json`` (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        if not _JSON_ERRORS.get():
+            super().error(message)
+        _stderr_json(_error_doc("UsageError", f"{self.prog}: {message}", EXIT_USAGE))
+        self.exit(EXIT_USAGE)
+
+
+def _stderr_json(doc: Any) -> None:
+    print(json.dumps(doc, ensure_ascii=False), file=sys.stderr, flush=True)
+
+
+def _error_doc(kind: str, message: str, code: int, exc: BaseException | None = None) -> Any:
+    """``{"error": {...}}``: the error's type and message, the exit status, and its ``errno``
+    and integrity ``status`` where it has them."""
+    doc: dict[str, Any] = {"type": kind, "message": message, "exit_code": code}
+    if isinstance(exc, OSError) and exc.errno is not None:
+        doc["errno"] = errno.errorcode.get(exc.errno, exc.errno)
+    status = getattr(exc, "status", None)
+    if isinstance(status, str):
+        doc["status"] = status
+    return {"error": doc}
+
+
+class _JsonLogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {"log": {"level": record.levelname.lower(), "message": record.getMessage()}}
+        return json.dumps(doc, ensure_ascii=False)
+
+
+def _fail(as_json: bool, exc: BaseException, code: int) -> int:
+    """Print ``exc`` as the command's error (one line: text, or a JSON object) and return
+    ``code``."""
+    if as_json:
+        _stderr_json(_error_doc(type(exc).__name__, str(exc), code, exc))
+    else:
+        print(f"commitstore: error: {exc}", file=sys.stderr)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="commitstore", description=__doc__.splitlines()[0])
+    p = _Parser(prog="commitstore", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"commitstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -334,25 +398,50 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (also used by ``python -m commitstore``)."""
-    args = build_parser().parse_args(argv)
+    """Entry point; returns the exit status (also used by ``python -m commitstore``).
+
+    Usage errors exit 2 (``SystemExit``, as argparse does); with ``--json`` they, every error
+    and every log line are JSON objects on stderr (see the module docstring). An unexpected
+    exception is a traceback without ``--json``, and under it a JSON error with
+    ``"internal": true`` (exit 1), so stderr stays machine-readable."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    token = _JSON_ERRORS.set("--json" in argv)
+    try:
+        args = build_parser().parse_args(argv)
+    finally:
+        _JSON_ERRORS.reset(token)
+    as_json = bool(getattr(args, "json", False))
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("commitstore: %(levelname)s: %(message)s"))
+    handler.setFormatter(
+        _JsonLogFormatter()
+        if as_json
+        else logging.Formatter("commitstore: %(levelname)s: %(message)s")
+    )
     logger = logging.getLogger("commitstore")
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING)
     try:
         code: int = args.func(args)
         return code
+    except StorageError as exc:  # a storage state, even one that is also a name error
+        return _fail(as_json, exc, EXIT_FAIL)
     except (InvalidNameError, ConfigurationError) as exc:
-        print(f"commitstore: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(as_json, exc, EXIT_USAGE)
     except (CommitStoreError, OSError) as exc:
-        print(f"commitstore: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+        return _fail(as_json, exc, EXIT_FAIL)
     except KeyboardInterrupt:
-        print("commitstore: interrupted", file=sys.stderr)
+        if as_json:
+            _stderr_json(_error_doc("KeyboardInterrupt", "interrupted", 130))
+        else:
+            print("commitstore: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if not as_json:
+            raise
+        doc = _error_doc(type(exc).__name__, str(exc), EXIT_FAIL, exc)
+        doc["error"]["internal"] = True
+        _stderr_json(doc)
+        return EXIT_FAIL
     finally:
         logger.removeHandler(handler)
 

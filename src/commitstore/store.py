@@ -250,6 +250,7 @@ class CommitStore(MirrorMethods):
                 name in ``keep``.
         """
         policy = Retention(keep_last, keep_every, tuple(keep), check_age(min_age))
+        check_flag(dry_run, "dry_run")
         for name in keep:
             validate_name(name)
         return self._prune(policy, dry_run=dry_run)
@@ -266,7 +267,7 @@ class CommitStore(MirrorMethods):
         Truncated files are reported, never adopted; unknown formats only with ``trust=True``."""
         if name is not None:
             validate_name(name)
-        return adopt(self.committer, name, trust=trust)
+        return adopt(self.committer, name, trust=check_flag(trust, "trust"))
 
     def gc(self, *, min_age: float = 3600, dry_run: bool = False) -> GcReport:
         """Remove what dead writers left: staging files and folders, and (object stores)
@@ -279,7 +280,9 @@ class CommitStore(MirrorMethods):
         Idempotent.
         With ``dry_run=True`` nothing is removed; ``removed`` lists what would be.
         """
-        report = collect(self.backend, min_age=check_age(min_age), dry_run=dry_run)
+        report = collect(
+            self.backend, min_age=check_age(min_age), dry_run=check_flag(dry_run, "dry_run")
+        )
         for item in report.removed:
             log.info(
                 "gc: %s %s (%s)", "would remove" if dry_run else "removed", item.path, item.kind

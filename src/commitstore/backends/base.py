@@ -13,7 +13,8 @@ import contextlib
 import enum
 import io
 import logging
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
@@ -374,13 +375,67 @@ def read_bounded(f: BinaryIO, shown: Callable[[], str]) -> bytes:
     return data
 
 
-def take_options(options: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """``defaults`` updated with ``options``, for a backend factory.
+Kinds = tuple[type | None, ...]
+"""The types an option accepts (``None``: the value None); ``bool`` is never an ``int`` here."""
+
+
+def take_options(
+    options: dict[str, Any],
+    defaults: dict[str, Any],
+    *,
+    kinds: dict[str, Kinds] | None = None,
+    choices: dict[str, tuple[Any, ...]] | None = None,
+) -> dict[str, Any]:
+    """``defaults`` updated with ``options``, for a backend factory, every value checked.
+
+    Each given option must be of the kind of its default: a bool for a bool (``"maybe"``, 1
+    or None are refused), an integer (not a bool) for an integer, a finite number (not a bool)
+    for a float, a string for a string, a mapping for a mapping; ``kinds`` overrides that (and
+    gives the kinds of options whose default is None: those are otherwise free, as credentials
+    are). An option in ``choices`` must be one of its values.
 
     Raises:
-        ConfigurationError: an option ``defaults`` does not name, before any I/O.
+        ConfigurationError: an option ``defaults`` does not name, or a value of the wrong kind
+            or not among its choices, before any I/O.
     """
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         raise ConfigurationError(f"unknown storage options {unknown}; known: {sorted(defaults)}")
+    kinds = kinds or {}
+    for key, value in options.items():
+        allowed = kinds.get(key) or _kinds_of(defaults[key])
+        if allowed and not any(_is_kind(value, kind) for kind in allowed):
+            names = " or ".join(
+                "None" if k is None else _KIND_NAMES.get(k, k.__name__) for k in allowed
+            )
+            raise ConfigurationError(f"storage option {key} must be {names}, not {value!r}")
+        if choices and key in choices and value not in choices[key]:
+            raise ConfigurationError(
+                f"storage option {key} must be one of {list(choices[key])}, not {value!r}"
+            )
     return {**defaults, **options}
+
+
+_KIND_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
+
+
+def _kinds_of(default: Any) -> Kinds:
+    """The kinds an option with this default accepts; () for any."""
+    for kind in (bool, int, float, str):
+        if type(default) is kind:
+            return (kind,)
+    if isinstance(default, dict):
+        return (dict,)
+    return ()
+
+
+def _is_kind(value: Any, kind: type | None) -> bool:
+    if kind is None:
+        return value is None
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    if kind is dict:
+        return isinstance(value, Mapping)
+    return isinstance(value, kind)

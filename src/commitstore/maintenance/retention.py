@@ -51,21 +51,27 @@ class Retention:
             raise ConfigurationError(f"keep_last must be an integer >= 0, not {self.keep_last!r}")
         if self.keep_every is not None and (not _is_int(self.keep_every) or self.keep_every < 1):
             raise ConfigurationError(f"keep_every must be an integer >= 1, not {self.keep_every!r}")
-        if not isinstance(self.min_age, (int, float)) or not math.isfinite(self.min_age):
+        if not _is_number(self.min_age) or not math.isfinite(self.min_age):
             raise ConfigurationError(f"min_age must be a finite number, not {self.min_age!r}")
         if self.min_age < 0:
             raise ConfigurationError(f"min_age must be >= 0, not {self.min_age!r}")
 
 
 def check_age(min_age: float) -> float:
-    """``min_age`` as a float; ConfigurationError unless it is a finite number >= 0."""
-    if not isinstance(min_age, (int, float)) or not math.isfinite(min_age) or min_age < 0:
+    """``min_age`` as a float; ConfigurationError unless it is a finite number >= 0 (not a
+    bool)."""
+    if not _is_number(min_age) or not math.isfinite(min_age) or min_age < 0:
         raise ConfigurationError(f"min_age must be a finite number >= 0, not {min_age!r}")
     return float(min_age)
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """An int or float, never a bool (``min_age=True`` is not one second)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)

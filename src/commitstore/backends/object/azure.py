@@ -320,6 +320,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "conditional_writes": None,
             "client_options": {},
         },
+        kinds={"conditional_writes": (bool, None)},
     )
     client_options = dict(opts["client_options"])  # e.g. retry_total, initial_backoff
     parsed = urlsplit(url)

@@ -374,6 +374,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "chunk_size": 64 * 1024 * 1024,
             "conditional_writes": None,
         },
+        kinds={"conditional_writes": (bool, None), "endpoint_url": (str, None)},
     )
     parsed = urlsplit(url)
     if not parsed.netloc:

@@ -339,6 +339,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "read_part_size": 16 * 1024 * 1024,
             "read_inflight": 6,
         },
+        kinds={"conditional_writes": (bool, None), "endpoint_url": (str, None)},
     )
     for name in ("read_part_size", "read_inflight"):
         if not isinstance(opts[name], int) or isinstance(opts[name], bool):

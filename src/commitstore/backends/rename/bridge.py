@@ -92,7 +92,11 @@ class BridgeBackend(LocalBackend):
 
 
 def factory(url: str, options: dict[str, Any]) -> Backend:
-    opts = take_options(options, {"strategy": "auto", "readback": True})
+    opts = take_options(
+        options,
+        {"strategy": "auto", "readback": True},
+        choices={"strategy": ("auto", "local", "bridge")},
+    )
     if url.startswith("file://"):
         parsed = urlsplit(url)
         if parsed.netloc not in ("", "localhost"):

@@ -82,6 +82,7 @@ def sftp_factory(url: str, options: dict[str, Any]) -> Backend:
             "readback": False,
             "timeout": 30.0,
         },
+        kinds={"port": (int, None)},
     )
     parsed, host, url_port = _split(url, "SFTP URLs look like sftp://[user@]host[:port]/path")
     user, password = _secret(opts, parsed, "COMMITSTORE_SFTP_PASSWORD")
@@ -131,6 +132,7 @@ def webdav_factory(url: str, options: dict[str, Any]) -> Backend:
     opts = take_options(
         options,
         {"username": None, "password": None, "readback": False, "timeout": 30.0, "verify": True},
+        kinds={"verify": (bool, str)},
     )
     shape = "WebDAV URLs look like webdav+https://[user@]host[:port]/path"
     parsed, host, port = _split(url, shape)

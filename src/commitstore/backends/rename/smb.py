@@ -342,6 +342,7 @@ def factory(url: str, options: dict[str, Any]) -> Backend:
     opts = take_options(
         options,
         {"username": None, "password": None, "port": None, "readback": False, "timeout": 30.0},
+        kinds={"port": (int, None)},
     )
     shape = "SMB URLs look like smb://[user@]host[:port]/share[/path]"
     try:
