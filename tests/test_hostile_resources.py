@@ -148,6 +148,25 @@ def test_a_sparse_gigabyte_pending_record_is_not_read_by_gc_or_a_commit(tmp_path
     assert store.read_bytes("a.bin") == b"again"
 
 
+def _rchar() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def test_a_scan_reader_refuses_a_record_grown_since_the_listing_unread(tmp_path: Path) -> None:
+    """A scan checks each record's listed size first; a record that grew after the listing
+    is refused by the reader from its ``fstat``, before a byte of it is read."""
+    store = open_store(str(tmp_path))
+    store.put_bytes("a.bin", b"hello")
+    record = tmp_path / ".commitstore" / "records" / ".commitstore.rec.a.bin.json"
+    os.truncate(record, GiB)
+    with store.backend.small_reads((".commitstore", "records"), max_bytes=MAX_RECORD_BYTES) as read:
+        before = _rchar()
+        with pytest.raises(ValueError, match=f"{GiB} bytes"):
+            read((record.name,))
+        assert _rchar() - before < 4096
+
+
 @pytest.fixture(scope="module")
 def proxy(moto: MotoServer) -> Any:
     p = RequestProxy(moto.port)

@@ -305,8 +305,8 @@ class Backend(abc.ABC):
         its errors. Backends that can hold the folder open for the block override it (the local
         family: one directory descriptor per scan instead of a walk from the root per file);
         those may stop reading a file after ``max_bytes + 1`` bytes (the caller refuses it as too
-        large). Thread-safe where :attr:`read_concurrency` > 1. Default: a loop of
-        :meth:`read_small_tagged`."""
+        large), or refuse a larger one from its size with RecordFormatError. Thread-safe where
+        :attr:`read_concurrency` > 1. Default: a loop of :meth:`read_small_tagged`."""
         return contextlib.nullcontext(lambda rel: self.read_small_tagged((*folder, *rel)))
 
     @contextlib.contextmanager

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from commitstore._recordcheck import RecordFormatError
 from commitstore.backends.localtree import close_quietly
 from commitstore.backends.rename._localfs import kind_of, not_regular, storage_error
 from commitstore.errors import InvalidNameError, NotFoundError, StoragePathError
@@ -110,6 +111,7 @@ class FolderReader:
         """All bytes of the file ``rel`` below the folder (at most ``max_bytes + 1``) and no tag.
 
         Raises:
+            RecordFormatError: larger than ``max_bytes`` (by its ``fstat``: nothing read).
             NotFoundError: gone (or a folder). IntegrityError (``size_mismatch``): a symlink,
                 FIFO, socket or device there or a symlinked folder on the way. StorageError,
                 BackendUnavailableError...: a read error, translated.
@@ -119,6 +121,10 @@ class FolderReader:
                 dirfd = self._dir(rel[:-1], rel)
                 fd, st = open_regular(dirfd, rel[-1], lambda: self._shown(rel))
             try:
+                if self._max_bytes is not None and st.st_size > self._max_bytes:
+                    raise RecordFormatError(  # refused from its size, before any byte is read
+                        f"{self._shown(rel)} is {st.st_size} bytes, more than {self._max_bytes}"
+                    )
                 self._backend.drop_cached(fd)
                 return read_all(fd, st.st_size, self._max_bytes), None
             finally:
