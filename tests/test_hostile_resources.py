@@ -101,6 +101,8 @@ try:
         got = repr(store.latest())
     elif what == "gc":
         got = repr(store.gc(min_age=0))
+    elif what == "overwrite":
+        got = repr(store.put_bytes("a.bin", b"version 2", overwrite=True))
     result = {"ok": got}
 except BaseException as exc:
     result = {"error": type(exc).__name__, "status": getattr(exc, "status", None),
@@ -146,6 +148,25 @@ def test_a_sparse_gigabyte_pending_record_is_not_read_by_gc_or_a_commit(tmp_path
     os.truncate(pending, GiB)
     store.put_bytes("a.bin", b"again", overwrite=True)
     assert store.read_bytes("a.bin") == b"again"
+
+
+def test_a_commit_over_a_gigabyte_record_with_a_pending_one_reads_neither_whole(
+    tmp_path: Path,
+) -> None:
+    """An earlier commit's pending record that the data matches is made the record before a new
+    commit of the name (``promote_earlier``): the record it compares with is a sparse 1 GiB
+    file, refused from its size and replaced, never read."""
+    store = open_store(str(tmp_path))
+    store.put_bytes("a.bin", b"hello")
+    records = tmp_path / ".commitstore" / "records"
+    record = records / ".commitstore.rec.a.bin.json"
+    (records / ".commitstore.new.a.bin.json").write_bytes(record.read_bytes())
+    os.truncate(record, GiB)
+    got = _child(_BOUNDED_READS, str(tmp_path), "overwrite")
+    assert "error" not in got, got
+    assert got["read"] < MAX_RECORD_BYTES, got
+    assert store.read_bytes("a.bin") == b"version 2"
+    assert record.stat().st_size < 4096
 
 
 def _rchar() -> int:

@@ -242,7 +242,7 @@ class Committer:
             return
         if earlier.name != "/".join(parts):
             return
-        with contextlib.suppress(NotFoundError):
+        with contextlib.suppress(NotFoundError, RecordFormatError):  # none, or a bad one
             if self.backend.read_small(record_parts(parts)) == raw:
                 return  # its record was published: only the pending copy was left
         if check_exact(self.backend, earlier, "full").status == "ok":
