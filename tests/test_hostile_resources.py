@@ -626,3 +626,26 @@ def test_bools_are_not_numbers_nor_numbers_bools(tmp_path: Path) -> None:
     # the valid forms still work
     assert store.prune(keep_last=1, min_age=0.0, dry_run=False).targets
     assert store.gc(min_age=0, dry_run=True).dry_run
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    name=st.sampled_from(sorted(VALID)),
+    cut=st.floats(min_value=0, max_value=1),
+    flips=st.lists(st.tuples(st.floats(min_value=0, max_value=1), st.integers(1, 255)), max_size=3),
+)
+def test_adopt_of_fuzzed_files_reports_or_adopts_through_a_real_store(
+    tmp_path: Path, name: str, cut: float, flips: list[tuple[float, int]]
+) -> None:
+    data = bytearray(VALID[name])
+    for where, xor in flips:
+        data[min(int(where * len(data)), len(data) - 1)] ^= xor
+    damaged = bytes(data[: int(cut * len(data))] if cut < 1 else data)
+    folder = f"f{time.monotonic_ns()}"
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / name).write_bytes(damaged)
+    store = open_store(str(tmp_path))
+    report = store.adopt(f"{folder}/{name}")
+    assert len(report.adopted) + len(report.rejected) == 1
+    if report.adopted:
+        assert store.verify(f"{folder}/{name}").ok
