@@ -649,3 +649,21 @@ def test_adopt_of_fuzzed_files_reports_or_adopts_through_a_real_store(
     assert len(report.adopted) + len(report.rejected) == 1
     if report.adopted:
         assert store.verify(f"{folder}/{name}").ok
+
+
+def test_a_checks_lock_excludes_writers_and_creates_nothing(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    with open_store(str(fresh)).backend.read_lock():
+        pass
+    assert list(fresh.iterdir()) == []  # no .commitstore, no lock file
+    store = open_store(str(tmp_path / "s"))
+    store.put_bytes("a.bin", b"x")
+    lock = tmp_path / "s" / ".commitstore" / "lock"
+    with store.backend.read_lock():
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)

@@ -77,6 +77,9 @@ class Staging:
     tried_direct: bool = False
 
 
+_LOCK_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+
+
 def _not_a_folder(dirfd: int, part: str, shown: str) -> StoragePathError:
     """The error of ``part`` of ``dirfd``, found on a path where a folder should be: ``ELOOP``
     for a symlink (never followed below the root), ``ENOTDIR`` for anything else."""
@@ -394,9 +397,10 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     @contextlib.contextmanager
     def read_lock(self) -> Iterator[None]:
-        """The publish lock taken read-only: the lock file opened without write access and
-        never created (``flock`` needs none), so a check on a read-only mount of a store still
-        waits out a writer publishing through another mount of it. No lock file (no writer
+        """The publish lock taken without writing: the existing lock file is opened (read-only
+        where the storage refuses writes; ``flock`` needs no write access) and never created,
+        so a check on a read-only mount of a store still waits out a writer publishing through
+        another mount of it. No lock file (no writer
         ever published here), or one that cannot be opened or locked: nothing is held
         (``Backend.read_lock``)."""
         try:
@@ -417,13 +421,37 @@ class LocalBackend(RenameBackend[int, Staging]):
         except (FileNotFoundError, NotADirectoryError, InvalidNameError):
             return None
         try:
-            fd, _st = open_regular(dirfd, parts[-1], lambda: self.path_of(parts))
-        except NotFoundError:
-            return None
+            fd = self._open_lock_file(dirfd, parts)
         finally:
             close_quietly(dirfd)
+        if fd is None:
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            close_quietly(fd)
+            raise
+        return fd
+
+    def _open_lock_file(self, dirfd: int, parts: Parts) -> int | None:
+        """The existing lock file, opened for reading and writing where the storage allows it
+        (an emulated ``flock``, as on NFS, needs write access), else read-only; never created,
+        never a FIFO waited on. None if there is none."""
+        shown = self.path_of(parts)
+        try:
+            fd = os.open(parts[-1], _LOCK_OPEN_FLAGS, dir_fd=dirfd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            try:
+                return open_regular(dirfd, parts[-1], lambda: shown)[0]
+            except NotFoundError:
+                return None
+        try:
+            if not statmod.S_ISREG(os.fstat(fd).st_mode):
+                raise not_regular(shown, "not a regular file")
         except BaseException:
             close_quietly(fd)
             raise
