@@ -160,9 +160,19 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    info = _open(args, args.url, existing=False).describe()
+    """The strategy a store uses (or would use) and whether it exists; creates nothing. A store
+    that does not exist is a usage error (exit 2), its strategy still shown."""
+    store = _open(args, args.url, existing=False)
+    info = {**store.describe(), "exists": store.backend.root_exists()}
     text = "\n".join(f"{k}: {v}" for k, v in info.items())
     _emit(args, info, text)
+    if not info["exists"]:
+        print(
+            f"commitstore: error: no store at {store.url} (nothing was created; the first "
+            "write creates it)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return EXIT_OK
 
 
@@ -302,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("dest")
     sp.add_argument("--verify", choices=("size", "full", "none"), default="full")
     sp.set_defaults(func=cmd_get)
-    sp = add("info", "which commit strategy a store uses, and why")
+    sp = add("info", "which commit strategy a store uses, and why; exit 2 if it does not exist")
     sp.add_argument("url")
     sp.set_defaults(func=cmd_info)
     sp = add("gc", "remove staging files and unfinished uploads left by dead writers")
