@@ -38,7 +38,7 @@ venv() {
         fi
     fi
     "$VENV/bin/python" -m pip install -q --upgrade "pip>=25.1" >/dev/null
-    if [ $# -gt 0 ] && ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    if [[ " $* " =~ " "(test|bench)" " ]] && ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
         # The CPU build first, so that the groups' "torch>=2.1" takes nothing bigger.
         "$VENV/bin/python" -m pip install -q "${COMMITSTORE_TORCH:-torch==2.13.0}"
     fi
@@ -77,7 +77,7 @@ case "$cmd" in
     docs)
         # The site, built as published (strict: any warning fails), then checked: every public
         # name in the rendered API reference. DIR (default: a temporary folder) keeps the site.
-        venv test docs
+        venv docs
         site=${1:-$(mktemp -d)}
         NO_MKDOCS_2_WARNING=1 "$VENV/bin/python" -m mkdocs build --strict --site-dir "$site"
         exec "$VENV/bin/python" docs/check_docs.py --reference "$site"

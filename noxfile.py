@@ -65,7 +65,7 @@ def docs(session: nox.Session) -> None:
     tables equal to their result files), build the site with ``mkdocs build --strict``, then
     check that its API reference renders every public name (``./dev.sh docs`` does the same)."""
     session.install(TORCH)
-    install(session, "test", "docs")
+    install(session, "test")  # the marked examples run torch, lightning and transformers
     session.run("python", "docs/check_docs.py")
     session.env["NO_MKDOCS_2_WARNING"] = "1"
     site = str(Path(session.create_tmp()) / "site")
