@@ -313,3 +313,14 @@ def test_an_integration_without_its_extra_names_the_pip_line(
     assert done.returncode == 0, done.stderr
     assert f"pip install 'commitstore[{extra}]'" in done.stdout
     assert blocked in done.stdout
+
+
+def test_cli_read_commands_on_a_missing_s3_store_exit_2(moto: MotoServer) -> None:
+    env = moto.env()
+    url = moto.url("cli-typo")
+    for args in (("ls", url), ("verify", url), ("latest", url), ("info", url)):
+        done = _run_cli(*args, env=env)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert "no store at s3://" in done.stderr
+    listed = moto.client().list_objects_v2(Bucket=BUCKET, Prefix="cli-typo")
+    assert listed.get("KeyCount", 0) == 0

@@ -68,8 +68,8 @@ def _open(
     existing: bool = True,
 ) -> CommitStore:
     """open_store with the ``-o KEY=VALUE`` storage options and ``--mirror`` URLs of the command
-    line (mirrors replicate before the command returns). ``existing``: a local path must name
-    a folder already (a mistyped path is a usage error, never created)."""
+    line (mirrors replicate before the command returns). ``existing``: the store must exist
+    already (a mistyped path or URL is a usage error; nothing is created)."""
     path = _local_path(url)
     if existing and path is not None and not os.path.isdir(path):
         what = "is not a folder" if os.path.exists(path) else "does not exist"
@@ -81,7 +81,10 @@ def _open(
             raise ConfigurationError(f"storage options look like KEY=VALUE, not {item!r}")
         options[key] = _value(value)
     mirrors = mirrors if mirrors is not None else (getattr(args, "mirror", None) or [])
-    return open_store(url, mirrors=mirrors, mirror_mode="sync", **options)
+    store = open_store(url, mirrors=mirrors, mirror_mode="sync", **options)
+    if existing and path is None and not store.backend.root_exists():
+        raise ConfigurationError(f"no store at {store.url}: nothing there (nothing was created)")
+    return store
 
 
 def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:

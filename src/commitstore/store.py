@@ -311,7 +311,8 @@ class CommitStore(MirrorMethods):
 
     def list(self) -> list[Record]:
         """Committed artifacts (valid records only), oldest to newest: by step; artifacts without
-        one by commit time, placed among the stepped ones by it (``docs/format.md``)."""
+        one by commit time, placed among the stepped ones by it (``docs/format.md``). Empty
+        where the store's root does not exist, with a ``UserWarning`` saying so."""
         records = _scan.list_records(self.backend)
         if not records:
             self._nothing_found()
@@ -322,6 +323,7 @@ class CommitStore(MirrorMethods):
 
         ``level="size"`` compares sizes; ``"full"`` also recomputes digests. Unrecorded files
         under the root are reported as ``no_record`` (they do not make the report fail).
+        Where the store's root does not exist, the (empty) report comes with a ``UserWarning``.
         """
         _check.check_level(level)
         report = _check.verify(self.backend, name, level)
@@ -332,7 +334,8 @@ class CommitStore(MirrorMethods):
     def latest(self, *, level: str = "full", source: str = "primary") -> Record | None:
         """The newest artifact that passes :meth:`verify` at ``level``; each one skipped is logged
         as a warning. None if there is none. ``source="any"`` also considers the mirrors (the
-        newest artifact whole on any store; ``restore`` brings it back to the primary)."""
+        newest artifact whole on any store; ``restore`` brings it back to the primary). None
+        with a ``UserWarning`` where the store's root does not exist."""
         _check.check_level(level)
         if source not in ("primary", "any"):
             raise ConfigurationError(f"source must be 'primary' or 'any', not {source!r}")
