@@ -226,6 +226,14 @@ def test_hf_callback_leaves_the_callers_save_total_limit_alone(tmp_path: Path) -
     assert second.args.save_total_limit == 1
     second.train()
     assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-2"]
+    # output_dir is the store's root: the Trainer's rotation is off while it trains (it would
+    # delete committed folders), and the caller's value is back afterwards.
+    inside = open_store(tmp_path / "inside")
+    in_place = _tiny_hf_args(tmp_path / "inside", limit=1)
+    _tiny_hf_trainer(in_place, [CommitStoreCallback(inside)]).train()
+    assert in_place.save_total_limit == 1
+    assert [r.name for r in inside.list()] == ["checkpoint-2"]
+    assert inside.verify(level="full").ok
 
 
 def test_lightning_checkpoint_folder_outside_the_store_fails_before_training(

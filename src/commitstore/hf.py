@@ -7,10 +7,12 @@ committed there (its files are hashed once, never copied); elsewhere its files a
 ``stage_dir`` and the local folder is removed after the commit (``keep_local=True`` keeps it).
 
 ``save_total_limit`` is taken over: read at ``on_init_end`` (the caller's arguments are left as
-they are, so a second ``Trainer`` built from them rotates as asked), and the Trainer's own rotation
-is switched off only while it trains (``args.save_total_limit`` is None from ``on_train_begin``
-to ``on_train_end``, then the caller's value is back), so it never deletes a committed folder
-behind the store's back; after each commit the store is pruned with
+they are, so a second ``Trainer`` built from them rotates as asked). The Trainer's own rotation
+only ever sees ``output_dir``, which keeps no committed folder, unless ``output_dir`` is the
+store's root or inside it: then it is switched off while the Trainer trains
+(``args.save_total_limit`` is None from ``on_train_begin`` to ``on_train_end``, then the
+caller's value is back), so it never deletes a committed folder behind the store's back. After
+each commit the store is pruned with
 ``keep_last=save_total_limit`` over this callback's checkpoint folders only (other artifacts in
 the store, and the best checkpoint, are kept; prune's own rules still apply: the newest folder
 that verifies is never deleted).
@@ -152,11 +154,22 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
     def on_init_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._take_limit(args)  # read only: the caller's arguments stay as they were
 
+    def _writes_into_store(self, args: Any) -> bool:
+        """Whether the Trainer's ``output_dir`` is the store's root or inside it (its rotation
+        would then delete committed folders)."""
+        backend = self.store.backend
+        output_dir = getattr(args, "output_dir", None)
+        if not isinstance(backend, LocalBackend) or output_dir is None:
+            return False
+        root, out = Path(backend.root).resolve(), Path(output_dir).resolve()
+        return out == root or root in out.parents
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._take_limit(args)
-        if getattr(args, "save_total_limit", None) is not None:
-            # The Trainer must not rotate committed folders: its rotation is off while it
-            # trains, and the caller's value comes back at on_train_end.
+        if getattr(args, "save_total_limit", None) is not None and self._writes_into_store(args):
+            # The Trainer's rotation would delete committed folders: it is off while it
+            # trains, and the caller's value comes back at on_train_end. Elsewhere it rotates
+            # only what output_dir still holds (nothing, or the keep_local copies).
             self._switched_off = (args, args.save_total_limit)
             args.save_total_limit = None
 
