@@ -10,16 +10,17 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import commitstore
-from commitstore import ConfigurationError, NotFoundError, open_store
+from commitstore import BackendUnavailableError, ConfigurationError, NotFoundError, open_store
 
 from .helpers.s3servers import BUCKET, MotoServer
-from .helpers.samba import free_port
+from .helpers.samba import PASSWORD, SambaServer, free_port
 
 SRC = Path(commitstore.__file__).resolve().parents[1]
 """The sources under test (a child process imports the same ones)."""
@@ -96,6 +97,36 @@ def test_s3_missing_store_warns_creates_nothing_and_create_false_raises(
     store.put_bytes("step_1.pt", b"first write")
     again = open_store(moto.url("typo-run"), create=False, **opts)
     assert again.read_bytes("step_1.pt") == b"first write"
+
+
+@pytest.fixture(scope="module")
+def samba(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SambaServer]:
+    server = SambaServer(tmp_path_factory.mktemp("first-hour-samba"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_smb_missing_store_creates_nothing_until_the_first_write(samba: SambaServer) -> None:
+    url = samba.url("typo/run1")
+    store = open_store(url, password=PASSWORD)  # connects (and authenticates) now
+    assert not (samba.share_dir / "typo").exists()
+    with pytest.warns(UserWarning, match="no store at smb://"):
+        assert store.list() == []
+    with pytest.warns(UserWarning, match="no store at smb://"):
+        assert store.latest() is None
+    store.gc(min_age=0)
+    store.prune(keep_last=1, min_age=0)
+    assert not (samba.share_dir / "typo").exists()
+    with pytest.raises(NotFoundError):
+        open_store(url, create=False, password=PASSWORD)
+    store.put_bytes("step_1.pt", b"over smb")
+    assert (samba.share_dir / "typo" / "run1" / "step_1.pt").read_bytes() == b"over smb"
+    again = open_store(url, create=False, password=PASSWORD)
+    assert again.read_bytes("step_1.pt") == b"over smb"
+    with pytest.raises(BackendUnavailableError):
+        open_store(samba.url("typo/run1"), password="not-the-password")
 
 
 def test_cli_info_on_a_missing_store_exits_2_and_creates_nothing(tmp_path: Path) -> None:
