@@ -21,6 +21,7 @@ from commitstore import BackendUnavailableError, ConfigurationError, NotFoundErr
 
 from .helpers.s3servers import BUCKET, MotoServer
 from .helpers.samba import PASSWORD, SambaServer, free_port
+from .helpers.webdavserver import WebdavServer
 
 SRC = Path(commitstore.__file__).resolve().parents[1]
 """The sources under test (a child process imports the same ones)."""
@@ -127,6 +128,34 @@ def test_smb_missing_store_creates_nothing_until_the_first_write(samba: SambaSer
     assert again.read_bytes("step_1.pt") == b"over smb"
     with pytest.raises(BackendUnavailableError):
         open_store(samba.url("typo/run1"), password="not-the-password")
+
+
+@pytest.fixture(scope="module")
+def dav(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebdavServer]:
+    server = WebdavServer(tmp_path_factory.mktemp("first-hour-webdav"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_webdav_and_generic_fsspec_stores_create_nothing_until_the_first_write(
+    dav: WebdavServer, tmp_path: Path
+) -> None:
+    cases: list[tuple[str, dict[str, Any], Path]] = [
+        (dav.url("typo/run1"), dict(dav.options()), dav.root / "typo"),
+        (f"file://{tmp_path}/typo/run1", {"strategy": "fsspec"}, tmp_path / "typo"),
+    ]
+    for url, options, folder in cases:
+        store = open_store(url, **options)
+        with pytest.warns(UserWarning, match="no store at"):
+            assert store.list() == []
+        assert not folder.exists(), url
+        with pytest.raises(NotFoundError):
+            open_store(url, create=False, **options)
+        store.put_bytes("step_1.pt", b"first write")
+        assert (folder / "run1" / "step_1.pt").read_bytes() == b"first write"
+        assert open_store(url, create=False, **options).read_bytes("step_1.pt") == b"first write"
 
 
 def test_cli_info_on_a_missing_store_exits_2_and_creates_nothing(tmp_path: Path) -> None:
