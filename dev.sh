@@ -2,7 +2,8 @@
 # The project's two entry points (see README):
 #   ./dev.sh demo [DIR]   set up and run the main job (local folders, no cloud account)
 #   ./dev.sh test [ARGS]  set up and run the full test-suite (starts every server it needs)
-# Also: ./dev.sh lint (ruff + mypy --strict), ./dev.sh bench (benchmarks, not part of tests).
+# Also: ./dev.sh lint (ruff + mypy --strict), ./dev.sh docs [DIR] (the site, strict, and its
+# API reference checked), ./dev.sh bench (benchmarks, not part of tests).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${COMMITSTORE_VENV:-.venv}
@@ -26,19 +27,22 @@ need_root_apt() {
 }
 
 venv() {
-    local extras=$1
+    # "$@": dependency groups of pyproject.toml (PEP 735, development only: test, lint,
+    # typecheck, docs, bench), installed with the project (editable). pip >= 25.1 reads them.
+    local groups=()
+    for group in "$@"; do groups+=(--group "$group"); done
     if [ ! -x "$VENV/bin/python" ]; then
         if ! "$PY" -m venv "$VENV" 2>/dev/null; then
             need_root_apt python3-venv
             "$PY" -m venv "$VENV"
         fi
     fi
-    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-    if [ "$extras" != "" ] && ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-        # The CPU build first, so that the extras' "torch>=2.1" takes nothing bigger.
+    "$VENV/bin/python" -m pip install -q --upgrade "pip>=25.1" >/dev/null
+    if [[ " $* " =~ " "(test|bench)" " ]] && ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+        # The CPU build first, so that the groups' "torch>=2.1" takes nothing bigger.
         "$VENV/bin/python" -m pip install -q "${COMMITSTORE_TORCH:-torch==2.13.0}"
     fi
-    "$VENV/bin/python" -m pip install -q -e ".${extras}"
+    "$VENV/bin/python" -m pip install -q -e . ${groups[@]+"${groups[@]}"}
 }
 
 cmd=${1:-}
@@ -55,7 +59,7 @@ case "$cmd" in
             mkdir -p .cache/azurite
             npm install --silent --no-audit --no-fund --prefix .cache/azurite azurite@3
         fi
-        venv "[test]"
+        venv test
         export COMMITSTORE_REQUIRE_SERVERS=1
         # One worker per core (at most 4); each test file runs whole in one worker, so its
         # module-scoped servers start once. COMMITSTORE_TEST_WORKERS=0 runs in this process.
@@ -64,18 +68,26 @@ case "$cmd" in
         exec "$VENV/bin/python" -m pytest -n "$workers" --dist loadfile "$@"
         ;;
     lint)
-        venv "[test,lint,typecheck]"
+        venv test lint typecheck
         "$VENV/bin/ruff" check src tests benchmarks noxfile.py docs
         "$VENV/bin/ruff" format --check src tests benchmarks noxfile.py docs
         "$VENV/bin/python" docs/check_docs.py
         exec "$VENV/bin/mypy"
         ;;
+    docs)
+        # The site, built as published (strict: any warning fails), then checked: every public
+        # name in the rendered API reference. DIR (default: a temporary folder) keeps the site.
+        venv docs
+        site=${1:-$(mktemp -d)}
+        NO_MKDOCS_2_WARNING=1 "$VENV/bin/python" -m mkdocs build --strict --site-dir "$site"
+        exec "$VENV/bin/python" docs/check_docs.py --reference "$site"
+        ;;
     bench)
-        venv "[test]"
+        venv bench
         exec "$VENV/bin/python" -m benchmarks "$@"
         ;;
     *)
-        echo "usage: ./dev.sh demo [DIR] | test [PYTEST ARGS] | lint | bench [ARGS]" >&2
+        echo "usage: ./dev.sh demo [DIR] | test [PYTEST ARGS] | lint | docs [DIR] | bench [ARGS]" >&2
         exit 2
         ;;
 esac

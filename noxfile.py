@@ -1,6 +1,7 @@
 """nox sessions: tests, lint, typecheck, docs (default); extras, bench (on request).
 
-Python versions and extras are read from pyproject.toml.
+Python versions and extras are read from pyproject.toml; the development tools come from its
+dependency groups (PEP 735: ``pip install --group NAME``, pip >= 25.1), never from user extras.
 """
 
 from __future__ import annotations
@@ -16,8 +17,17 @@ PYPROJECT = tomllib.loads(Path("pyproject.toml").read_text())
 _MIN = re.search(r"3\.(\d+)", PYPROJECT["project"]["requires-python"])
 PYTHONS = [f"3.{m}" for m in range(int(_MIN.group(1)) if _MIN else 10, 14)]
 EXTRAS = PYPROJECT["project"]["optional-dependencies"]
+GROUPS = PYPROJECT["dependency-groups"]
 TORCH = os.environ.get("COMMITSTORE_TORCH", "torch==2.13.0")
-"""Installed before ``.[test]``, so that its ``torch>=2.1`` takes this CPU build."""
+"""Installed before the ``test`` group, so that its ``torch>=2.1`` takes this CPU build."""
+
+
+def install(session: nox.Session, *groups: str) -> None:
+    """pip >= 25.1 (it reads dependency groups), then the project (editable) and ``groups``."""
+    assert all(g in GROUPS for g in groups), groups
+    session.install("pip>=25.1")
+    session.install("-e", ".", *(arg for g in groups for arg in ("--group", g)))
+
 
 nox.options.sessions = ["tests", "lint", "typecheck", "docs"]
 nox.options.error_on_missing_interpreters = False
@@ -27,7 +37,7 @@ nox.options.error_on_missing_interpreters = False
 def tests(session: nox.Session) -> None:
     """The full test-suite (the README's test command runs the same in .venv)."""
     session.install(TORCH)
-    session.install("-e", ".[test]")
+    install(session, "test")
     session.env["COMMITSTORE_REQUIRE_SERVERS"] = "1"
     workers = str(min(os.cpu_count() or 1, 4))
     session.run("pytest", "-n", workers, "--dist", "loadfile", *session.posargs)
@@ -36,7 +46,8 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
-    session.install(*EXTRAS["lint"])
+    session.install("pip>=25.1")
+    session.install("--group", "lint")
     session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py", "docs")
     session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py", "docs")
 
@@ -44,21 +55,22 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over src, tests and benchmarks."""
-    session.install("-e", ".[typecheck]")
+    install(session, "typecheck")
     session.run("mypy")
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
     """Check the docs against the code (every public name documented, every marked example run,
-    tables equal to their result files), then build the site with ``mkdocs build --strict``."""
+    tables equal to their result files), build the site with ``mkdocs build --strict``, then
+    check that its API reference renders every public name (``./dev.sh docs`` does the same)."""
     session.install(TORCH)
-    session.install("-e", ".[test,docs]")
+    install(session, "test")  # the marked examples run torch, lightning and transformers
     session.run("python", "docs/check_docs.py")
     session.env["NO_MKDOCS_2_WARNING"] = "1"
-    session.run(
-        "mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site")
-    )
+    site = str(Path(session.create_tmp()) / "site")
+    session.run("mkdocs", "build", "--strict", "--site-dir", site)
+    session.run("python", "docs/check_docs.py", "--reference", site)
 
 
 BACKEND_EXTRAS = ["smb", "s3", "gcs", "azure", "sftp", "webdav"]
@@ -104,9 +116,9 @@ def extras(session: nox.Session, extra: str) -> None:
     """One extra alone in a venv of its own: a backend extra and that backend's conformance
     tests, or a framework extra (torch, lightning) and tests/extras/framework_child.py.
 
-    Installed: ``.[extra]``, pytest, hypothesis, and what tests/helpers needs to start and read
-    that server (moto and boto3 for S3, the fake-gcs-server binary for GCS); the other extras'
-    libraries must be missing. tests/test_extras.py does the same in the default run.
+    Installed: ``.[extra,testing]`` (pytest, hypothesis), and what tests/helpers needs to start
+    and read that server (moto and boto3 for S3, the fake-gcs-server binary for GCS); the other
+    extras' libraries must be missing. tests/test_extras.py does the same in the default run.
     """
     if extra in FRAMEWORK_EXTRAS:
         # torch pinned to the CPU build first (a constraint, so nothing upgrades it), then the
@@ -119,7 +131,7 @@ def extras(session: nox.Session, extra: str) -> None:
         work.mkdir(exist_ok=True)
         session.run("python", "tests/extras/framework_child.py", extra, str(work))
         return
-    session.install(f".[{extra}]", "pytest", "hypothesis", *SERVER_TOOLS[extra])
+    session.install(f".[{extra},testing]", *SERVER_TOOLS[extra])
     others = [e for e in BACKEND_EXTRAS if e != extra]
     session.run("python", "-c", _ABSENT, *others)
     session.env["COMMITSTORE_REQUIRE_SERVERS"] = "1"
@@ -130,7 +142,7 @@ def extras(session: nox.Session, extra: str) -> None:
 def soak(session: nox.Session) -> None:
     """Long runs left out of the default test run (tests marked ``soak``)."""
     session.install(TORCH)
-    session.install("-e", ".[test]")
+    install(session, "test")
     session.env["COMMITSTORE_REQUIRE_SERVERS"] = "1"
     session.env["COMMITSTORE_SOAK"] = "1"
     session.run("pytest", "-p", "no:cacheprovider", "-m", "soak", *session.posargs)
@@ -140,5 +152,5 @@ def soak(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks (ratios against same-run baselines); not part of the default run."""
     session.install(TORCH)
-    session.install("-e", ".[test]")
+    install(session, "bench")
     session.run("python", "-m", "benchmarks", *session.posargs)

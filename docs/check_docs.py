@@ -7,6 +7,12 @@
   figure appears on that page outside them.
 - Every ```python block after a ``<!-- run -->`` marker in docs/*.md runs without error, each in a
   fresh empty folder (its own interpreter state: ``runpy`` over a temporary file).
+
+``python docs/check_docs.py --reference SITE`` checks a built site instead (``./dev.sh docs``,
+after ``mkdocs build --strict``): every public name is in the rendered API reference
+(``SITE/reference/index.html``): each name of ``commitstore.__all__``, each public method and
+property of ``CommitStore`` (inherited ones included), and each integration module with each
+name of its ``__all__``. The names are read from the sources with griffe (nothing imported).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
+from typing import Any
 
 import commitstore
 from commitstore.layout import record_parts, validate_name
@@ -56,6 +63,56 @@ def main() -> int:
     return 1 if problems else 0
 
 
+INTEGRATIONS = ("torch", "dcp", "lightning", "hf", "fsspec")
+"""The public integration modules (``commitstore.<name>``), each rendered with its ``__all__``."""
+
+
+def public_names(src: Path) -> list[tuple[str, set[str]]]:
+    """Each public name under ``src/commitstore``, with the anchors that document it (its
+    public path, and the path it is defined at for a re-exported name)."""
+    import griffe
+
+    pkg = griffe.load("commitstore", search_paths=[str(src)], allow_inspection=False)
+
+    def entry(path: str, obj: Any) -> tuple[str, set[str]]:
+        return path, {path, obj.final_target.path if obj.is_alias else obj.path}
+
+    out = [entry(f"commitstore.{n}", pkg[n]) for n in pkg.exports or () if n != "__version__"]
+    store = pkg["CommitStore"]
+    store = store.final_target if store.is_alias else store
+    for name, member in store.all_members.items():
+        is_property = member.is_attribute and "property" in member.labels
+        if not name.startswith("_") and (member.is_function or is_property):
+            out.append(entry(f"commitstore.CommitStore.{name}", member))
+    for mod in INTEGRATIONS:
+        module = pkg[mod]
+        out.append(entry(f"commitstore.{mod}", module))
+        out += [entry(f"commitstore.{mod}.{n}", module[n]) for n in module.exports or ()]
+    return out
+
+
+def reference_problems(site: Path, src: Path) -> list[str]:
+    """One problem per public name (``public_names``) without an anchor in the rendered
+    reference page of the built ``site``."""
+    page = site / "reference" / "index.html"
+    if not page.is_file():
+        return [f"reference: {page} does not exist (build the site first)"]
+    anchors = set(re.findall(r'id="([^"]+)"', page.read_text()))
+    return [
+        f"reference: {name} is not in the rendered API reference (docs/reference.md)"
+        for name, accepted in public_names(src)
+        if not accepted & anchors
+    ]
+
+
+def check_reference(site: Path) -> int:
+    problems = reference_problems(site, ROOT / "src")
+    for p in problems:
+        print(f"docs: {p}", file=sys.stderr)
+    print("docs: reference ok" if not problems else f"docs: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
 RUN = re.compile(r"<!-- run -->\s*```python\n(.*?)```", re.S)
 
 
@@ -81,4 +138,6 @@ def run_examples() -> list[str]:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--reference"] and len(sys.argv) == 3:
+        sys.exit(check_reference(Path(sys.argv[2])))
     sys.exit(main())

@@ -70,7 +70,7 @@ def test_trainer_checkpoints_commit_prune_and_resume(tmp_path: Path) -> None:
     store = open_store(str(root))
     seen = _Seen()
     trainer = _trainer(out, store, 6, seen)
-    assert trainer.args.save_total_limit is None  # rotation is the store's now
+    assert trainer.args.save_total_limit == 2  # building the Trainer changed no argument
     trainer.train()
     names = [r.name for r in store.list()]
     assert names == ["checkpoint-4", "checkpoint-6"]  # save_total_limit=2 through prune

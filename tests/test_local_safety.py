@@ -24,6 +24,7 @@ from commitstore.testing import LocalBackdoor, xxh
 def test_symlinked_folder_pointing_outside_is_refused(tmp_path: Path) -> None:
     root, outside = tmp_path / "root", tmp_path / "outside"
     outside.mkdir()
+    root.mkdir()
     store = open_store(root)
     os.symlink(outside, root / "link")
     with pytest.raises(InvalidNameError):
@@ -36,7 +37,7 @@ def test_symlinked_folder_pointing_outside_is_refused(tmp_path: Path) -> None:
 def test_symlink_inside_root_is_refused_too(tmp_path: Path) -> None:
     root = tmp_path / "root"
     store = open_store(root)
-    (root / "real").mkdir()
+    (root / "real").mkdir(parents=True)
     os.symlink(root / "real", root / "alias")
     with pytest.raises(InvalidNameError):
         store.put_bytes("alias/x", b"data")
@@ -46,6 +47,7 @@ def test_symlink_inside_root_is_refused_too(tmp_path: Path) -> None:
 def test_symlink_at_final_name_is_replaced_not_followed(tmp_path: Path) -> None:
     root, target = tmp_path / "root", tmp_path / "victim.txt"
     target.write_bytes(b"precious")
+    root.mkdir()
     store = open_store(root)
     os.symlink(target, root / "evil")
     store.put_bytes("evil", b"new bytes", overwrite=True)

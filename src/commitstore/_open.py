@@ -6,7 +6,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from commitstore._commit import check_flag
 from commitstore.backends import resolve
+from commitstore.errors import NotFoundError
 from commitstore.layout import redact_url
 from commitstore.maintenance.retention import Retention
 from commitstore.mirrors.replicator import check_mirror_options
@@ -23,6 +25,7 @@ def open_store(
     mirror_policy: str = "best_effort",
     mirror_queue: int = 8,
     retention: Retention | None = None,
+    create: bool = True,
     **storage_options: Any,
 ) -> CommitStore:
     """Open the store at ``url`` (a local path or any supported URL), with optional mirrors.
@@ -35,12 +38,21 @@ def open_store(
     returns (``"sync"``). ``mirror_policy="required"`` turns a mirror failure into a MirrorError.
     ``retention`` prunes every target after each successful commit (never before it is durable).
 
+    Opening and reading create nothing: the first write creates the store's root. A read that
+    finds nothing where no root exists warns (``UserWarning`` and a log warning) that the store
+    does not exist, so a mistyped URL is not taken for an empty store. ``create=False`` asks
+    for an existing store: its root is looked up now (one stat or one listing request).
+
     Raises:
-        ConfigurationError: unknown scheme, option, mode or policy, or a missing extra (with
-            the pip command), before any I/O.
+        ConfigurationError: unknown scheme, option, mode or policy, a ``create`` that is not a
+            bool, or a missing extra (with the pip command), before any I/O.
+        NotFoundError: ``create=False`` and the store's root does not exist.
     """
     check_mirror_options(mirror_mode, mirror_policy, mirror_queue)
+    check_flag(create, "create")
     backend = resolve(url, storage_options)
+    if not create and not backend.root_exists():
+        raise NotFoundError(f"no store at {redact_url(os.fspath(url))}: its root does not exist")
     opened = [m if isinstance(m, CommitStore) else open_store(m) for m in mirrors]
     return CommitStore(
         backend,

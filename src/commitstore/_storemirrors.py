@@ -50,8 +50,16 @@ class MirrorMethods:
         return list(self._mirrors)
 
     def mirror_status(self) -> list[MirrorState]:
-        """Per mirror: pending and failed (with the last error) replications, and the primary
-        artifacts it lacks."""
+        """Per mirror, in the order given: whether it could be listed now (``reachable``), the
+        last error (the listing's when it could not be), pending and failed replications, the
+        primary artifacts it lacks, and the copies it is owed (count, bytes, oldest age).
+
+        Never raises for a mirror's state: a mirror that is down, refuses or times out is
+        reported ``reachable=False``. Lists the primary once and every mirror once.
+
+        Raises:
+            BackendUnavailableError, StorageError: the primary itself could not be listed.
+        """
         return self.replicator.status() if self.replicator else []
 
     def sync(self, *, repair: bool = True) -> SyncReport:

@@ -86,8 +86,8 @@ def _open(
     existing: bool = True,
 ) -> CommitStore:
     """open_store with the ``-o KEY=VALUE`` storage options and ``--mirror`` URLs of the command
-    line (mirrors replicate before the command returns). ``existing``: a local path must name
-    a folder already (a mistyped path is a usage error, never created)."""
+    line (mirrors replicate before the command returns). ``existing``: the store must exist
+    already (a mistyped path or URL is a usage error; nothing is created)."""
     path = _local_path(url)
     if existing and path is not None and not os.path.isdir(path):
         what = "is not a folder" if os.path.exists(path) else "does not exist"
@@ -99,7 +99,10 @@ def _open(
             raise ConfigurationError(f"storage options look like KEY=VALUE, not {item!r}")
         options[key] = _value(value)
     mirrors = mirrors if mirrors is not None else (getattr(args, "mirror", None) or [])
-    return open_store(url, mirrors=mirrors, mirror_mode="sync", **options)
+    store = open_store(url, mirrors=mirrors, mirror_mode="sync", **options)
+    if existing and path is None and not store.backend.root_exists():
+        raise ConfigurationError(f"no store at {store.url}: nothing there (nothing was created)")
+    return store
 
 
 def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
@@ -178,9 +181,19 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    info = _open(args, args.url, existing=False).describe()
+    """The strategy a store uses (or would use) and whether it exists; creates nothing. A store
+    that does not exist is a usage error (exit 2), its strategy still shown."""
+    store = _open(args, args.url, existing=False)
+    info = {**store.describe(), "exists": store.backend.root_exists()}
     text = "\n".join(f"{k}: {v}" for k, v in info.items())
     _emit(args, info, text)
+    if not info["exists"]:
+        print(
+            f"commitstore: error: no store at {store.url} (nothing was created; the first "
+            "write creates it)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return EXIT_OK
 
 
@@ -366,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("dest")
     sp.add_argument("--verify", choices=("size", "full", "none"), default="full")
     sp.set_defaults(func=cmd_get)
-    sp = add("info", "which commit strategy a store uses, and why")
+    sp = add("info", "which commit strategy a store uses, and why; exit 2 if it does not exist")
     sp.add_argument("url")
     sp.set_defaults(func=cmd_info)
     sp = add("gc", "remove staging files and unfinished uploads left by dead writers")

@@ -6,14 +6,21 @@ as ``output_dir``, the folder is moved into the store's staging area with one re
 committed there (its files are hashed once, never copied); elsewhere its files are copied through
 ``stage_dir`` and the local folder is removed after the commit (``keep_local=True`` keeps it).
 
-``save_total_limit`` is taken over at ``on_init_end``: the Trainer's own rotation is switched off
-(``args.save_total_limit`` set to None), so it never deletes a committed folder behind the store's
-back, and after each commit the store is pruned with ``keep_last=save_total_limit`` over this
-callback's checkpoint folders only (other artifacts in the store, and the best checkpoint, are
-kept; prune's own rules still apply: the newest folder that verifies is never deleted).
+``save_total_limit`` is taken over: read at ``on_init_end`` (the caller's arguments are left as
+they are, so a second ``Trainer`` built from them rotates as asked). The Trainer's own rotation
+only ever sees ``output_dir``, which keeps no committed folder, unless ``output_dir`` is the
+store's root or inside it: then it is switched off while the Trainer trains
+(``args.save_total_limit`` is None from ``on_train_begin`` to ``on_train_end``, then the
+caller's value is back), so it never deletes a committed folder behind the store's back. After
+each commit the store is pruned with
+``keep_last=save_total_limit`` over this callback's checkpoint folders only (other artifacts in
+the store, and the best checkpoint, are kept; prune's own rules still apply: the newest folder
+that verifies is never deleted).
 
 :func:`latest_checkpoint` returns the newest ``checkpoint-N`` folder that verifies fully, for
-``trainer.train(resume_from_checkpoint=...)``.
+``trainer.train(resume_from_checkpoint=latest_checkpoint(store))`` (None on a first run: training
+starts from scratch). ``resume_from_checkpoint=True`` looks in ``output_dir``, which keeps no
+checkpoint folder once they are committed: pass ``latest_checkpoint(store)`` instead.
 
 Importing this module imports transformers; importing ``commitstore`` does not.
 """
@@ -27,7 +34,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from commitstore._extras import missing_extra
+
+try:
+    import accelerate  # noqa: F401  # the Trainer needs it; fail here with the pip hint
+    import torch  # noqa: F401
+    from transformers import TrainerCallback
+except ModuleNotFoundError as _exc:
+    raise missing_extra("hf", "hf", _exc) from _exc
 
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.errors import CommitStoreError, ConfigurationError
@@ -129,18 +143,42 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
         """The Trainer's ``save_total_limit``, taken over at ``on_init_end``."""
         self.committed: list[Record] = []
         """Every record this callback committed, oldest first."""
+        self._switched_off: tuple[Any, int] | None = None
+        """The arguments whose ``save_total_limit`` is off while the Trainer trains, and it."""
 
     def _take_limit(self, args: Any) -> None:
         limit = getattr(args, "save_total_limit", None)
         if limit is not None:
             self.keep_last = int(limit)
-            args.save_total_limit = None  # the Trainer must not rotate committed folders
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._take_limit(args)
+        self._take_limit(args)  # read only: the caller's arguments stay as they were
+
+    def _writes_into_store(self, args: Any) -> bool:
+        """Whether the Trainer's ``output_dir`` is the store's root or inside it (its rotation
+        would then delete committed folders)."""
+        backend = self.store.backend
+        output_dir = getattr(args, "output_dir", None)
+        if not isinstance(backend, LocalBackend) or output_dir is None:
+            return False
+        root, out = Path(backend.root).resolve(), Path(output_dir).resolve()
+        return out == root or root in out.parents
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._take_limit(args)
+        if getattr(args, "save_total_limit", None) is not None and self._writes_into_store(args):
+            # The Trainer's rotation would delete committed folders: it is off while it
+            # trains, and the caller's value comes back at on_train_end. Elsewhere it rotates
+            # only what output_dir still holds (nothing, or the keep_local copies).
+            self._switched_off = (args, args.save_total_limit)
+            args.save_total_limit = None
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self._switched_off is not None:
+            owner, limit = self._switched_off
+            self._switched_off = None
+            if owner.save_total_limit is None:
+                owner.save_total_limit = limit
 
     def _ours(self, name: str) -> bool:
         return name.startswith(self.prefix) and bool(

@@ -26,7 +26,14 @@ import os
 import re
 from typing import Any
 
-from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from commitstore._extras import missing_extra
+
+try:
+    import torch  # noqa: F401
+    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.pytorch.callbacks import Callback
+except ModuleNotFoundError as _exc:
+    raise missing_extra("lightning", "lightning", _exc) from _exc
 
 from commitstore import torch as cs_torch
 from commitstore.backends.rename.posix import LocalBackend
@@ -85,6 +92,20 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
             "a dirpath inside it"
         )
 
+    def check_dirpath(self, dirpath: Any) -> None:
+        """Raise InvalidNameError now if checkpoints under ``dirpath`` would not map to names
+        in the store (a ``ModelCheckpoint`` whose folder is outside the root), before any I/O."""
+        text = os.fspath(dirpath)
+        sep = "/" if "://" in text else os.sep
+        self.name_of(text.rstrip(sep) + sep + "epoch=0-step=0.ckpt")
+
+    def setup_check(self) -> Callback:
+        """A Lightning callback (``Trainer(callbacks=[io.setup_check(), ...])``) that checks
+        every ``ModelCheckpoint``'s folder with :meth:`check_dirpath` when fitting starts, after
+        the callbacks resolved their folders and before the first step: a folder outside the
+        store fails there, not at the first save after training ran."""
+        return _DirpathCheck(self)
+
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
@@ -128,3 +149,17 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
         name = self.name_of(path)
         with contextlib.suppress(NotFoundError):
             self.store.delete(name)
+
+
+class _DirpathCheck(Callback):  # type: ignore[misc]  # lightning: untyped for mypy
+    """:meth:`CommitStoreCheckpointIO.setup_check`: every checkpoint callback's folder is
+    checked at ``on_fit_start``."""
+
+    def __init__(self, io: CommitStoreCheckpointIO) -> None:
+        self.io = io
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        for callback in trainer.checkpoint_callbacks:
+            dirpath = getattr(callback, "dirpath", None)
+            if dirpath is not None:
+                self.io.check_dirpath(dirpath)

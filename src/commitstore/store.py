@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -110,6 +111,18 @@ class CommitStore(MirrorMethods):
                     exc,
                 )
 
+    def _nothing_found(self) -> None:
+        """After a read found nothing: warn (``UserWarning`` and log) when the store's root does
+        not exist, so a mistyped URL is never taken for an empty store. Creates nothing."""
+        if self.backend.root_exists():
+            return
+        msg = (
+            f"no store at {self.url}: its root does not exist (nothing was created; "
+            "open_store(url, create=False) raises NotFoundError instead)"
+        )
+        log.warning("%s", msg)
+        warnings.warn(msg, UserWarning, stacklevel=3)
+
     # -- writing ----------------------------------------------------------------------------
     def stage(
         self,
@@ -185,8 +198,10 @@ class CommitStore(MirrorMethods):
         Nothing is visible before it; gc removes what dead writers leave (``_folder``).
 
         Raises:
-            InvalidNameError, ConfigurationError: as :meth:`stage`, before any I/O; also
-                ``overwrite=True`` on an object store. AlreadyExistsError: the name is taken.
+            InvalidNameError: as :meth:`stage`, before any I/O.
+            ConfigurationError: as :meth:`stage`, before any I/O; also ``overwrite=True`` on an
+                object store.
+            AlreadyExistsError: the name is taken.
         """
         return _folder.begin(
             self.committer, name, step, metadata, overwrite, after=self._after_commit
@@ -300,28 +315,41 @@ class CommitStore(MirrorMethods):
 
     def list(self) -> list[Record]:
         """Committed artifacts (valid records only), oldest to newest: by step; artifacts without
-        one by commit time, placed among the stepped ones by it (``docs/format.md``)."""
-        return _scan.list_records(self.backend)
+        one by commit time, placed among the stepped ones by it (``docs/format.md``). Empty
+        where the store's root does not exist, with a ``UserWarning`` saying so."""
+        records = _scan.list_records(self.backend)
+        if not records:
+            self._nothing_found()
+        return records
 
     def verify(self, name: str | None = None, *, level: str = "full") -> VerifyReport:
         """Check one artifact or all against their records; never raises for a bad artifact.
 
         ``level="size"`` compares sizes; ``"full"`` also recomputes digests. Unrecorded files
         under the root are reported as ``no_record`` (they do not make the report fail).
+        Where the store's root does not exist, the (empty) report comes with a ``UserWarning``.
         """
         _check.check_level(level)
-        return _check.verify(self.backend, name, level)
+        report = _check.verify(self.backend, name, level)
+        if not report.results or all(r.status == "missing" for r in report.results):
+            self._nothing_found()
+        return report
 
     def latest(self, *, level: str = "full", source: str = "primary") -> Record | None:
         """The newest artifact that passes :meth:`verify` at ``level``; each one skipped is logged
         as a warning. None if there is none. ``source="any"`` also considers the mirrors (the
-        newest artifact whole on any store; ``restore`` brings it back to the primary)."""
+        newest artifact whole on any store; ``restore`` brings it back to the primary). None
+        with a ``UserWarning`` where the store's root does not exist."""
         _check.check_level(level)
         if source not in ("primary", "any"):
             raise ConfigurationError(f"source must be 'primary' or 'any', not {source!r}")
         if source == "any":
-            return latest_any([self.committer, *(m.committer for m in self._mirrors)], level)
-        return _check.latest(self.backend, level)
+            found = latest_any([self.committer, *(m.committer for m in self._mirrors)], level)
+        else:
+            found = _check.latest(self.backend, level)
+        if found is None:
+            self._nothing_found()
+        return found
 
     def open(self, name: str, *, verify: str = "full") -> _read.VerifiedFile:
         """A readable, seekable binary file of ``name`` whose bytes passed the check first.
@@ -363,8 +391,10 @@ class CommitStore(MirrorMethods):
         it again. Map it with ``torch.load(path, mmap=True)``.
 
         Raises:
-            InvalidNameError, ConfigurationError (a bad ``cache_dir``, a folder artifact),
-            before any I/O where possible; NotFoundError; IntegrityError (nothing cached).
+            InvalidNameError: a bad name, before any I/O.
+            ConfigurationError: a bad ``cache_dir`` or ``rehash``, or a folder artifact.
+            NotFoundError: ``name`` is not committed.
+            IntegrityError: the bytes fail their record (nothing is cached).
         """
         validate_name(name)
         folder = _fetch.check_cache_dir(cache_dir)

@@ -21,7 +21,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
+from commitstore._extras import missing_extra
+
+try:
+    import torch
+except ModuleNotFoundError as _exc:
+    raise missing_extra("torch", "torch", _exc) from _exc
 
 from commitstore import _fetch, _read
 from commitstore._commit import check_flag

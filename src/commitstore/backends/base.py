@@ -214,6 +214,17 @@ class Backend(abc.ABC):
     def free_space(self, parts: Parts) -> int | None:
         """Bytes available for new data near ``parts``, or None if unknown."""
 
+    def root_exists(self) -> bool:
+        """Whether the store's root exists, found without creating anything: a folder on a
+        file system, at least one object under the prefix on an object store. Opening a store
+        never creates its root; the first write does. Default (storage whose connection makes
+        the root, or that cannot tell): True.
+
+        Raises:
+            BackendUnavailableError, StorageError: the storage could not be asked.
+        """
+        return True
+
     read_concurrency: int = 1
     """How many small reads (records) may run at once; object stores raise it."""
 

@@ -68,6 +68,10 @@ class MemoryBackend(Backend):
         prefix = key + "/"
         return any(k.startswith(prefix) for k in self.fs.store)
 
+    def root_exists(self) -> bool:
+        """True when anything is stored under the root."""
+        return self._exists(self.root)
+
     def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink:
         overwrite = mode is PutMode.REPLACE
         return MemoryFileSink(self, parts, overwrite=overwrite)

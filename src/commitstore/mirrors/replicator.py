@@ -18,6 +18,7 @@ from commitstore._commit import Committer
 from commitstore._scan import list_records
 from commitstore.errors import CommitError, ConfigurationError, MirrorError
 from commitstore.mirrors.copy import copy_with_retries
+from commitstore.mirrors.status import owed, probe
 
 log = logging.getLogger("commitstore")
 
@@ -52,7 +53,16 @@ class MirrorState:
     last_error: str | None
     """The most recent replication error on this mirror, if any."""
     missing: tuple[str, ...]
-    """Artifacts committed on the primary that the mirror does not hold (as of this call)."""
+    """Artifacts committed on the primary that the mirror does not hold (as of this call;
+    empty when the mirror could not be listed)."""
+    reachable: bool = True
+    """The mirror's records could be listed during this call (else ``last_error`` says why)."""
+    owed: int = 0
+    """Copies the mirror is owed: pending, failed and missing artifacts, each counted once."""
+    owed_bytes: int = 0
+    """Bytes of the owed copies (by the primary's records)."""
+    oldest_owed_age: float | None = None
+    """Seconds since the oldest owed artifact was committed on the primary (None: none owed)."""
 
 
 @dataclass
@@ -335,20 +345,29 @@ class Replicator:
             return {w.mirror.url: set(w.pending) for w in self.workers}
 
     def status(self) -> list[MirrorState]:
-        """Per mirror: what is pending, what failed, and what it lacks as of this call."""
-        primary = {r.name for r in list_records(self.primary.backend)}
+        """Per mirror: what is pending, what failed, what it lacks and owes as of this call.
+        Never raises for a mirror's state: one that cannot be listed is ``reachable=False``
+        with the error as ``last_error`` (``mirrors/status.py``)."""
+        primary = {r.name: r for r in list_records(self.primary.backend)}
         out = []
         for w in self.workers:
-            held = {r.name for r in list_records(w.mirror.backend)}
+            seen = probe(w.mirror)
             with self._lock:
                 pending, failed, last = tuple(w.pending), dict(w.failed), w.last_error
+            lacks = set(primary) - seen.held - set(pending) if seen.reachable else set()
+            unsent = [n for n in failed if not seen.reachable or n not in seen.held]
+            debt = owed(primary, [*pending, *unsent, *lacks])
             out.append(
                 MirrorState(
                     url=w.mirror.url,
                     pending=pending,
                     failed=failed,
-                    last_error=last,
-                    missing=tuple(sorted(primary - held - set(pending))),
+                    last_error=seen.error or last,
+                    missing=tuple(sorted(lacks)),
+                    reachable=seen.reachable,
+                    owed=debt.count,
+                    owed_bytes=debt.size,
+                    oldest_owed_age=debt.oldest_age,
                 )
             )
         return out

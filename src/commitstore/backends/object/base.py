@@ -11,7 +11,7 @@ from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, 
 from commitstore.backends.object.dirsink import ObjectDirSink
 from commitstore.backends.object.upload import ObjectFileSink, ObjectStat, Upload
 from commitstore.digest import copy_hashed
-from commitstore.errors import CommitError
+from commitstore.errors import CommitError, NotFoundError
 from commitstore.layout import Parts
 
 
@@ -172,6 +172,14 @@ class ObjectBackend(Backend):
     def read_small(self, parts: Parts) -> bytes:
         """One GET (no stat first)."""
         return self.read_small_tagged(parts)[0]
+
+    def root_exists(self) -> bool:
+        """True when at least one object lies under the prefix (one listing request for one
+        key); a missing bucket is a store that does not exist."""
+        try:
+            return bool(self.list_objects((), limit=1))
+        except NotFoundError:
+            return False
 
     def stat(self, parts: Parts) -> FileInfo | None:
         found = self.head(parts) if parts else None

@@ -142,7 +142,7 @@ class FsspecBackend(RenameBackend[str, Any]):
             exclusive_create=mover.exclusive_create,
             dir_fsync=False,
             atomic_dir_publish=True,
-            free_space=mover.free_space(self.root) is not None,
+            free_space=mover.free_space(self._nearest_folder(self.root)) is not None,
         )
 
     def __repr__(self) -> str:
@@ -348,9 +348,29 @@ class FsspecBackend(RenameBackend[str, Any]):
         removed: bool = self._call("removing", parts, self._remove_path, self.path(parts))
         return removed
 
+    def _nearest_folder(self, path: str) -> str:
+        """``path`` or, before the first write made it, its nearest parent that exists (the
+        filesystem's top, ``""`` or ``"/"``, if none does)."""
+        top = "/" if path.startswith("/") else ""
+        parts = [p for p in path.split("/") if p]
+        while parts:
+            candidate = top + "/".join(parts)
+            raw = self._raw_info(candidate)
+            if raw is not None and raw.get("type") == "directory":
+                return candidate
+            parts.pop()
+        return top
+
+    def root_exists(self) -> bool:
+        """Whether the store's folder exists (opening never makes it; the first write does)."""
+        raw = self._call("stat", (), self._raw_info, self.root)
+        return raw is not None and raw.get("type") == "directory"
+
     def free_space(self, parts: Parts) -> int | None:
         free: int | None = self._call(
-            "querying free space of", (), self.mover.free_space, self.root
+            "querying free space of",
+            (),
+            lambda: self.mover.free_space(self._nearest_folder(self.root)),
         )
         return free
 

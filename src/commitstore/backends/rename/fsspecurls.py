@@ -109,6 +109,7 @@ def sftp_factory(url: str, options: dict[str, Any]) -> Backend:
 
     def connect() -> FsspecBackend:
         fs = SSHFileSystem(host, skip_instance_cache=True, **kwargs)
+        # The root is made now: SftpMover probes posix-rename with two files inside it.
         fs.makedirs(root, exist_ok=True)
         backend = FsspecBackend(
             fs,
@@ -177,8 +178,6 @@ def webdav_factory(url: str, options: dict[str, Any]) -> Backend:
                 f"{shown}: the server does not speak WebDAV (no DAV class 1 in its OPTIONS "
                 f"answer, HTTP {resp.status_code})"
             )
-        if root:
-            fs.makedirs(root, exist_ok=True)
         backend = FsspecBackend(
             fs,
             root or "/",
@@ -244,7 +243,6 @@ def generic_factory(url: str, options: dict[str, Any]) -> Backend:
     ]
 
     def connect() -> FsspecBackend:
-        fs.makedirs(root, exist_ok=True)
         return FsspecBackend(
             fs,
             root,

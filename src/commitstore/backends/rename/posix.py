@@ -116,10 +116,36 @@ class LocalBackend(RenameBackend[int, Staging]):
     def __init__(self, root: str | os.PathLike[str], *, reason: str = "local path") -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.reason = reason
-        try:
-            os.makedirs(self.root, exist_ok=True)
-        except OSError as exc:
-            raise storage_error(exc, "creating the store's folder", self.root) from exc
+        # Opening creates nothing: the root is made by the first write (``open_dir(create=True)``).
+
+    def root_exists(self) -> bool:
+        """Whether the store's root folder exists (a symlink to a folder counts)."""
+        return os.path.isdir(self.root)
+
+    def _make_root(self) -> None:
+        """Create the root and its missing parents, each made durable in its parent folder."""
+        missing: list[str] = []
+        path = self.root
+        while not os.path.isdir(path):
+            missing.append(path)
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder, 0o777)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise storage_error(exc, "creating the store's folder", self.root) from exc
+            parent_fd = os.open(
+                os.path.dirname(folder), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            )
+            try:
+                fsync_dir(parent_fd, CommitInfo(0), self.policy.dir_fsync_tolerated)
+            finally:
+                close_quietly(parent_fd)
 
     def __repr__(self) -> str:
         return f"LocalBackend({self.root!r})"
@@ -132,7 +158,13 @@ class LocalBackend(RenameBackend[int, Staging]):
     def open_dir(self, parts: Parts, *, create: bool) -> int:
         """Open the folder ``parts`` below the root without following symlinks; return its fd.
         With ``create`` missing folders are made."""
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not create:
+                raise
+            self._make_root()
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for part in parts:
                 try:
@@ -478,5 +510,8 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     @translated("checking the free space of")
     def free_space(self, parts: Parts) -> int | None:
-        st = os.statvfs(self.root)
+        path = self.root  # before the first write, the nearest folder that exists
+        while not os.path.isdir(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+        st = os.statvfs(path)
         return st.f_bavail * st.f_frsize

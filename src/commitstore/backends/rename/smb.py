@@ -67,9 +67,12 @@ class SmbBackend(RenameBackend[Parts, Any]):
             dir_fsync_tolerated=(),
         )
         self.reason = reason
-        base = rf"\\{conn.host}\{conn.share}"
+        self.share_unc = rf"\\{conn.host}\{conn.share}"
+        base = self.share_unc
         self.root_unc = base + ("\\" + self.prefix.replace("/", "\\") if self.prefix else "")
-        call(conn, "creating", self.shown(()), lambda: self._makedirs(self.root_unc))
+        # Connect (and authenticate) now, creating nothing: the share's own folder is looked
+        # at; the store's root is made by the first write (open_folder's makedirs).
+        call(conn, "connecting to", self.shown(()), lambda: smbclient.stat(base, **self.kw()))
 
     def __repr__(self) -> str:
         return f"SmbBackend({self.shown(())!r})"
@@ -271,13 +274,28 @@ class SmbBackend(RenameBackend[Parts, Any]):
             call(self.conn, "removing", shown, functools.partial(fn, self.unc(target), **self.kw()))
         return True
 
+    def root_exists(self) -> bool:
+        """Whether the store's folder exists on the share."""
+        info = self.stat(())
+        return info is not None and info.is_dir
+
     def free_space(self, parts: Parts) -> int | None:
-        vol = call(
-            self.conn,
-            "querying free space of",
-            self.shown(()),
-            lambda: smbclient.stat_volume(self.root_unc, **self.kw()),
-        )
+        """The share's free space (asked of the root folder, or of the share's own folder
+        before the first write made the root)."""
+        try:
+            vol = call(
+                self.conn,
+                "querying free space of",
+                self.shown(()),
+                lambda: smbclient.stat_volume(self.root_unc, **self.kw()),
+            )
+        except NotFoundError:
+            vol = call(
+                self.conn,
+                "querying free space of",
+                self.shown(()),
+                lambda: smbclient.stat_volume(self.share_unc, **self.kw()),
+            )
         return int(vol.caller_available_size)
 
     @contextlib.contextmanager
