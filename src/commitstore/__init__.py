@@ -21,6 +21,7 @@ from commitstore.errors import (
     MirrorError,
     NotFoundError,
     StorageError,
+    StoragePathError,
 )
 from commitstore.maintenance.adopt import AdoptReport
 from commitstore.maintenance.gc import GcItem, GcReport
@@ -56,6 +57,7 @@ __all__ = [
     "Retention",
     "Stage",
     "StorageError",
+    "StoragePathError",
     "SyncReport",
     "TargetPrune",
     "VerifyReport",
