@@ -178,6 +178,18 @@ def folder_marker_parts(write_id: str) -> Parts:
     return (META_DIR, FOLDERS_DIR, f"{write_id}{RECORD_SUFFIX}")
 
 
+def writer_markers_parts(write_id: str) -> Parts:
+    """The folder of the per-writer markers of multi-writer folder commit ``write_id``
+    (object stores): ``.commitstore/folders/<write_id>/``."""
+    return (META_DIR, FOLDERS_DIR, write_id)
+
+
+def writer_marker_parts(write_id: str, writer: str) -> Parts:
+    """The marker of one writer of folder commit ``write_id``, listing the files it uploads:
+    ``.commitstore/folders/<write_id>/<writer>.json``."""
+    return (*writer_markers_parts(write_id), f"{writer}{RECORD_SUFFIX}")
+
+
 def is_staging_part(part: str) -> bool:
     """True for names made by :func:`staging_part`."""
     return part.startswith(STAGING_PREFIX)

@@ -16,6 +16,7 @@ from commitstore.errors import InvalidNameError, NotFoundError
 from commitstore.layout import (
     FOLDERS_DIR,
     META_DIR,
+    RECORD_SUFFIX,
     RECORDS_DIR,
     Parts,
     intent_parts,
@@ -25,7 +26,7 @@ from commitstore.layout import (
     record_parts,
     validate_name,
 )
-from commitstore.maintenance import _asides
+from commitstore.maintenance import _asides, _owned
 from commitstore.records import Record, RecordFormatError, decode_record
 
 
@@ -146,13 +147,14 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
     for up in uploads:
         if judge(up.key, "upload", up.started) and not dry_run:
             backend.abort_upload(up)
-    _folder_writes(backend, judge, dry_run=dry_run)
+    committed = _owned.Committed.scan(backend)
+    _folder_writes(backend, judge, committed, dry_run=dry_run)
     for rel, info in backend.walk((META_DIR, RECORDS_DIR)):
         if not is_intent_leaf(rel[-1]):
             continue
         path = "/".join((META_DIR, RECORDS_DIR, *rel))
         if judge(path, "pending", info.mtime):
-            outcome = _settle(backend, (META_DIR, RECORDS_DIR, *rel), dry_run=dry_run)
+            outcome = _settle(backend, (META_DIR, RECORDS_DIR, *rel), committed, dry_run=dry_run)
             if outcome is not None:  # neither version stands: kept for a person to look at
                 done = removed.pop()
                 kept.append(GcItem(done.path, done.kind, done.age, outcome))
@@ -163,32 +165,55 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
 
 
 def _folder_writes(
-    backend: Backend, judge: Callable[[str, str, float | None], bool], *, dry_run: bool
+    backend: Backend,
+    judge: Callable[[str, str, float | None], bool],
+    committed: _owned.Committed,
+    *,
+    dry_run: bool,
 ) -> None:
-    """Markers of multi-writer folder commits (``_folder``, object stores). One whose marker and
-    files are all older than min_age: its files go if the folder has no record (a writer died
-    before the commit), then the marker. Aged by the newest of the marker and the files."""
+    """Markers of multi-writer folder commits (``_folder``, object stores), grouped by write:
+    the coordinator's ``<id>.json`` and each writer's ``<id>/<writer>.json``, which lists the
+    files that writer uploaded. A write whose markers and listed files are all older than
+    min_age is dead: the files its markers list go (exactly those, never anything else under
+    the name, never a file a committed record names, none at all if the folder got its
+    record), then the markers. A marker without a file list (an older version's) removes no
+    file."""
+    groups: dict[str, list[tuple[Parts, float | None]]] = {}
     for rel, info in backend.walk((META_DIR, FOLDERS_DIR)):
-        marker = (META_DIR, FOLDERS_DIR, *rel)
+        wid = rel[0][: -len(RECORD_SUFFIX)] if len(rel) == 1 else rel[0]
+        groups.setdefault(wid, []).append(((META_DIR, FOLDERS_DIR, *rel), info.mtime))
+    for markers in groups.values():
         parts: Parts | None = None
-        try:
-            doc = json.loads(backend.read_small(marker))
-            parts = validate_name(doc["name"]) if isinstance(doc, dict) else None
-        except (NotFoundError, InvalidNameError, ValueError, KeyError, TypeError):
-            parts = None
-        times = [info.mtime]
+        listed: list[Parts] = []
+        times = [t for _m, t in markers]
+        for marker, _t in markers:
+            try:
+                doc = json.loads(backend.read_small(marker))
+                found = validate_name(doc["name"]) if isinstance(doc, dict) else None
+            except (NotFoundError, InvalidNameError, ValueError, KeyError, TypeError):
+                continue
+            if found is None or (parts is not None and found != parts):
+                continue  # a marker naming another folder than its write's others: skipped
+            parts = found
+            files = doc.get("files")
+            if isinstance(files, list):
+                listed += _owned.listed_paths(parts, files)
         if parts is not None:
-            times += [i.mtime for _rel, i in backend.walk(parts)]
+            here = {(*parts, *r): i for r, i in backend.walk(parts)}
+            times += [here[p].mtime for p in listed if p in here]
         mtime = None if any(t is None for t in times) else max(t for t in times if t is not None)
-        shown = "/".join(parts) if parts is not None else "/".join(marker)
+        shown = "/".join(parts) if parts is not None else "/".join(markers[0][0])
         if not judge(shown, "folder", mtime) or dry_run:
             continue
         if parts is not None and backend.stat(record_parts(parts)) is None:
-            backend.remove(parts)
-        backend.remove(marker)
+            _owned.remove_listed(backend, listed, committed)
+        for marker, _t in markers:
+            backend.remove(marker)
 
 
-def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
+def _settle(
+    backend: Backend, intent: Parts, committed: _owned.Committed, *, dry_run: bool
+) -> str | None:
     """Finish or drop one pending record older than min_age, under the publish lock.
 
     The data matches it: the commit stopped after its data step, so it becomes the record (roll
@@ -199,6 +224,10 @@ def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
     with it (roll back). Neither, but the whole new folder is in its staged copy (an
     object-store folder replace stopped while copying): the copies are completed from it and
     it becomes the record (roll forward). Otherwise it is kept and the reason returned.
+
+    A pending record is untrusted: it is never made the record over another committed artifact
+    (one inside its name, or one its name is inside), and a roll-back removes exactly the files
+    it lists that no committed record names (``_owned``), never the name's folder by prefix.
     """
     with backend.publish_lock():
         try:
@@ -217,6 +246,8 @@ def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
             found = None
         if found is not None and found.raw == raw:
             pass  # the record was published: the leftover is only the pending copy
+        elif committed.overlaps(pending):
+            return "it would cover another committed artifact"
         elif check_exact(backend, pending, "full").status == "ok":
             if not dry_run:
                 put_small(backend, record_parts(parts), raw, PutMode.REPLACE)
@@ -226,7 +257,8 @@ def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
             pass  # stopped before its data step: the old version stands
         elif found is None and _partial_new_folder(backend, parts, pending):
             if not dry_run:  # a new folder's upload stopped part way: drop what it uploaded
-                backend.remove(parts)
+                listed = _owned.listed_paths(parts, (f.path for f in pending.files))
+                _owned.remove_listed(backend, listed, committed)
         elif (staged := _staged.staged_whole(backend, pending)) is not None:
             if not dry_run:  # a folder replace stopped while copying: finish it
                 _staged.roll_forward(backend, pending, staged)
