@@ -22,6 +22,12 @@ class ObjectBackend(Backend):
     read_concurrency = 16
     staging_names = False
     plans_from_records = True
+    writer_slots = True
+    """The publish lock holds nothing here: each commit's pending record goes to a slot of its
+    own (``_slots``)."""
+    heartbeat = 60.0
+    """Seconds between a committing writer's heartbeats (rewrites of its pending record); gc's
+    ``min_age`` must exceed it. The ``heartbeat=`` store option."""
     md5_bodies = False
     """The upload sink computes each body's MD5 while filling it (stores that send one)."""
     reread_bodies = False

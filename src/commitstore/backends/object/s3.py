@@ -331,6 +331,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "conditional_writes": None,
             "read_part_size": 16 * 1024 * 1024,
             "read_inflight": 6,
+            "heartbeat": ObjectBackend.heartbeat,
         },
     )
     for name in ("read_part_size", "read_inflight"):
@@ -365,7 +366,10 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "s3": {"payload_signing_enabled": bool(opts["sign_payload"])},
         },
     )
-    return S3Backend(
+    beat = opts["heartbeat"]
+    if isinstance(beat, bool) or not isinstance(beat, (int, float)) or not beat > 0:
+        raise ConfigurationError(f"heartbeat must be a positive number of seconds, not {beat!r}")
+    backend = S3Backend(
         fs,
         parsed.netloc,
         unquote(parsed.path),
@@ -379,3 +383,5 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         read_inflight=opts["read_inflight"],
         reason="s3:// URL (multipart upload completion is the commit)",
     )
+    backend.heartbeat = float(beat)
+    return backend
