@@ -291,3 +291,26 @@ def test_gc_leaves_a_live_s3_folder_replace_alone(
     assert errors == []
     assert {p: door.read(f"ckpt/{p}") for p in new} == new
     assert open_store(url, **opts).verify("ckpt").ok
+
+
+def test_gc_leaves_a_live_s3_folder_write_alone(moto: MotoServer) -> None:
+    """A multi-writer folder write whose writer keeps a file open for longer than gc's
+    ``min_age``: its marker's heartbeat keeps the write alive, so gc removes none of its files
+    and the commit succeeds."""
+    prefix = f"f{time.monotonic_ns()}"
+    url, opts = moto.url(prefix), moto.options()
+    store = open_store(url, heartbeat=0.2, **opts)
+    door = S3Backdoor(moto.client(), BUCKET, prefix)
+    fw = store.begin_folder("runs")
+    first = fw.write_bytes("a.bin", b"a" * 40)
+    f = fw.open_file("b.bin")
+    f.write(b"b" * 30)
+    min_age = 1.0
+    time.sleep(3 * min_age)  # the writer pauses longer than gc's min_age
+    report = open_store(url, **opts).gc(min_age=min_age)
+    assert [i for i in report.removed if i.kind == "folder"] == []
+    assert door.read("runs/a.bin") == b"a" * 40
+    second = f.finish()
+    fw.commit([first, second])
+    assert open_store(url, **opts).verify("runs").ok
+    assert [f for f in door.files() if f.startswith(".commitstore/folders/")] == []

@@ -232,7 +232,7 @@ class Committer:
                         f"written ({exc}); its pending record makes it verify as the new version"
                     ) from exc
             if slot is not None:  # kept if another writer of the name may need it (_slots)
-                _slots.release(self.backend, parts, slot, body)
+                self._settle_slot(parts, slot, body, record)
             elif pending is not None:
                 # a leftover only costs a lookup (it equals the durable record), so the removal
                 # need not be durable: no folder sync for it
@@ -242,6 +242,18 @@ class Committer:
             _recordcache.note(self.backend, "/".join(record_parts(parts)[2:]), published.tag, body)
         log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
         return record
+
+    def _settle_slot(self, parts: Parts, slot: Parts, body: bytes, record: Record) -> None:
+        """Step 4 of ``_slots``: drop this writer's slot when no one may need it; when the
+        record read back is another writer's (published late, over data that is this one's),
+        publish this one again if the data, checked in full, is still this commit's."""
+        for _attempt in range(3):
+            if _slots.release(self.backend, parts, slot, body) != "overwritten":
+                return
+            if check_exact(self.backend, record, "full").status != "ok":
+                return  # a later writer's data stands, named by its own pending record
+            with contextlib.suppress(CommitStoreError):  # the slot still names this version
+                put_small(self.backend, record_parts(parts), body, PutMode.REPLACE)
 
     def promote_earlier(self, parts: Parts) -> None:
         """Under the publish lock, before this commit's pending record is written: an earlier

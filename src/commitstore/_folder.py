@@ -22,7 +22,8 @@ Where the files are staged:
   replaced one by one before the record). ``begin`` writes a marker
   ``.commitstore/folders/<id>.json`` naming the folder, and each writer (each
   :class:`FolderWrite`) keeps its own marker ``.commitstore/folders/<id>/<writer>.json`` that
-  lists every file it uploads, rewritten before each upload starts. gc removes, of a write whose
+  lists every file it uploads, rewritten before each upload starts and every ``heartbeat``
+  seconds while one of its files is open (the writer's proof of life). gc removes, of a write whose
   markers and listed files are all older than ``min_age`` and whose folder has no record,
   exactly the files its markers list (never anything else under the name: another artifact
   committed under the same folder path stays), then the markers; ``abort`` does the same at
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from commitstore import _slots
 from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._folderfile import FolderFile
 from commitstore._small import put_small
@@ -190,17 +192,22 @@ class FolderWrite:
         """
         rel = validate_name(path, inside_folder=True)
         backend = self._c.backend
-        if _in_place(backend) and path not in self._mine:
-            self._mine.append(path)
-            body = {"name": self.name, "id": self._t.id, "files": self._mine}
-            put_small(
-                backend,
-                writer_marker_parts(self._t.id, self._writer),
-                json.dumps(body).encode(),
-                PutMode.REPLACE,
-            )
         mode = PutMode.CREATE if backend.capabilities.exclusive_create else PutMode.REPLACE
-        return FolderFile(path, backend.open_sink((*self._area(), *rel), mode=mode))
+        if not _in_place(backend):
+            return FolderFile(path, backend.open_sink((*self._area(), *rel), mode=mode))
+        if path not in self._mine:
+            self._mine.append(path)
+        # the marker lists the file before its upload starts, and is rewritten as a heartbeat
+        # while the file is open: gc never takes a live writer's files
+        marker = writer_marker_parts(self._t.id, self._writer)
+        put_small(backend, marker, self._marker(), PutMode.REPLACE)
+        beat = _slots.Beat(backend, marker, self._marker, _slots.interval(backend))
+        try:
+            sink = backend.open_sink((*self._area(), *rel), mode=mode)
+        except BaseException:
+            beat.stop()
+            raise
+        return FolderFile(path, sink, on_end=beat.stop)
 
     def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> FileRecord:
         """Write the whole file ``path`` at once; its record."""
@@ -312,6 +319,11 @@ class FolderWrite:
                 _owned.remove_listed(backend, listed, _owned.Committed.scan(backend))
                 backend.remove(writer_markers_parts(self._t.id))
                 backend.remove(folder_marker_parts(self._t.id))
+
+    def _marker(self) -> bytes:
+        """This writer's marker as it is now: the folder, the write, every file it opened."""
+        doc = {"name": self.name, "id": self._t.id, "files": list(self._mine)}
+        return json.dumps(doc).encode()
 
     def _listed(self, backend: Backend) -> list[Parts]:
         """Every file the writers of this folder write listed in their markers (and this

@@ -13,6 +13,10 @@ its pending record to a slot of its own, ``.commitstore/pending/<dir>/<intent le
 2. publish the data; 3. publish the record;
 4. remove the own slot only if the record, read again, is the own one **and** the slot folder,
    listed after that read, holds no other writer's slot; otherwise leave it (gc settles it).
+   A record read back that is another writer's, while the own data still stands (checked in
+   full: a writer whose data was overwritten published its record late), is published again,
+   and step 4 repeated (a few times at most): so with two writers the record ends up matching
+   the data, not only one of the pending records.
 
 Why a version always verifies (two or more writers, each killed at any point): the bytes under
 the name are the last data publish, by some writer W, whose slot was written before that
@@ -31,7 +35,7 @@ import contextlib
 import logging
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from commitstore._scan import StoredRecord
@@ -101,41 +105,59 @@ def new_slot(parts: Parts) -> Parts:
     return slot_parts(parts, secrets.token_hex(8))
 
 
+class Beat:
+    """Rewrites one small file (a writer's pending record or marker) every ``interval`` seconds
+    on a daemon thread until :meth:`stop`, so its modification time shows the writer alive.
+    ``body``: its bytes, or a callable giving its current bytes at each beat."""
+
+    def __init__(
+        self, backend: Backend, parts: Parts, body: bytes | Callable[[], bytes], interval: float
+    ) -> None:
+        self._stop = threading.Event()
+        self._args = (backend, parts, body, interval)
+        self._thread = threading.Thread(target=self._run, name="commitstore-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        backend, parts, body, interval = self._args
+        while not self._stop.wait(interval):
+            try:
+                put_small(backend, parts, body() if callable(body) else body, PutMode.REPLACE)
+            except CommitStoreError as exc:  # the next beat tries again
+                log.warning("heartbeat of %s failed: %s", "/".join(parts), exc)
+
+    def stop(self) -> None:
+        """Stop and join: no rewrite happens after this returns."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
 @contextlib.contextmanager
 def heartbeat(backend: Backend, slot: Parts, body: bytes, interval: float) -> Iterator[None]:
-    """Rewrite ``slot`` with ``body`` every ``interval`` seconds while the block runs (its
-    modification time then shows the writer alive); stopped and joined before the block's
+    """A :class:`Beat` of ``slot`` while the block runs; stopped and joined before the block's
     end returns, so no rewrite can bring the slot back after its writer removed it."""
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(interval):
-            try:
-                put_small(backend, slot, body, PutMode.REPLACE)
-            except CommitStoreError as exc:  # the next beat tries again
-                log.warning("heartbeat of %s failed: %s", "/".join(slot), exc)
-
-    thread = threading.Thread(target=beat, name="commitstore-heartbeat", daemon=True)
-    thread.start()
+    beat = Beat(backend, slot, body, interval)
     try:
         yield
     finally:
-        stop.set()
-        thread.join()
+        beat.stop()
 
 
-def release(backend: Backend, parts: Parts, slot: Parts, body: bytes) -> bool:
+def release(backend: Backend, parts: Parts, slot: Parts, body: bytes) -> str:
     """After the record of ``parts`` was published with ``body``: remove the own ``slot`` only
     if the record, read again, is still ``body`` and then no other writer's slot is there
-    (step 4 of the module's protocol). False if it was kept (gc settles it)."""
+    (step 4 of the module's protocol). ``"released"``; ``"kept"`` (another writer's slot is
+    there, or the storage failed: gc settles it); ``"overwritten"`` (the record read back is
+    another writer's: the caller may publish its own again if its data still stands)."""
     try:
         if backend.read_small(record_parts(parts)) != body:
-            return False
+            return "overwritten"
         folder = slot_dir_parts(parts)
         others = [rel for rel, _info in backend.walk(folder) if rel != (slot[-1],)]
         if others:
-            return False
+            return "kept"
         backend.remove_leftover(slot)
     except (NotFoundError, CommitStoreError):
-        return False
-    return True
+        return "kept"
+    return "released"

@@ -11,8 +11,20 @@ from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, 
 from commitstore.backends.object.dirsink import ObjectDirSink
 from commitstore.backends.object.upload import ObjectFileSink, ObjectStat, Upload
 from commitstore.digest import copy_hashed
-from commitstore.errors import CommitError
+from commitstore.errors import CommitError, ConfigurationError
 from commitstore.layout import Parts
+
+
+def with_heartbeat(backend: ObjectBackend, value: object) -> ObjectBackend:
+    """``backend`` with the ``heartbeat=`` store option applied (seconds, a positive number).
+
+    Raises:
+        ConfigurationError: anything else, before any I/O.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigurationError(f"heartbeat must be a positive number of seconds, not {value!r}")
+    backend.heartbeat = float(value)
+    return backend
 
 
 class ObjectBackend(Backend):
