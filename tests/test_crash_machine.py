@@ -142,13 +142,15 @@ def _gc_drops_unfinished_data(monkeypatch: pytest.MonkeyPatch) -> None:
 
     settle = gc._settle
 
-    def dropping(backend: Any, intent: tuple[str, ...], *, dry_run: bool) -> str | None:
+    def dropping(
+        backend: Any, intent: tuple[str, ...], committed: Any, *, dry_run: bool
+    ) -> str | None:
         pending = decode_record(backend.read_small(intent))
         parts = tuple(pending.name.split("/"))
         found = read_record(backend, parts)
         if pending.kind == "file" and (found is None or found.record != pending):
             backend.remove(parts)
-        return settle(backend, intent, dry_run=dry_run)
+        return settle(backend, intent, committed, dry_run=dry_run)
 
     monkeypatch.setattr(gc, "_settle", dropping)
 

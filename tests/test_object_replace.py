@@ -22,7 +22,7 @@ import pytest
 import xxhash
 
 from commitstore import BackendUnavailableError, CommitStoreError, open_store
-from commitstore.testing import GcsBackdoor, S3Backdoor, Target, record_path
+from commitstore.testing import GcsBackdoor, S3Backdoor, Target, pending_paths, record_path
 
 from .helpers.azurite import Azurite, azure_backdoor
 from .helpers.gcsserver import BUCKET as GCS_BUCKET
@@ -48,10 +48,6 @@ def staged_prefix(name: str, files: dict[str, bytes]) -> str:
     return f".commitstore/staged/{head}/.commitstore.stg.{last}.{manifest_hex(files)}/"
 
 
-def pending_path(name: str) -> str:
-    return record_path(name).replace("/.commitstore.rec.", "/.commitstore.new.")
-
-
 def under(door: Any, prefix: str) -> dict[str, bytes]:
     return {f[len(prefix) :]: door.read(f) for f in door.files() if f.startswith(prefix)}
 
@@ -65,8 +61,10 @@ def backdoor_state(door: Any, name: str = NAME) -> str:
         return "old"
     if final == NEW:
         return "new"  # under the new record, or the pending one (the core resolves that)
-    pending = door.read(pending_path(name))
-    assert pending is not None, f"neither version, and no pending record: {sorted(final)}"
+    found = pending_paths(door, name)
+    assert found, f"neither version, and no pending record: {sorted(final)}"
+    pending = door.read(found[-1])
+    assert pending is not None
     assert json.loads(pending)["digest"] == f"xxh3_128:{manifest_hex(NEW)}"
     assert under(door, staged_prefix(name, NEW)) == NEW, "a mix without a whole staged copy"
     return "staged"
@@ -85,7 +83,7 @@ def check_store_agrees(t: Target, tmp_path: Path, state: str) -> None:
     fresh.gc(min_age=0)
     assert backdoor_state(t.door) == ("old" if state == "old" else "new")
     assert fresh.record(NAME).digest == f"xxh3_128:{manifest_hex(want)}"
-    assert t.door.read(pending_path(NAME)) is None
+    assert pending_paths(t.door, NAME) == []
     assert [f for f in t.door.files() if f.startswith(".commitstore/staged/")] == []
     assert t.reopen().verify().ok
 
@@ -213,7 +211,7 @@ def check_settles(t: Target, name: str, state: str) -> None:
     t.store.gc(min_age=0)
     assert backdoor_state(t.door, name) == ("old" if state == "old" else "new")
     assert t.store.record(name).digest == f"xxh3_128:{manifest_hex(want)}"
-    assert t.door.read(pending_path(name)) is None
+    assert pending_paths(t.door, name) == []
     assert not any(f.startswith(".commitstore/staged/") for f in t.door.files())
 
 

@@ -169,7 +169,8 @@ def test_a_prune_planned_from_the_records_does_what_one_from_every_data_file_doe
 def test_prune_on_moto_lists_the_records_only_and_heads_what_the_plan_needs(
     moto: MotoServer,
 ) -> None:
-    """40 artifacts, keep 3 and every 10th: one listing (of the records), and a HEAD for each
+    """40 artifacts, keep 3 and every 10th: two listings (of the records, and of the writers'
+    pending records, which name commits in flight), and a HEAD for each
     of the 3 + 3 the policy keeps (the newest is among them): no data listing, no other HEAD.
     A real prune then deletes exactly what the dry run said, and what it kept still verifies."""
     prefix = f"lazy{time.monotonic_ns()}"
@@ -204,7 +205,7 @@ def test_prune_on_moto_lists_the_records_only_and_heads_what_the_plan_needs(
     kept = {f"step_{i:03d}.pt" for i in (0, 10, 20, 30, 37, 38, 39)}
     assert set(plan.kept) == kept
     assert len(plan.deleted) == 33
-    assert prefixes == [f"{prefix}/.commitstore/records/"], prefixes
+    assert prefixes == [f"{prefix}/.commitstore/records/", f"{prefix}/.commitstore/pending/"]
     # one HEAD per kept artifact (the newest among them), and those of the newest's full check
     newest = fresh.record("step_039.pt")
     planned, calls = dict(calls), Counter()

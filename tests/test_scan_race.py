@@ -82,14 +82,14 @@ def run_scans(
     """Scan (``latest`` then ``verify``) until the writer has committed ``commits_wanted`` times
     during the scans and a scan has met a pending record, or ``max_tries`` pairs were made."""
     pending_seen = [0]
-    original = check_module.pending_version
+    original = check_module.pending_versions
 
-    def pending_version(backend: Any, record: Any) -> Any:
+    def pending_versions(backend: Any, record: Any) -> Any:
         found = original(backend, record)
-        pending_seen[0] += found is not None
+        pending_seen[0] += bool(found)
         return found
 
-    monkeypatch.setattr(check_module, "pending_version", pending_version)
+    monkeypatch.setattr(check_module, "pending_versions", pending_versions)
     valid = {xxh(payload(i)) for i in range(1, 251 * 2)}
 
     def commits() -> int:

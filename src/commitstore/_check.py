@@ -21,6 +21,7 @@ from commitstore._scan import (
     scan_records,
     unrecorded,
 )
+from commitstore._slots import read_slots
 from commitstore.backends import Backend, FileInfo
 from commitstore.digest import hash_opened
 from commitstore.errors import (
@@ -100,13 +101,23 @@ def compare(
     return None
 
 
+def pending_versions(backend: Backend, record: Record) -> list[Record]:
+    """The versions commits in flight (or interrupted after their data step) are publishing
+    over ``record``: the name's pending record, and on object stores each writer's
+    (``_slots``), those that differ from ``record``; the one place readers resolve them."""
+    parts = tuple(record.name.split("/"))
+    found = read_intent(backend, parts)
+    out = [] if found is None or found.record == record else [found.record]
+    for slot in read_slots(backend, parts):
+        if slot.stored.record != record and slot.stored.record not in out:
+            out.append(slot.stored.record)
+    return out
+
+
 def pending_version(backend: Backend, record: Record) -> Record | None:
-    """The version a commit in flight (or interrupted after its data step) is publishing over
-    ``record``: its pending record, when there is one that differs from ``record``."""
-    found = read_intent(backend, tuple(record.name.split("/")))
-    if found is None or found.record == record:
-        return None
-    return found.record
+    """The first of :func:`pending_versions` (None if there is none)."""
+    versions = pending_versions(backend, record)
+    return versions[0] if versions else None
 
 
 def record_of(backend: Backend, url: str, name: str) -> StoredRecord:
@@ -186,18 +197,19 @@ def _locate_once(
     result = check_exact(backend, record, level)
     if result.status == "ok":
         return result, record, parts
-    pending = pending_version(backend, record)
+    pendings = pending_versions(backend, record)
+    pending = pendings[0] if pendings else None
     if result.status == "missing" and (moved := _aside(backend, record, pending, level)):
         return moved
-    if pending is None:
-        return result, record, parts
-    if check_exact(backend, pending, level).status == "ok":
-        note = "the new version of a commit whose record is pending"
-        return VerifyResult(record.name, "ok", note), pending, parts
-    if pending.kind == "dir" and pending.files:
-        staged = staged_parts(parts, pending.digest)
-        if _check_dir(backend, staged, pending, level).status == "ok":
-            return VerifyResult(record.name, "ok", STAGED_NOTE), pending, staged
+    for pending in pendings:
+        if check_exact(backend, pending, level).status == "ok":
+            note = "the new version of a commit whose record is pending"
+            return VerifyResult(record.name, "ok", note), pending, parts
+    for pending in pendings:
+        if pending.kind == "dir" and pending.files:
+            staged = staged_parts(parts, pending.digest)
+            if _check_dir(backend, staged, pending, level).status == "ok":
+                return VerifyResult(record.name, "ok", STAGED_NOTE), pending, staged
     return result, record, parts
 
 

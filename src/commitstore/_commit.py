@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from commitstore import _recordcache
+from commitstore import _recordcache, _slots
 from commitstore._check import check_exact
 from commitstore._small import put_small as put_small  # noqa: PLC0414 (re-exported: a test seam)
 from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
@@ -178,6 +178,9 @@ class Committer:
         so the name verifies as the new version (readers resolve it; gc makes it the record),
         and one before it leaves a pending record the data does not match (the old version
         stands; gc removes it). Without ``intent`` the record is published last, as before.
+        Where the publish lock holds nothing (object stores) the pending record goes to a slot
+        of this writer's own, kept alive by a heartbeat while the commit runs, and is removed
+        afterwards only when no other writer of the name may need it (``_slots``).
 
         With ``CREATE`` on storage without an atomic create-only publish, the absence of record
         and data is checked first, under the lock. ``data_in_place``: the data under the name
@@ -188,6 +191,11 @@ class Committer:
             CommitError: the data was published but its record could not be (the message says
                 so; the pending record makes the name verify as the new version).
         """
+        slot = (
+            _slots.new_slot(parts)
+            if intent is not None and _slots.uses_slots(self.backend)
+            else None
+        )
         with self.backend.publish_lock():
             if mode is PutMode.CREATE and not self.backend.capabilities.exclusive_create:
                 if data_in_place:
@@ -196,28 +204,37 @@ class Committer:
                     self.check_absent(parts)
             pending = None
             if intent is not None:
-                self.promote_earlier(parts)
+                if slot is None:
+                    self.promote_earlier(parts)
                 pending = body if body is not None else encode_record(intent)
-                put_small(self.backend, intent_parts(parts), pending, PutMode.REPLACE)
-            try:
-                record = publish_data()
-            except AlreadyExistsError:
-                if pending is not None:  # nothing of ours was published: drop our intent
-                    with contextlib.suppress(CommitStoreError):
-                        self.backend.remove(intent_parts(parts))
-                raise
-            body = body if body is not None else encode_record(record)
-            try:
-                published = put_small(self.backend, record_parts(parts), body, mode)
-                self.note(published, record.name)
-            except CommitStoreError as exc:
-                if pending is None or pending != body:
+                put_small(self.backend, slot or intent_parts(parts), pending, PutMode.REPLACE)
+            beat = (
+                _slots.heartbeat(self.backend, slot, pending, _slots.interval(self.backend))
+                if slot is not None and pending is not None
+                else contextlib.nullcontext()
+            )
+            with beat:
+                try:
+                    record = publish_data()
+                except AlreadyExistsError:
+                    if pending is not None:  # nothing of ours was published: drop our intent
+                        with contextlib.suppress(CommitStoreError):
+                            self.backend.remove(slot or intent_parts(parts))
                     raise
-                raise CommitError(
-                    f"{record.name}: the new data is published but its record could not be "
-                    f"written ({exc}); its pending record makes it verify as the new version"
-                ) from exc
-            if pending is not None:
+                body = body if body is not None else encode_record(record)
+                try:
+                    published = put_small(self.backend, record_parts(parts), body, mode)
+                    self.note(published, record.name)
+                except CommitStoreError as exc:
+                    if pending is None or pending != body:
+                        raise
+                    raise CommitError(
+                        f"{record.name}: the new data is published but its record could not be "
+                        f"written ({exc}); its pending record makes it verify as the new version"
+                    ) from exc
+            if slot is not None:  # kept if another writer of the name may need it (_slots)
+                self._settle_slot(parts, slot, body, record)
+            elif pending is not None:
                 # a leftover only costs a lookup (it equals the durable record), so the removal
                 # need not be durable: no folder sync for it
                 with contextlib.suppress(CommitStoreError):
@@ -226,6 +243,18 @@ class Committer:
             _recordcache.note(self.backend, "/".join(record_parts(parts)[2:]), published.tag, body)
         log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
         return record
+
+    def _settle_slot(self, parts: Parts, slot: Parts, body: bytes, record: Record) -> None:
+        """Step 4 of ``_slots``: drop this writer's slot when no one may need it; when the
+        record read back is another writer's (published late, over data that is this one's),
+        publish this one again if the data, checked in full, is still this commit's."""
+        for _attempt in range(3):
+            if _slots.release(self.backend, parts, slot, body) != "overwritten":
+                return
+            if check_exact(self.backend, record, "full").status != "ok":
+                return  # a later writer's data stands, named by its own pending record
+            with contextlib.suppress(CommitStoreError):  # the slot still names this version
+                put_small(self.backend, record_parts(parts), body, PutMode.REPLACE)
 
     def promote_earlier(self, parts: Parts) -> None:
         """Under the publish lock, before this commit's pending record is written: an earlier

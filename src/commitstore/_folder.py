@@ -20,8 +20,14 @@ Where the files are staged:
   the record is the commit, so nothing is listed, verified whole or replicated before it. New
   names only: ``overwrite=True`` raises ConfigurationError (the old version's files would be
   replaced one by one before the record). ``begin`` writes a marker
-  ``.commitstore/folders/<id>.json`` naming the folder; gc removes the files of a folder whose
-  marker and files are all older than ``min_age`` and that has no record, then the marker.
+  ``.commitstore/folders/<id>.json`` naming the folder, and each writer (each
+  :class:`FolderWrite`) keeps its own marker ``.commitstore/folders/<id>/<writer>.json`` that
+  lists every file it uploads, rewritten before each upload starts and every ``heartbeat``
+  seconds while one of its files is open (the writer's proof of life). gc removes, of a write whose
+  markers and listed files are all older than ``min_age`` and whose folder has no record,
+  exactly the files its markers list (never anything else under the name: another artifact
+  committed under the same folder path stays), then the markers; ``abort`` does the same at
+  once.
 
 What ``commit`` checks before anything is published: every expected file is present in the
 staging area with its recorded size (one listing), and nothing else is there. Digests are the
@@ -41,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from commitstore import _slots
 from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._folderfile import FolderFile
 from commitstore._small import put_small
@@ -60,7 +67,10 @@ from commitstore.layout import (
     folder_marker_parts,
     record_parts,
     validate_name,
+    writer_marker_parts,
+    writer_markers_parts,
 )
+from commitstore.maintenance import _owned
 from commitstore.records import FileRecord, Record
 
 TOKEN_VERSION = 1
@@ -145,6 +155,9 @@ class FolderWrite:
         self._t = token
         self._parts = validate_name(token.name)
         self._after = after
+        self._writer = secrets.token_hex(8)
+        self._mine: list[str] = []
+        """Files this writer opened (object stores: listed in its marker before each upload)."""
         self.record: Record | None = None
         """After :meth:`commit`."""
 
@@ -180,7 +193,21 @@ class FolderWrite:
         rel = validate_name(path, inside_folder=True)
         backend = self._c.backend
         mode = PutMode.CREATE if backend.capabilities.exclusive_create else PutMode.REPLACE
-        return FolderFile(path, backend.open_sink((*self._area(), *rel), mode=mode))
+        if not _in_place(backend):
+            return FolderFile(path, backend.open_sink((*self._area(), *rel), mode=mode))
+        if path not in self._mine:
+            self._mine.append(path)
+        # the marker lists the file before its upload starts, and is rewritten as a heartbeat
+        # while the file is open: gc never takes a live writer's files
+        marker = writer_marker_parts(self._t.id, self._writer)
+        put_small(backend, marker, self._marker(), PutMode.REPLACE)
+        beat = _slots.Beat(backend, marker, self._marker, _slots.interval(backend))
+        try:
+            sink = backend.open_sink((*self._area(), *rel), mode=mode)
+        except BaseException:
+            beat.stop()
+            raise
+        return FolderFile(path, sink, on_end=beat.stop)
 
     def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> FileRecord:
         """Write the whole file ``path`` at once; its record."""
@@ -249,6 +276,7 @@ class FolderWrite:
         )
         if _in_place(backend):
             with contextlib.suppress(CommitStoreError):  # a leftover marker: gc drops it
+                backend.remove(writer_markers_parts(self._t.id))
                 backend.remove(folder_marker_parts(self._t.id))
         if self._after is not None:
             self._after(self.record)
@@ -287,8 +315,29 @@ class FolderWrite:
             if not _in_place(backend):
                 backend.remove(self._area())
             elif backend.stat(record_parts(self._parts)) is None:
-                backend.remove(self._parts)
+                listed = self._listed(backend)
+                _owned.remove_listed(backend, listed, _owned.Committed.scan(backend))
+                backend.remove(writer_markers_parts(self._t.id))
                 backend.remove(folder_marker_parts(self._t.id))
+
+    def _marker(self) -> bytes:
+        """This writer's marker as it is now: the folder, the write, every file it opened."""
+        doc = {"name": self.name, "id": self._t.id, "files": list(self._mine)}
+        return json.dumps(doc).encode()
+
+    def _listed(self, backend: Backend) -> list[Parts]:
+        """Every file the writers of this folder write listed in their markers (and this
+        writer's own): exactly what an abort removes."""
+        paths: list[object] = list(self._mine)
+        for rel, _info in backend.walk(writer_markers_parts(self._t.id)):
+            try:
+                doc = json.loads(backend.read_small((*writer_markers_parts(self._t.id), *rel)))
+            except (CommitStoreError, ValueError):
+                continue
+            if isinstance(doc, dict) and doc.get("name") == self.name:
+                files = doc.get("files")
+                paths += files if isinstance(files, list) else []
+        return _owned.listed_paths(self._parts, paths)
 
 
 def _unique(expected: Iterable[FileRecord]) -> list[FileRecord]:
@@ -331,7 +380,7 @@ def begin(
         committer.check_absent(parts)
     token = _Token(secrets.token_hex(8), name, overwrite, checked, meta, committer.url)
     if _in_place(backend):
-        body = json.dumps({"name": name, "id": token.id}).encode()
+        body = json.dumps({"name": name, "id": token.id, "files": []}).encode()
         put_small(backend, folder_marker_parts(token.id), body, PutMode.REPLACE)
     return FolderWrite(committer, token, after=after)
 

@@ -7,6 +7,7 @@ file of a committed folder artifact in full and checks it against its entry in t
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -32,10 +33,14 @@ class FolderFile(io.RawIOBase):
     :class:`FileRecord`; an exception or ``abort()`` removes it. Never visible under the folder's
     name before the folder's commit."""
 
-    def __init__(self, path: str, sink: FileSink) -> None:
+    def __init__(
+        self, path: str, sink: FileSink, *, on_end: Callable[[], None] | None = None
+    ) -> None:
         super().__init__()
         self.path = path
         self._sink: FileSink | None = sink
+        self._on_end = on_end
+        """Called once when the file is finished or aborted (the writer's heartbeat stops)."""
         self._hasher = Hasher()
         self._buf = bytearray()
         self.record: FileRecord | None = None
@@ -82,16 +87,26 @@ class FolderFile(io.RawIOBase):
             sink.publish(size=size, digest=digest)
         except BaseException:
             sink.abort()
+            self._end()
             raise
+        self._end()
         self.record = FileRecord(self.path, size, digest)
         super().close()
         return self.record
+
+    def _end(self) -> None:
+        end, self._on_end = self._on_end, None
+        if end is not None:
+            end()
 
     def abort(self) -> None:
         """Discard the file. Idempotent."""
         if self._sink is not None:
             sink, self._sink = self._sink, None
-            sink.abort()
+            try:
+                sink.abort()
+            finally:
+                self._end()
         if not self.closed:
             super().close()
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from commitstore._check import compare, locate, pending_version, record_of
+from commitstore._check import compare, locate, pending_versions, record_of
 from commitstore._scan import read_record
 from commitstore.backends import Backend, PutMode
 from commitstore.backends.rename.posix import LocalBackend
@@ -66,8 +66,9 @@ def _problem(
     found = compare(rec.size, rec.digest, found_size=size, found_digest=digest, level=level)
     if found is None:
         return None
-    pending = pending_version(backend, rec)
-    if pending is not None and pending.kind == "file":
+    for pending in pending_versions(backend, rec):
+        if pending.kind != "file":
+            continue
         again = compare(
             pending.size, pending.digest, found_size=size, found_digest=digest, level=level
         )

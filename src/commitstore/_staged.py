@@ -4,7 +4,8 @@ A folder replace on an object store uploads the new version under
 ``.commitstore/staged/.../.commitstore.stg.<last>.<folder hex>`` before it touches an old file,
 then copies it over the final keys (``backends/object/dirsink``). gc completes a replace that
 stopped while copying (roll forward: the staged copy is whole, so the copies can always be
-redone), and removes staged copies that no pending record names any more.
+redone), and removes staged copies that no pending record (beside the record, or a writer's
+own: ``_slots``) names any more.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from commitstore.backends import Backend
 from commitstore.errors import CommitError, CommitStoreError
 from commitstore.layout import (
     META_DIR,
+    PENDING_DIR,
     RECORDS_DIR,
     STAGED_DIR,
     Parts,
     is_intent_leaf,
+    is_slot_leaf,
     is_staged_leaf,
     staged_parts,
     validate_name,
@@ -67,11 +70,20 @@ def leftovers(backend: Backend) -> list[tuple[Parts, float | None]]:
                 roots.setdefault((META_DIR, STAGED_DIR, *rel[: i + 1]), []).append(info.mtime)
                 break
     wanted: set[Parts] = set()
-    for rel, _info in backend.walk((META_DIR, RECORDS_DIR)):
-        if not is_intent_leaf(rel[-1]):
-            continue
+    pendings = [
+        (META_DIR, RECORDS_DIR, *rel)
+        for rel, _info in backend.walk((META_DIR, RECORDS_DIR))
+        if is_intent_leaf(rel[-1])
+    ]
+    if backend.writer_slots:  # each writer's own pending record (``_slots``)
+        pendings += [
+            (META_DIR, PENDING_DIR, *rel)
+            for rel, _info in backend.walk((META_DIR, PENDING_DIR))
+            if is_slot_leaf(rel[-1])
+        ]
+    for where in pendings:
         try:
-            pending = decode_record(backend.read_small((META_DIR, RECORDS_DIR, *rel)))
+            pending = decode_record(backend.read_small(where))
             wanted.add(staged_parts(validate_name(pending.name), pending.digest))
         except (RecordFormatError, CommitStoreError):
             continue

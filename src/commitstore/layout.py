@@ -27,6 +27,9 @@ INTENT_HASHED_PREFIX = ".commitstore.newh."
 FOLDERS_DIR = "folders"
 """Below ``.commitstore/``: one marker per multi-writer folder commit in progress on storage
 without staging names (object stores), so gc can find what a dead writer uploaded."""
+PENDING_DIR = "pending"
+"""Below ``.commitstore/``: the pending records of commits in progress on storage whose publish
+lock holds nothing (object stores), one per writer (``slot_parts``)."""
 STAGED_DIR = "staged"
 STAGED_PREFIX = ".commitstore.stg."
 STAGED_HASHED_PREFIX = ".commitstore.stgh."
@@ -178,6 +181,18 @@ def folder_marker_parts(write_id: str) -> Parts:
     return (META_DIR, FOLDERS_DIR, f"{write_id}{RECORD_SUFFIX}")
 
 
+def writer_markers_parts(write_id: str) -> Parts:
+    """The folder of the per-writer markers of multi-writer folder commit ``write_id``
+    (object stores): ``.commitstore/folders/<write_id>/``."""
+    return (META_DIR, FOLDERS_DIR, write_id)
+
+
+def writer_marker_parts(write_id: str, writer: str) -> Parts:
+    """The marker of one writer of folder commit ``write_id``, listing the files it uploads:
+    ``.commitstore/folders/<write_id>/<writer>.json``."""
+    return (*writer_markers_parts(write_id), f"{writer}{RECORD_SUFFIX}")
+
+
 def is_staging_part(part: str) -> bool:
     """True for names made by :func:`staging_part`."""
     return part.startswith(STAGING_PREFIX)
@@ -207,6 +222,27 @@ def intent_parts(parts: Parts) -> Parts:
     else:
         leaf = INTENT_PREFIX + leaf[len(RECORD_PREFIX) :]
     return (*head, leaf)
+
+
+def slot_dir_parts(parts: Parts) -> Parts:
+    """The folder of the writers' pending records of artifact ``parts`` (object stores):
+    ``.commitstore/pending/<dir parts>/<intent leaf>/`` (the leaf of :func:`intent_parts`)."""
+    *head, leaf = intent_parts(parts)
+    return (META_DIR, PENDING_DIR, *head[2:], leaf)
+
+
+def slot_parts(parts: Parts, writer: str) -> Parts:
+    """One writer's pending record of artifact ``parts``: ``<slot dir>/<writer>.json``,
+    ``writer`` 16 hex digits."""
+    return (*slot_dir_parts(parts), f"{writer}{RECORD_SUFFIX}")
+
+
+_SLOT_LEAF = re.compile(r"[0-9a-f]{16}\.json")
+
+
+def is_slot_leaf(part: str) -> bool:
+    """True for the file names :func:`slot_parts` produces."""
+    return _SLOT_LEAF.fullmatch(part) is not None
 
 
 def staged_parts(parts: Parts, digest: str) -> Parts:

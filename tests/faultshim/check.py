@@ -15,7 +15,7 @@ from typing import Any
 import xxhash
 
 from commitstore import CommitStore, CommitStoreError, NotFoundError
-from commitstore.testing import Backdoor, record_path
+from commitstore.testing import Backdoor, pending_paths, record_path
 
 from .ops import GONE, Op, Version
 
@@ -103,10 +103,14 @@ def state(door: Backdoor, name: str, versions: dict[str, Version], *, settled: b
     data = raw_version(door, name, door.files())
     label = next((k for k, v in versions.items() if v == data), None)
     record = _json(door, record_path(name))
-    pending = _json(door, pending_path(name))
-    via_pending = label is not None and not settled and describes(pending, name, versions[label])
+    pendings = [_json(door, p) for p in pending_paths(door, name)]
+    via_pending = (
+        label is not None
+        and not settled
+        and any(describes(p, name, versions[label]) for p in pendings)
+    )
     if not settled:  # a folder replace stopped while copying: its pending record and staged copy
-        staged = (k for k, v in versions.items() if describes(pending, name, v))
+        staged = (k for k, v in versions.items() if any(describes(p, name, v) for p in pendings))
         if (found := next(staged, None)) is not None and staged_whole(door, name, versions[found]):
             return found
     if record is not None:

@@ -242,6 +242,9 @@ class Backend(abc.ABC):
     so this changes what a plan costs, never what is deleted. Elsewhere (file systems, where a
     modification time can be 0, "unknown") the plan lists the data too."""
 
+    writer_slots: bool = False
+    """True where :meth:`publish_lock` holds nothing across processes (object stores): each
+    commit then writes its pending record to a slot of its own (``_slots``)."""
     staging_names: bool = True
     """Whether writes leave entries under reserved staging names (``.commitstore.tmp.*``) while
     they run, as the rename family does. Object stores upload to the final key and have none, so
@@ -343,6 +346,12 @@ class Backend(abc.ABC):
             except (StorageError, InsufficientSpaceError) as exc:
                 log.debug("checking without the publish lock: %s", exc)
             yield
+
+    def held(self, parts: Parts) -> bool:
+        """True if a live writer holds the staging entry ``parts`` (its liveness lock, taken
+        for the writer's life): gc never removes it, whatever its age. Default: no such lock
+        (False); the entry is aged by its modification times."""
+        return False
 
     def pending_uploads(self) -> list[PendingUpload]:
         """Unfinished uploads under this store's root (object stores); none elsewhere."""

@@ -9,23 +9,27 @@ from dataclasses import dataclass
 
 from commitstore import _staged
 from commitstore._check import check_exact
-from commitstore._scan import read_record, scan_records
+from commitstore._scan import StoredRecord, read_record, scan_records
 from commitstore._small import put_small
 from commitstore.backends import Backend, PendingUpload, PutMode
 from commitstore.errors import InvalidNameError, NotFoundError
 from commitstore.layout import (
     FOLDERS_DIR,
     META_DIR,
+    PENDING_DIR,
+    RECORD_SUFFIX,
     RECORDS_DIR,
     Parts,
     intent_parts,
     is_aside_part,
     is_intent_leaf,
+    is_slot_leaf,
     is_staging_part,
     record_parts,
+    slot_dir_parts,
     validate_name,
 )
-from commitstore.maintenance import _asides
+from commitstore.maintenance import _asides, _owned
 from commitstore.records import Record, RecordFormatError, decode_record
 
 
@@ -139,6 +143,9 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
         # A staging file is written only by commitstore's sinks: every write moves its mtime. A
         # staging folder is filled by the caller, whose copies may keep old mtimes (copytree):
         # its own times and those of everything in it count, ctime included.
+        if backend.held(root):  # a live writer's, whatever its age
+            kept.append(GcItem("/".join(root), "staging", None, "held by a live writer"))
+            continue
         mtime = backend.last_change(root) if info.is_dir else info.mtime
         if judge("/".join(root), "staging", mtime) and not dry_run:
             backend.remove(root)
@@ -146,60 +153,108 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
     for up in uploads:
         if judge(up.key, "upload", up.started) and not dry_run:
             backend.abort_upload(up)
-    _folder_writes(backend, judge, dry_run=dry_run)
+    committed = _owned.Committed.scan(backend)
+    _folder_writes(backend, judge, committed, dry_run=dry_run)
     for rel, info in backend.walk((META_DIR, RECORDS_DIR)):
         if not is_intent_leaf(rel[-1]):
             continue
         path = "/".join((META_DIR, RECORDS_DIR, *rel))
         if judge(path, "pending", info.mtime):
-            outcome = _settle(backend, (META_DIR, RECORDS_DIR, *rel), dry_run=dry_run)
+            outcome = _settle(backend, (META_DIR, RECORDS_DIR, *rel), committed, dry_run=dry_run)
             if outcome is not None:  # neither version stands: kept for a person to look at
                 done = removed.pop()
                 kept.append(GcItem(done.path, done.kind, done.age, outcome))
+    _writer_slots(backend, judge, committed, removed, kept, dry_run=dry_run)
     for root, mtime in _staged.leftovers(backend):  # staged folder copies now settled
         if judge("/".join(root), "staging", mtime) and not dry_run:
             backend.remove(root)
     return GcReport(tuple(removed), tuple(kept), dry_run)
 
 
-def _folder_writes(
-    backend: Backend, judge: Callable[[str, str, float | None], bool], *, dry_run: bool
+def _writer_slots(
+    backend: Backend,
+    judge: Callable[[str, str, float | None], bool],
+    committed: _owned.Committed,
+    removed: list[GcItem],
+    kept: list[GcItem],
+    *,
+    dry_run: bool,
 ) -> None:
-    """Markers of multi-writer folder commits (``_folder``, object stores). One whose marker and
-    files are all older than min_age: its files go if the folder has no record (a writer died
-    before the commit), then the marker. Aged by the newest of the marker and the files."""
+    """The writers' pending records (object stores, ``_slots``), by name: a name is settled
+    only when every one of its slots is older than min_age (each slot's age is its writer's
+    last heartbeat, so a live writer's never is); then as :func:`_resolve`."""
+    if not backend.writer_slots:
+        return
+    groups: dict[Parts, list[tuple[Parts, float | None]]] = {}
+    for rel, info in backend.walk((META_DIR, PENDING_DIR)):
+        if len(rel) < 2 or not is_slot_leaf(rel[-1]) or not is_intent_leaf(rel[-2]):
+            continue
+        folder = (META_DIR, PENDING_DIR, *rel[:-1])
+        groups.setdefault(folder, []).append(((*folder, rel[-1]), info.mtime))
+    for folder, slots in sorted(groups.items()):
+        times = [t for _s, t in slots]
+        newest = None if any(t is None for t in times) else max(t for t in times if t is not None)
+        if not judge("/".join(folder), "pending", newest):
+            continue
+        outcome = _settle_slots(backend, folder, [s for s, _t in slots], committed, dry_run=dry_run)
+        if outcome is not None:  # neither version stands: kept for a person to look at
+            done = removed.pop()
+            kept.append(GcItem(done.path, done.kind, done.age, outcome))
+
+
+def _folder_writes(
+    backend: Backend,
+    judge: Callable[[str, str, float | None], bool],
+    committed: _owned.Committed,
+    *,
+    dry_run: bool,
+) -> None:
+    """Markers of multi-writer folder commits (``_folder``, object stores), grouped by write:
+    the coordinator's ``<id>.json`` and each writer's ``<id>/<writer>.json``, which lists the
+    files that writer uploaded. A write whose markers and listed files are all older than
+    min_age is dead: the files its markers list go (exactly those, never anything else under
+    the name, never a file a committed record names, none at all if the folder got its
+    record), then the markers. A marker without a file list (an older version's) removes no
+    file."""
+    groups: dict[str, list[tuple[Parts, float | None]]] = {}
     for rel, info in backend.walk((META_DIR, FOLDERS_DIR)):
-        marker = (META_DIR, FOLDERS_DIR, *rel)
+        wid = rel[0][: -len(RECORD_SUFFIX)] if len(rel) == 1 else rel[0]
+        groups.setdefault(wid, []).append(((META_DIR, FOLDERS_DIR, *rel), info.mtime))
+    for markers in groups.values():
         parts: Parts | None = None
-        try:
-            doc = json.loads(backend.read_small(marker))
-            parts = validate_name(doc["name"]) if isinstance(doc, dict) else None
-        except (NotFoundError, InvalidNameError, ValueError, KeyError, TypeError):
-            parts = None
-        times = [info.mtime]
+        listed: list[Parts] = []
+        times = [t for _m, t in markers]
+        for marker, _t in markers:
+            try:
+                doc = json.loads(backend.read_small(marker))
+                found = validate_name(doc["name"]) if isinstance(doc, dict) else None
+            except (NotFoundError, InvalidNameError, ValueError, KeyError, TypeError):
+                continue
+            if found is None or (parts is not None and found != parts):
+                continue  # a marker naming another folder than its write's others: skipped
+            parts = found
+            files = doc.get("files")
+            if isinstance(files, list):
+                listed += _owned.listed_paths(parts, files)
         if parts is not None:
-            times += [i.mtime for _rel, i in backend.walk(parts)]
+            here = {(*parts, *r): i for r, i in backend.walk(parts)}
+            times += [here[p].mtime for p in listed if p in here]
         mtime = None if any(t is None for t in times) else max(t for t in times if t is not None)
-        shown = "/".join(parts) if parts is not None else "/".join(marker)
+        shown = "/".join(parts) if parts is not None else "/".join(markers[0][0])
         if not judge(shown, "folder", mtime) or dry_run:
             continue
         if parts is not None and backend.stat(record_parts(parts)) is None:
-            backend.remove(parts)
-        backend.remove(marker)
+            _owned.remove_listed(backend, listed, committed)
+        for marker, _t in markers:
+            backend.remove(marker)
 
 
-def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
-    """Finish or drop one pending record older than min_age, under the publish lock.
-
-    The data matches it: the commit stopped after its data step, so it becomes the record (roll
-    forward). The data matches the record instead, or there is neither data nor record: the
-    commit stopped before its data step, so it is dropped (roll back; a staged folder copy it
-    names goes with it). No record, and the files under the name are some of those the pending
-    record lists (an object-store upload of a new folder stopped part way): they are removed
-    with it (roll back). Neither, but the whole new folder is in its staged copy (an
-    object-store folder replace stopped while copying): the copies are completed from it and
-    it becomes the record (roll forward). Otherwise it is kept and the reason returned.
-    """
+def _settle(
+    backend: Backend, intent: Parts, committed: _owned.Committed, *, dry_run: bool
+) -> str | None:
+    """Finish or drop one pending record (the one beside the record) older than min_age, under
+    the publish lock (:func:`_resolve`). An unreadable one, or one of another name's place, is
+    removed or kept with the reason."""
     with backend.publish_lock():
         try:
             raw = backend.read_small(intent)
@@ -211,31 +266,117 @@ def _settle(backend: Backend, intent: Parts, *, dry_run: bool) -> str | None:
             return None
         if intent_parts(parts) != intent:
             return "names another artifact"
+        return _resolve(backend, parts, [(intent, raw, pending)], committed, dry_run=dry_run)
+
+
+def _settle_slots(
+    backend: Backend,
+    folder: Parts,
+    slots: list[Parts],
+    committed: _owned.Committed,
+    *,
+    dry_run: bool,
+) -> str | None:
+    """Finish or drop the writers' pending records of one name (``_slots``), all older than
+    min_age (every writer of the name dead), as :func:`_resolve`. An unreadable one, or one
+    naming an artifact whose slots are elsewhere, is removed."""
+    found: list[tuple[Parts, bytes, Record]] = []
+    parts: Parts | None = None
+    for slot in slots:
         try:
-            found = read_record(backend, parts)
-        except RecordFormatError:
-            found = None
-        if found is not None and found.raw == raw:
-            pass  # the record was published: the leftover is only the pending copy
-        elif check_exact(backend, pending, "full").status == "ok":
+            raw = backend.read_small(slot)
+            pending = decode_record(raw)
+            named = validate_name(pending.name)
+        except (NotFoundError, RecordFormatError, InvalidNameError):
+            named = None
+        if named is None or slot_dir_parts(named) != folder or (parts and named != parts):
+            if not dry_run:
+                backend.remove(slot)
+            continue
+        parts = named
+        found.append((slot, raw, pending))
+    if parts is None:
+        return None
+    with backend.publish_lock():
+        return _resolve(backend, parts, found, committed, dry_run=dry_run)
+
+
+def _resolve(
+    backend: Backend,
+    parts: Parts,
+    pendings: list[tuple[Parts, bytes, Record]],
+    committed: _owned.Committed,
+    *,
+    dry_run: bool,
+) -> str | None:
+    """Settle the pending records ``pendings`` (where each is stored, its bytes, its record)
+    of artifact ``parts``, whose writers are all dead.
+
+    One matches the data: its commit stopped after its data step, so it becomes the record
+    (roll forward). The data matches the record instead, or there is neither data nor record:
+    the commits stopped before their data step, so they are dropped (roll back; a staged
+    folder copy one names goes with it). No record, and the files under the name are some of
+    those a pending record lists (an object-store upload of a new folder stopped part way):
+    they are removed with it (roll back). Neither, but a whole new folder is in its staged
+    copy (an object-store folder replace stopped while copying): the copies are completed
+    from it and it becomes the record (roll forward). Otherwise all are kept and the reason
+    returned.
+
+    A pending record is untrusted: it is never made the record over another committed artifact
+    (one inside its name, or one its name is inside), and a roll-back removes exactly the files
+    it lists that no committed record names (``_owned``), never the name's folder by prefix.
+    """
+    try:
+        found = read_record(backend, parts)
+    except RecordFormatError:
+        found = None
+    fresh = [p for p in pendings if found is None or p[1] != found.raw]
+    if fresh:
+        usable = [p for p in fresh if not committed.overlaps(p[2])]
+        if not usable:
+            return "it would cover another committed artifact"
+        outcome = _outcome(backend, parts, found, usable, committed, dry_run=dry_run)
+        if outcome is not None:
+            return outcome
+    if not dry_run:
+        for where, _raw, _rec in pendings:
+            backend.remove(where)
+    return None
+
+
+def _outcome(
+    backend: Backend,
+    parts: Parts,
+    found: StoredRecord | None,
+    pendings: list[tuple[Parts, bytes, Record]],
+    committed: _owned.Committed,
+    *,
+    dry_run: bool,
+) -> str | None:
+    """:func:`_resolve`'s decision for pending records that differ from the record: None once
+    it is applied (the pending records may go), else why they are kept."""
+    for _where, raw, pending in pendings:
+        if check_exact(backend, pending, "full").status == "ok":
             if not dry_run:
                 put_small(backend, record_parts(parts), raw, PutMode.REPLACE)
-        elif (found is not None and check_exact(backend, found.record, "full").status == "ok") or (
-            found is None and backend.stat(parts) is None
-        ):
-            pass  # stopped before its data step: the old version stands
-        elif found is None and _partial_new_folder(backend, parts, pending):
+            return None
+    if (found is not None and check_exact(backend, found.record, "full").status == "ok") or (
+        found is None and backend.stat(parts) is None
+    ):
+        return None  # stopped before their data step: the old version stands
+    for _where, _raw, pending in pendings:
+        if found is None and _partial_new_folder(backend, parts, pending):
             if not dry_run:  # a new folder's upload stopped part way: drop what it uploaded
-                backend.remove(parts)
-        elif (staged := _staged.staged_whole(backend, pending)) is not None:
+                listed = _owned.listed_paths(parts, (f.path for f in pending.files))
+                _owned.remove_listed(backend, listed, committed)
+            return None
+    for _where, raw, pending in pendings:
+        if (staged := _staged.staged_whole(backend, pending)) is not None:
             if not dry_run:  # a folder replace stopped while copying: finish it
                 _staged.roll_forward(backend, pending, staged)
                 put_small(backend, record_parts(parts), raw, PutMode.REPLACE)
-        else:
-            return "neither its record nor its pending record matches the data"
-        if not dry_run:
-            backend.remove(intent)
-    return None
+            return None
+    return "neither its record nor its pending record matches the data"
 
 
 def _partial_new_folder(backend: Backend, parts: Parts, pending: Record) -> bool:

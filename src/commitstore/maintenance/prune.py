@@ -21,6 +21,7 @@ from commitstore.backends import Backend, FileInfo
 from commitstore.errors import NotFoundError
 from commitstore.layout import (
     META_DIR,
+    PENDING_DIR,
     RECORDS_DIR,
     Parts,
     is_intent_leaf,
@@ -123,6 +124,13 @@ def _from_records(store: Committer, pending: set[str]) -> list[Listed]:
     walked = store.backend.walk((META_DIR, RECORDS_DIR))
     found, _bad = scan_entries(store.backend, walked)
     in_flight = {record_of_intent(rel) for rel, _info in walked if is_intent_leaf(rel[-1])}
+    if store.backend.writer_slots:  # writers' own pending records (``_slots``)
+        slots = store.backend.walk((META_DIR, PENDING_DIR))
+        in_flight |= {
+            record_of_intent(rel[:-1])
+            for rel, _i in slots
+            if len(rel) > 1 and is_intent_leaf(rel[-2])
+        }
     out = []
     for entry in found:
         rec = entry.record

@@ -20,7 +20,7 @@ from commitstore.testing.backdoor import (
     S3Backdoor,
 )
 from commitstore.testing.conformance import StoreConformance
-from commitstore.testing.target import Target, record_path, xxh
+from commitstore.testing.target import Target, pending_paths, record_path, xxh
 
 __all__ = [
     "AzureBackdoor",
@@ -31,6 +31,7 @@ __all__ = [
     "S3Backdoor",
     "StoreConformance",
     "Target",
+    "pending_paths",
     "record_path",
     "xxh",
 ]

@@ -24,6 +24,18 @@ def record_path(name: str) -> str:
     return f"{RECORDS}/{head}/{leaf}" if head else f"{RECORDS}/{leaf}"
 
 
+def pending_paths(door: Backdoor, name: str) -> list[str]:
+    """Where the documented layout (``docs/format.md``) has pending records of ``name`` now:
+    the one beside its record (``.commitstore.new.<last>.json``), if present, then each
+    writer's under ``.commitstore/pending/<dir>/.commitstore.new.<last>.json/`` (object
+    stores), sorted."""
+    beside = record_path(name).replace("/.commitstore.rec.", "/.commitstore.new.")
+    beside = beside.replace("/.commitstore.rech.", "/.commitstore.newh.")
+    slots = ".commitstore/pending/" + beside[len(RECORDS) + 1 :] + "/"
+    files = door.files()
+    return [f for f in files if f == beside] + sorted(f for f in files if f.startswith(slots))
+
+
 def xxh(data: bytes) -> str:
     """The digest, computed independently of commitstore."""
     return "xxh3_128:" + xxhash.xxh3_128_hexdigest(data)

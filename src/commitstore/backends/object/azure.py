@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import MAX_SMALL_BYTES, take_options, too_large
 from commitstore.backends.object._azureerrors import translate
-from commitstore.backends.object.base import ObjectBackend
+from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.upload import ObjectStat, Upload, Written
 from commitstore.digest import READ_CHUNK
 from commitstore.errors import (
@@ -319,6 +319,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "max_inflight": 4,
             "conditional_writes": None,
             "client_options": {},
+            "heartbeat": ObjectBackend.heartbeat,
         },
         kinds={"conditional_writes": (bool, None)},
     )
@@ -339,7 +340,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         raise ConfigurationError(
             "az:// needs connection_string= (or AZURE_STORAGE_CONNECTION_STRING) or account_url="
         )
-    return AzureBackend(
+    backend = AzureBackend(
         service.get_container_client(parsed.netloc),
         unquote(parsed.path),
         block_size=int(opts["block_size"]),
@@ -347,3 +348,4 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         conditional_writes=opts["conditional_writes"],
         reason="az:// URL (commit_block_list is the commit)",
     )
+    return with_heartbeat(backend, opts["heartbeat"])

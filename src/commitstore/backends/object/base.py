@@ -11,8 +11,20 @@ from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, 
 from commitstore.backends.object.dirsink import ObjectDirSink
 from commitstore.backends.object.upload import ObjectFileSink, ObjectStat, Upload
 from commitstore.digest import copy_hashed
-from commitstore.errors import CommitError, NotFoundError
+from commitstore.errors import CommitError, ConfigurationError, NotFoundError
 from commitstore.layout import Parts
+
+
+def with_heartbeat(backend: ObjectBackend, value: object) -> ObjectBackend:
+    """``backend`` with the ``heartbeat=`` store option applied (seconds, a positive number).
+
+    Raises:
+        ConfigurationError: anything else, before any I/O.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigurationError(f"heartbeat must be a positive number of seconds, not {value!r}")
+    backend.heartbeat = float(value)
+    return backend
 
 
 class ObjectBackend(Backend):
@@ -22,6 +34,12 @@ class ObjectBackend(Backend):
     read_concurrency = 16
     staging_names = False
     plans_from_records = True
+    writer_slots = True
+    """The publish lock holds nothing here: each commit's pending record goes to a slot of its
+    own (``_slots``)."""
+    heartbeat = 60.0
+    """Seconds between a committing writer's heartbeats (rewrites of its pending record); gc's
+    ``min_age`` must exceed it. The ``heartbeat=`` store option."""
     md5_bodies = False
     """The upload sink computes each body's MD5 while filling it (stores that send one)."""
     reread_bodies = False

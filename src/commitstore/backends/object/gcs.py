@@ -28,7 +28,7 @@ from commitstore._secrets import leaks, redact, secret_values, stand_in
 from commitstore.backends.base import MAX_SMALL_BYTES, take_options, too_large
 from commitstore.backends.object._gcserrors import translate
 from commitstore.backends.object._transport import TranslatedReader
-from commitstore.backends.object.base import ObjectBackend
+from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.bodies import ViewReader
 from commitstore.backends.object.upload import ObjectStat, Upload, Written, done
 from commitstore.errors import (
@@ -373,6 +373,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "project": None,
             "chunk_size": 64 * 1024 * 1024,
             "conditional_writes": None,
+            "heartbeat": ObjectBackend.heartbeat,
         },
         kinds={"conditional_writes": (bool, None), "endpoint_url": (str, None)},
     )
@@ -399,7 +400,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         failure = exc
     if failure is not None:  # raised outside the handler: the original is not even __context__
         raise _credential_error(failure, secrets) from stand_in(failure, secrets)
-    return GcsBackend(
+    backend = GcsBackend(
         fs,
         parsed.netloc,
         unquote(parsed.path),
@@ -408,3 +409,4 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         reason="gs:// URL (the resumable upload's final request is the commit)",
         secrets=secrets,
     )
+    return with_heartbeat(backend, opts["heartbeat"])

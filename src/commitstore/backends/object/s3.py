@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlsplit
 from commitstore.backends.base import MAX_SMALL_BYTES, PendingUpload, take_options, too_large
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
 from commitstore.backends.object._timestamps import fast_session
-from commitstore.backends.object.base import ObjectBackend
+from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.bodies import Body
 from commitstore.backends.object.s3list import list_prefix
 from commitstore.backends.object.s3read import S3RangedReader
@@ -338,6 +338,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "conditional_writes": None,
             "read_part_size": 16 * 1024 * 1024,
             "read_inflight": 6,
+            "heartbeat": ObjectBackend.heartbeat,
         },
         kinds={"conditional_writes": (bool, None), "endpoint_url": (str, None)},
     )
@@ -373,19 +374,22 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "s3": {"payload_signing_enabled": bool(opts["sign_payload"])},
         },
     )
-    return S3Backend(
-        fs,
-        parsed.netloc,
-        unquote(parsed.path),
-        endpoint=endpoint,
-        part_size=int(opts["part_size"]),
-        max_inflight=int(opts["max_inflight"]),
-        single_put_max=int(opts["single_put_max"]),
-        sign_payload=bool(opts["sign_payload"]),
-        conditional_writes=opts["conditional_writes"],
-        read_part_size=opts["read_part_size"],
-        read_inflight=opts["read_inflight"],
-        reason="s3:// URL (multipart upload completion is the commit)",
+    return with_heartbeat(
+        S3Backend(
+            fs,
+            parsed.netloc,
+            unquote(parsed.path),
+            endpoint=endpoint,
+            part_size=int(opts["part_size"]),
+            max_inflight=int(opts["max_inflight"]),
+            single_put_max=int(opts["single_put_max"]),
+            sign_payload=bool(opts["sign_payload"]),
+            conditional_writes=opts["conditional_writes"],
+            read_part_size=opts["read_part_size"],
+            read_inflight=opts["read_inflight"],
+            reason="s3:// URL (multipart upload completion is the commit)",
+        ),
+        opts["heartbeat"],
     )
 
 

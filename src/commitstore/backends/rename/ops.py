@@ -118,6 +118,21 @@ class RenameOps(abc.ABC, Generic[D, H]):
         caller can fill it in place and return its local path; None when the storage needs a
         local folder uploaded at publish (:meth:`upload`), nothing created yet."""
 
+    def hold(self, folder: D, name: str) -> object | None:
+        """Take the writer's liveness lock on the staging entry ``name`` (held until
+        :meth:`release`): while it is held, gc never removes the entry, whatever its age. Also
+        the entry's identity, checked by :meth:`still_held` before the publish. None where the
+        storage has no such lock (default)."""
+        return None
+
+    def still_held(self, folder: D, name: str, token: object) -> bool:
+        """True if ``name`` is still the very entry :meth:`hold` locked (not one removed and made
+        again since). Default: True (no lock, nothing to compare)."""
+        return True
+
+    def release(self, token: object) -> None:
+        """Drop a lock :meth:`hold` took. Default: nothing."""
+
     def sync_tree(self, folder: D, name: str, info: CommitInfo) -> None:
         """Make the folder tree ``name`` (filled by other sinks, each file already flushed)
         durable: every folder in it, bottom-up. Default: nothing to do (storage whose folder

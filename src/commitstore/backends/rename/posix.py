@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
 from commitstore.backends.localtree import close_quietly, fsync_dir
-from commitstore.backends.rename import _syscalls
+from commitstore.backends.rename import _liveness, _syscalls
 from commitstore.backends.rename._direct import ALIGN, DirectWriter, set_direct
 from commitstore.backends.rename._dirreads import DIR_FLAGS, FolderReader, open_regular
 from commitstore.backends.rename._localfs import (
@@ -283,6 +283,28 @@ class LocalBackend(RenameBackend[int, Staging]):
     def staging_folder(self, folder: int, parts: Parts) -> Path:
         os.mkdir(parts[-1], 0o777, dir_fd=folder)
         return Path(self.path_of(parts))
+
+    def hold(self, folder: int, name: str) -> object | None:
+        """A shared ``flock`` on the staging entry itself (a folder's own fd: no file is added
+        to what the caller fills), held on an fd kept open until :meth:`release`."""
+        return _liveness.hold(folder, name)
+
+    def still_held(self, folder: int, name: str, token: object) -> bool:
+        return _liveness.same_entry(folder, name, token)
+
+    def release(self, token: object) -> None:
+        _liveness.release(token)
+
+    def held(self, parts: Parts) -> bool:
+        """True if a live writer holds the staging entry ``parts`` (:meth:`hold`)."""
+        try:
+            dirfd = self.open_dir(parts[:-1], create=False)
+        except (OSError, InvalidNameError):
+            return False
+        try:
+            return _liveness.is_held(dirfd, parts[-1])
+        finally:
+            close_quietly(dirfd)
 
     def error(self, exc: Exception, what: str, shown: str) -> Exception:
         return os_error(exc, what, shown)

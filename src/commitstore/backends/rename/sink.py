@@ -72,6 +72,8 @@ class _Staged(Generic[D, H]):
         self._shown = ops.shown(parts)
         self._done = False
         self._closed = False
+        self._hold: object | None = None
+        """The writer's liveness lock on its staging entry (``ops.hold``), until closed."""
         self._folder: D = self._step("creating the folder of", ops.open_folder, parts[:-1])
 
     def _step(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -85,7 +87,19 @@ class _Staged(Generic[D, H]):
     def _close_folder(self) -> None:
         if not self._closed:
             self._closed = True
+            hold, self._hold = self._hold, None
+            if hold is not None:
+                self._ops.release(hold)
             self._ops.close_folder(self._folder)
+
+    def _check_held(self) -> None:
+        """Before the rename: the staging entry is still the one this writer locked (never one
+        removed and made again under it: its contents would be a remainder)."""
+        if self._hold is not None and not self._ops.still_held(self._folder, self._tmp, self._hold):
+            raise CommitError(
+                f"{self._shown}: the staging entry was removed and made again while this "
+                "writer held it; nothing is published"
+            )
 
     def _check_staged(self, name: str, size: int, digest: str, shown: str) -> None:
         """Step 5: fresh stat and read-back of a staged file, per policy."""
@@ -152,6 +166,7 @@ class StagedFileSink(_Staged[D, H], FileSink):
             self._handle = self._step(
                 "creating the staging file for", ops.create_staging, self._folder, self._tmp
             )
+            self._hold = ops.hold(self._folder, self._tmp)
         except BaseException:
             self._done = True
             self._close_folder()
@@ -189,6 +204,7 @@ class StagedFileSink(_Staged[D, H], FileSink):
             if stored is not None:
                 _check_size(self._shown, stored, written, "after fsync")
             self._check_staged(self._tmp, written, digest, self._shown)
+            self._check_held()
             self._rename(info, is_dir=False)
             if ops.policy.check_after_rename:
                 self._check_final()
@@ -237,6 +253,8 @@ class StagedDirSink(_Staged[D, H], DirSink):
                 self._folder,
                 (*parts[:-1], self._tmp),
             )
+            if local is not None:
+                self._hold = ops.hold(self._folder, self._tmp)
         except BaseException:
             self._done = True
             self._close_folder()
@@ -265,6 +283,7 @@ class StagedDirSink(_Staged[D, H], DirSink):
                 info.files = self._step("syncing", hash_and_sync_tree, self.local_path)
                 self._upload(info.files)
             info.bytes_written = sum(size for _, size, _ in info.files)
+            self._check_held()
             self._rename(info, is_dir=True)
             self._staged = False
             self._sync_published(info)
