@@ -10,8 +10,9 @@ Where the store is: the ``root`` option when given (``commit={"root": "s3://buck
 ``fsspec.open``, or ``fo=``/``root=`` when creating the filesystem); otherwise the folder of the
 path opened, unless that folder is (or lies inside) a committed folder artifact of a store above
 it: then that store (a store root is never placed inside a folder artifact; writes into one are
-refused with ``AlreadyExistsError``). Paths are the inner filesystem's paths (``bucket/run1/x.pt``, ``/data/run1/x.pt``) and
-name artifacts by their place under the root (``x.pt``).
+refused with ``AlreadyExistsError``). Paths are the inner filesystem's paths
+(``bucket/run1/x.pt``, ``/data/run1/x.pt``) and name artifacts by their place under the root
+(``x.pt``).
 
 Guarantees (each tested in ``tests/test_fsspec_fs.py``):
 
