@@ -287,3 +287,24 @@ def test_sync_settles_what_was_owed(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert rep.owed(w) == ((), None, 0)
     assert open_store(tmp_path / "m").verify().ok
     store.close()
+
+
+def test_a_copy_to_an_unanswering_s3_mirror_is_not_retried_on_top_of_its_requests(
+    tmp_path: Path, hole: Blackhole
+) -> None:
+    """The mirror's client tries each request ``retries`` times, each bounded by its timeouts;
+    the copy is not tried again as a whole on a timeout (which would multiply the wait)."""
+    mirror = open_store(
+        "s3://bucket/m",
+        endpoint_url=hole.url,
+        key="k",
+        secret="s",
+        connect_timeout=1,
+        read_timeout=1,
+        retries=2,
+    )
+    store = open_store(tmp_path / "p")
+    store.put_bytes("a.pt", b"a" * 1000)
+    with pytest.raises(BackendUnavailableError):
+        _within(lambda: copy_mod.copy_with_retries(store.committer, mirror.committer, "a.pt"))
+    assert hole.accepted == 2  # two attempts of the first request, not 2 x RETRIES

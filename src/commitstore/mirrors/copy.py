@@ -235,6 +235,23 @@ def copy_with_retries(
         except Exception as exc:
             if attempt == RETRIES or not (isinstance(exc, CommitStoreError) and exc.retryable):
                 raise
+            if _timed_out_after_retries(dst, exc):
+                raise
         time.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _timed_out_after_retries(dst: Committer, exc: BaseException) -> bool:
+    """A request to an object-store mirror that timed out: its client already tried it as often
+    as the store allows (each attempt bounded by the store's timeouts), so the copy is not tried
+    again as a whole (an unanswering endpoint would otherwise cost every attempt of every
+    request again, per copy)."""
+    if not isinstance(dst.backend, ObjectBackend):
+        return False
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__:
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False

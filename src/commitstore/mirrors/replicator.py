@@ -178,9 +178,12 @@ class Replicator:
     Background workers survive any failure of one copy (it becomes that artifact's failure). If a
     worker thread ends anyway (SystemExit, KeyboardInterrupt raised inside it), what it still
     owed is marked failed and later submissions to it fail at once: ``flush()``, ``close()`` and
-    commits never wait on a dead thread. At interpreter exit, a replicator that was never closed
-    waits up to ``COMMITSTORE_EXIT_FLUSH_SECONDS`` (default 60) for its copies, then warns
-    (log and ``warnings.warn``) which artifacts did not reach which mirror.
+    commits never wait on a dead thread. A commit waits for room in a full queue at most
+    :attr:`handoff` seconds (``COMMITSTORE_MIRROR_HANDOFF_SECONDS``, default 10): then the copy
+    is owed (kept in memory, counted by ``flush``, shown by ``status``) and the worker makes it
+    once its queue is empty. At interpreter exit, the replicators never closed wait, all within
+    ``COMMITSTORE_EXIT_FLUSH_SECONDS`` (default 60), for their copies, then warn (log and
+    ``warnings.warn``) which artifacts did not reach which mirror (``_exit_flush_all``).
     """
 
     def __init__(
