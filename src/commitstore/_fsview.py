@@ -3,9 +3,10 @@ listing built from records, and verified reads of files inside folder artifacts.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, BinaryIO
 
 from commitstore import _read
@@ -22,14 +23,28 @@ _OPTIONS = ("step", "metadata")
 
 
 class CommitFile(io.RawIOBase):
-    """A writable file that commits on a clean close (see the module docstring)."""
+    """A writable file that commits on an explicit ``close()`` or a clean ``with`` exit, and
+    only then (see the module docstring of :mod:`commitstore.fsspec`).
+
+    - ``with fs.open(...)``: the exit's own exception decides.
+    - ``with fsspec.open(...)``: fsspec's ``OpenFile.__exit__`` only calls ``close()``; the
+      exception it was given is read from that call, so it decides exactly as well (a bare
+      ``raise`` of the exception handled at open included).
+    - Any other ``close()``: an exception in flight aborts, unless it is the one that was being
+      handled when the file was opened and has not been raised again since (its traceback is
+      the same object).
+    - A file dropped without ``close()`` (garbage collection, interpreter exit) is aborted by
+      its finalizer: a finalizer never commits.
+    """
 
     def __init__(self, stage: Stage, *, autocommit: bool) -> None:
         super().__init__()
         self._stage = stage
         self.autocommit = autocommit
-        self._handling = sys.exc_info()[1]
-        """The exception being handled when the file was opened: not a reason to abort."""
+        handling = sys.exc_info()[1]
+        self._handling = (handling, None if handling is None else handling.__traceback__)
+        """The exception being handled when the file was opened, with its traceback then: not a
+        reason to abort while it is not raised again."""
         self.record: Record | None = None
 
     def writable(self) -> bool:
@@ -52,17 +67,32 @@ class CommitFile(io.RawIOBase):
         else:
             self.close()
 
+    def __del__(self) -> None:
+        # A finalizer never commits: a file that was not closed is discarded.
+        with contextlib.suppress(Exception):
+            if not self.closed:
+                self.discard()
+
     def close(self) -> None:
         """Commit (outside a transaction) unless an exception is propagating; idempotent."""
         if self.closed:
             return
-        propagating = sys.exc_info()[1]
-        if propagating is not None and propagating is not self._handling:
+        if self._propagating():
             self.discard()
             return
         if self.autocommit:
             self.commit()
         super().close()
+
+    def _propagating(self) -> bool:
+        exiting = _openfile_exit_exception()
+        if exiting is not _NOT_UNDER_EXIT:
+            return exiting is not None
+        current = sys.exc_info()[1]
+        if current is None:
+            return False
+        handled, tb = self._handling
+        return current is not handled or current.__traceback__ is not tb
 
     def commit(self) -> None:
         """Publish the bytes with their record (what a transaction calls at its end)."""
@@ -73,6 +103,28 @@ class CommitFile(io.RawIOBase):
         """Publish nothing."""
         self._stage.abort()
         super().close()
+
+
+_NOT_UNDER_EXIT = object()
+_EXIT_DEPTH = 6
+"""Frames above ``close()`` searched for fsspec's ``OpenFile.__exit__``."""
+
+
+def _openfile_exit_exception() -> object:
+    """The exception given to an enclosing ``fsspec.core.OpenFile.__exit__`` (None on a clean
+    exit), or ``_NOT_UNDER_EXIT`` when ``close()`` was not called from one."""
+    from fsspec.core import OpenFile
+
+    code = OpenFile.__exit__.__code__
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(_EXIT_DEPTH):
+        if frame is None:
+            break
+        if frame.f_code is code:
+            args = frame.f_locals.get("args", ())
+            return args[1] if isinstance(args, tuple) and len(args) > 1 else None
+        frame = frame.f_back
+    return _NOT_UNDER_EXIT
 
 
 def commit_options(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -68,7 +68,11 @@ class MirrorMethods:
         A primary artifact that fails its own check is never copied. Idempotent."""
         self.flush()
         repair = check_flag(repair, "repair")
-        return sync_mirrors(self.committer, [m.committer for m in self._mirrors], repair=repair)
+        report = sync_mirrors(self.committer, [m.committer for m in self._mirrors], repair=repair)
+        if self.replicator is not None:  # what sync made whole is no longer owed
+            for m in report.mirrors:
+                self.replicator.settled(m.url, {*m.copied, *m.repaired, *m.ok})
+        return report
 
     def restore(
         self, name: str, *, source: CommitStore | None = None, overwrite: bool = False

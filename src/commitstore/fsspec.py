@@ -8,17 +8,22 @@ Registered under the protocol ``commit`` (entry point ``fsspec.specs``), alone o
 
 Where the store is: the ``root`` option when given (``commit={"root": "s3://bucket/run1"}`` with
 ``fsspec.open``, or ``fo=``/``root=`` when creating the filesystem); otherwise the folder of the
-path opened. Paths are the inner filesystem's paths (``bucket/run1/x.pt``, ``/data/run1/x.pt``) and
-name artifacts by their place under the root (``x.pt``).
+path opened, unless that folder is (or lies inside) a committed folder artifact of a store above
+it: then that store (a store root is never placed inside a folder artifact; writes into one are
+refused with ``AlreadyExistsError``). Paths are the inner filesystem's paths
+(``bucket/run1/x.pt``, ``/data/run1/x.pt``) and name artifacts by their place under the root
+(``x.pt``).
 
 Guarantees (each tested in ``tests/test_fsspec_fs.py``):
 
 - **Writes are commits.** A file opened ``"wb"`` is a :class:`~commitstore.Stage`: its bytes are
   hashed on the way and published with a record when it is closed cleanly. ``"xb"`` is create-only
-  (``FileExistsError`` if the name is committed). **An exception inside ``with fsspec.open(...,
-  "wb")`` publishes nothing**, although fsspec's ``OpenFile.__exit__`` only calls ``close()``: the
-  file remembers which exception was being handled when it was opened, and a ``close()`` that runs
-  while a different exception is propagating aborts instead of committing. Inside
+  (``FileExistsError`` if the name is committed). **Only an explicit ``close()`` or a clean
+  ``with`` exit commits**: an exception inside ``with fsspec.open(..., "wb")`` publishes nothing
+  (the exception given to fsspec's ``OpenFile.__exit__`` is read there, a bare ``raise`` of the
+  exception handled at open included), any other ``close()`` aborts while an exception other
+  than the one handled at open (with its traceback then) propagates, and a file never closed is
+  discarded by its finalizer (see :class:`~commitstore._fsview.CommitFile`). Inside
   ``fs.transaction`` files commit when the transaction ends without an exception and are all
   discarded otherwise.
 - **Reads are verified.** ``open(..., "rb")``, ``cat`` and ``get`` hand out bytes only after they
@@ -58,8 +63,14 @@ from commitstore._fsview import (
     open_member,
     record_info,
 )
-from commitstore.errors import ConfigurationError, NotFoundError
+from commitstore.errors import ConfigurationError, IntegrityError, NotFoundError
+from commitstore.layout import META_DIR, RECORDS_DIR
 from commitstore.store import CommitStore
+
+
+def _below(base: str, inner: str) -> str:
+    """``inner``'s path below ``base`` (one of its ancestors)."""
+    return inner[len(base.rstrip("/")) + 1 :]
 
 
 class CommitFileSystem(_Base):  # type: ignore[misc]
@@ -119,20 +130,56 @@ class CommitFileSystem(_Base):  # type: ignore[misc]
         return store
 
     def _file(self, path: str) -> tuple[CommitStore, str]:
-        """The store and artifact name of a file path: under ``root``, or in the path's folder."""
+        """The store and artifact name of a file path: under ``root``; without it, in the path's
+        folder, unless that folder is (or is inside) a committed folder artifact: then in the
+        store that holds the artifact (a write there is refused by that store)."""
         inner = self._inner(path)
         if self._root is None:
             folder, _, name = inner.rpartition("/")
+            owner = self._folder_artifact(folder or "/")
+            if owner is not None:
+                return self._store(owner), _below(owner, inner)
             return self._store(folder or "/"), name
         return self._store(self._root), self._under_root(inner, path)
 
     def _folder(self, path: str) -> tuple[CommitStore, str, str]:
         """The store, name prefix and inner path of a folder path (without ``root``, the folder
-        is itself a store's root)."""
+        is itself a store's root, unless it is or lies inside a committed folder artifact: then
+        the store holding that artifact)."""
         inner = self._inner(path)
         if self._root is None:
+            owner = self._folder_artifact(inner)
+            if owner is not None:
+                return self._store(owner), _below(owner, inner), inner
             return self._store(inner), "", inner
         return self._store(self._root), self._under_root(inner, path), inner
+
+    def _folder_artifact(self, inner: str) -> str | None:
+        """The root of the nearest store in which ``inner`` is a committed folder artifact or a
+        path inside one; None if there is none. Root-less paths never place a store root inside
+        a committed folder artifact (its record would no longer match the folder).
+
+        Each ancestor is tried nearest first; on a local disk only those holding a records
+        folder are opened. A record that is unreadable or a name that is not valid is not an
+        owner."""
+        local = self.target_protocol in ("file", "local")
+        lead = "/" if inner.startswith("/") else ""
+        parts = [p for p in inner.split("/") if p]
+        for k in range(len(parts) - 1, -1 if local else 0, -1):
+            base = lead + "/".join(parts[:k]) or "/"
+            if local and not os.path.isdir(os.path.join(base, META_DIR, RECORDS_DIR)):
+                continue
+            store = self._store(base)
+            rel = parts[k:]
+            for j in range(len(rel), 0, -1):
+                try:
+                    rec = store.record("/".join(rel[:j]))
+                except (NotFoundError, IntegrityError, ValueError):
+                    continue
+                if rec.kind == "dir":
+                    return base
+                break
+        return None
 
     def _under_root(self, inner: str, shown: str) -> str:
         assert self._root is not None

@@ -18,16 +18,16 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO, cast
 
-from commitstore._check import compare, record_of
+from commitstore._check import compare, pending_version, record_of
 from commitstore._commit import Committer
-from commitstore._scan import StoredRecord
+from commitstore._scan import StoredRecord, read_record
 from commitstore.backends import PutMode
 from commitstore.backends.base import Rereadable
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.digest import copy_hashed
-from commitstore.errors import CommitStoreError, IntegrityError
+from commitstore.errors import CommitStoreError, IntegrityError, NotFoundError
 from commitstore.layout import validate_name
-from commitstore.records import Record
+from commitstore.records import Record, RecordFormatError
 
 RETRIES = 3
 """Attempts per artifact and mirror (background replication and ``sync`` alike) before it is
@@ -38,6 +38,14 @@ COPY_CHUNK = 2 * 1024 * 1024
 """Read buffer of one copy. ``sync`` runs several copies per mirror and mirrors side by side,
 each with its own buffer; reads of this size from a primary already cost little next to hashing
 and sending them."""
+
+
+REREADS = 4
+"""Times a copy reads the source's record and data again when its bytes did not match the
+record it read first and the source has moved on meanwhile (another version committed, or
+being committed, under the name: an alias overwritten quickly)."""
+REREAD_DELAY = 0.05
+"""Seconds before the first such re-read; one more step of it before each next one."""
 
 
 class SourceMismatch(IntegrityError):
@@ -103,12 +111,32 @@ def copy_artifact(
         InsufficientSpaceError, CommitError, BackendUnavailableError: from ``dst``.
     """
     parts = validate_name(name)
-    stored = record_of(src.backend, src.url, name)
-    rec = stored.record
-    dst.check_free(parts, rec.size)
-    with contextlib.ExitStack() as keep:  # a source the sink reads again stays open to the end
-        return _copy(src, dst, name, stored, keep=keep, slots=publish_slots, guard=guard)
-    raise AssertionError("unreachable")  # pragma: no cover (mypy: ExitStack may swallow)
+    for attempt in range(REREADS + 1):
+        stored = record_of(src.backend, src.url, name)
+        dst.check_free(parts, stored.record.size)
+        try:
+            with contextlib.ExitStack() as keep:  # a source the sink reads again stays open
+                return _copy(src, dst, name, stored, keep=keep, slots=publish_slots, guard=guard)
+        except (SourceMismatch, NotFoundError):
+            if attempt == REREADS or not _source_moved(src, stored):
+                raise
+        time.sleep(REREAD_DELAY * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _source_moved(src: Committer, stored: StoredRecord) -> bool:
+    """Whether ``src`` committed (or is committing) another version of the artifact since
+    ``stored`` was read: its record changed (or is gone), or a pending record of a different
+    version is there (a commit between its data and record steps). Only then is a copy whose
+    bytes did not match ``stored`` read again, record and data together."""
+    parts = validate_name(stored.record.name)
+    try:
+        now = read_record(src.backend, parts)
+    except RecordFormatError:
+        return True
+    if now is None or now.raw != stored.raw:
+        return True
+    return pending_version(src.backend, stored.record) is not None
 
 
 def _copy(
@@ -207,6 +235,23 @@ def copy_with_retries(
         except Exception as exc:
             if attempt == RETRIES or not (isinstance(exc, CommitStoreError) and exc.retryable):
                 raise
+            if _timed_out_after_retries(dst, exc):
+                raise
         time.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _timed_out_after_retries(dst: Committer, exc: BaseException) -> bool:
+    """A request to an object-store mirror that timed out: its client already tried it as often
+    as the store allows (each attempt bounded by the store's timeouts), so the copy is not tried
+    again as a whole (an unanswering endpoint would otherwise cost every attempt of every
+    request again, per copy)."""
+    if not isinstance(dst.backend, ObjectBackend):
+        return False
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__:
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 from commitstore._commit import Committer
 from commitstore._scan import list_records
-from commitstore.errors import CommitError, ConfigurationError, MirrorError
+from commitstore.errors import BackendUnavailableError, CommitError, ConfigurationError, MirrorError
 from commitstore.mirrors.copy import copy_with_retries
-from commitstore.mirrors.status import owed, probe
+from commitstore.mirrors.status import owed as owed_by_records
+from commitstore.mirrors.status import probe
 
 log = logging.getLogger("commitstore")
 
@@ -70,6 +71,15 @@ class _Worker:
     mirror: Committer
     jobs: queue.Queue[str | None]
     pending: list[str] = field(default_factory=list)
+    """Queued, being copied, or handed off (``handed``): what ``flush`` waits for."""
+    handed: dict[str, None] = field(default_factory=dict)
+    """Copies the queue could not take within the hand-off: the worker takes them (oldest
+    first) whenever its queue is empty."""
+    since: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """Per owed name: when it was first submitted (monotonic) and its size (0 if unknown)."""
+    reachable: bool | None = None
+    stalled: bool = False
+    """A hand-off was warned about and the mirror has not taken a copy since."""
     failed: dict[str, str] = field(default_factory=dict)
     last_error: str | None = None
     unreported: list[Exception] = field(default_factory=list)
@@ -88,37 +98,78 @@ replication of a store that was never closed."""
 POLL = 0.5
 """Seconds between checks that a worker thread is still alive while waiting on it."""
 
+HANDOFF_SECONDS = 10.0
+"""Default of ``COMMITSTORE_MIRROR_HANDOFF_SECONDS``: the longest a commit waits for room in a
+mirror's full queue (back-pressure) before it hands the copy off as owed and returns."""
 
-def exit_flush_seconds() -> float:
-    raw = os.environ.get("COMMITSTORE_EXIT_FLUSH_SECONDS")
+
+def _seconds_from_env(var: str, default: float) -> float:
+    raw = os.environ.get(var)
     if raw is None:
-        return EXIT_FLUSH_SECONDS
+        return default
     try:
         return max(0.0, float(raw))
     except ValueError:
-        log.warning("COMMITSTORE_EXIT_FLUSH_SECONDS=%r is not a number; using 60", raw)
-        return EXIT_FLUSH_SECONDS
+        log.warning("%s=%r is not a number; using %g", var, raw, default)
+        return default
 
 
-class _ExitFlush:
-    """The interpreter-exit hook of one Replicator, holding it only through a weak reference
-    (unregistered by ``close``; does nothing once the replicator is collected)."""
-
-    def __init__(self, replicator: Replicator) -> None:
-        self.ref = weakref.ref(replicator)
-
-    def __call__(self) -> None:
-        rep = self.ref()
-        if rep is not None:
-            rep.exit_flush(exit_flush_seconds())
+def handoff_seconds() -> float:
+    return _seconds_from_env("COMMITSTORE_MIRROR_HANDOFF_SECONDS", HANDOFF_SECONDS)
 
 
-_hooks: weakref.WeakKeyDictionary[Replicator, _ExitFlush] = weakref.WeakKeyDictionary()
+def exit_flush_seconds() -> float:
+    return _seconds_from_env("COMMITSTORE_EXIT_FLUSH_SECONDS", EXIT_FLUSH_SECONDS)
+
+
+_hooks: weakref.WeakKeyDictionary[Replicator, bool] = weakref.WeakKeyDictionary()
+"""Replicators that were never closed (weakly held): what the exit flush waits for."""
+
+_exit_deadline: list[float] = []
+"""The monotonic time the exit flush ends (set by its first stage, shared by both)."""
 
 
 def _live_replicators() -> list[Replicator]:
     """Replicators with an exit hook registered (not closed, not collected)."""
     return list(_hooks.keys())
+
+
+def _exit_flush_all(*, final: bool) -> None:
+    """Interpreter exit: wait for the copies of every replicator never closed, all within one
+    bound (``COMMITSTORE_EXIT_FLUSH_SECONDS`` from the first stage on).
+
+    Two stages: the first runs among ``threading``'s exit hooks, before non-daemon threads are
+    joined and, above all, before ``concurrent.futures`` stops taking work (after that, every
+    executor a copy goes through, the event loop's own included, refuses with "cannot schedule
+    new futures after interpreter shutdown", so a copy made later fails at once); it waits
+    quietly. The second runs among ``atexit``'s hooks, for copies submitted after the first (a
+    non-daemon thread still committing), with what is left of the bound, and warns about every
+    artifact that did not reach its mirror."""
+    if not _exit_deadline:
+        _exit_deadline.append(time.monotonic() + exit_flush_seconds())
+    for rep in _live_replicators():
+        with contextlib.suppress(Exception):  # exit must go on
+            rep.exit_flush(_exit_deadline[0], warn=final)
+
+
+def _register_exit_hooks() -> None:
+    """Register both stages of the exit flush once per process (``threading._register_atexit``
+    is CPython's hook for exactly this: it is how ``concurrent.futures`` stops its workers, and
+    hooks run last-registered first, so ours, registered after that module is imported, runs
+    before it)."""
+    if _registered:
+        return
+    _registered.append(True)
+    import concurrent.futures.thread  # noqa: F401 - its exit hook must be registered before ours
+
+    early = getattr(threading, "_register_atexit", None)
+    if early is not None:
+        with contextlib.suppress(RuntimeError):  # already shutting down: atexit alone
+            early(_exit_flush_all, final=False)
+    atexit.register(_exit_flush_all, final=True)
+
+
+_registered: list[bool] = []
 
 
 class Replicator:
@@ -127,9 +178,12 @@ class Replicator:
     Background workers survive any failure of one copy (it becomes that artifact's failure). If a
     worker thread ends anyway (SystemExit, KeyboardInterrupt raised inside it), what it still
     owed is marked failed and later submissions to it fail at once: ``flush()``, ``close()`` and
-    commits never wait on a dead thread. At interpreter exit, a replicator that was never closed
-    waits up to ``COMMITSTORE_EXIT_FLUSH_SECONDS`` (default 60) for its copies, then warns
-    (log and ``warnings.warn``) which artifacts did not reach which mirror.
+    commits never wait on a dead thread. A commit waits for room in a full queue at most
+    :attr:`handoff` seconds (``COMMITSTORE_MIRROR_HANDOFF_SECONDS``, default 10): then the copy
+    is owed (kept in memory, counted by ``flush``, shown by ``status``) and the worker makes it
+    once its queue is empty. At interpreter exit, the replicators never closed wait, all within
+    ``COMMITSTORE_EXIT_FLUSH_SECONDS`` (default 60), for their copies, then warn (log and
+    ``warnings.warn``) which artifacts did not reach which mirror (``_exit_flush_all``).
     """
 
     def __init__(
@@ -148,6 +202,8 @@ class Replicator:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._closed = False
+        self.handoff = handoff_seconds()
+        """The longest a background commit waits for room in a mirror's queue."""
         self.workers = [_Worker(m, queue.Queue(maxsize=queue_size)) for m in mirrors]
         if mode == "background":
             for w in self.workers:
@@ -158,9 +214,8 @@ class Replicator:
                     daemon=True,
                 )
                 w.thread.start()
-            hook = _ExitFlush(self)
-            _hooks[self] = hook
-            atexit.register(hook)
+            _hooks[self] = True
+            _register_exit_hooks()
 
     # -- replication ------------------------------------------------------------------------
     def _fail(self, w: _Worker, name: str, exc: Exception) -> None:
@@ -169,6 +224,8 @@ class Replicator:
             w.failed[name] = str(exc)
             w.last_error = str(exc)
             w.unreported.append(exc)
+            if isinstance(exc, BackendUnavailableError):
+                w.reachable = False
         log.warning("mirror %s: %s not replicated: %s", w.mirror.url, name, exc)
 
     def _copy(self, w: _Worker, name: str) -> None:
@@ -180,12 +237,31 @@ class Replicator:
             return
         with self._lock:
             w.failed.pop(name, None)
+            w.reachable = True
+            w.stalled = False
+            if name not in w.pending:
+                w.since.pop(name, None)
 
     def _done(self, w: _Worker, name: str) -> None:
         with self._lock:
             with contextlib.suppress(ValueError):
                 w.pending.remove(name)
+            if name not in w.pending and name not in w.failed:
+                w.since.pop(name, None)
             self._idle.notify_all()
+
+    def _next(self, w: _Worker) -> str | None:
+        """The worker's next job: from its queue, else the oldest copy handed off; waits (in
+        steps of POLL) while there is neither."""
+        while True:
+            try:
+                return w.jobs.get(timeout=POLL)
+            except queue.Empty:
+                with self._lock:
+                    if w.handed:
+                        name = next(iter(w.handed))
+                        del w.handed[name]
+                        return name
 
     def _run(self, w: _Worker) -> None:
         # Replication is background work: yield the CPU to the training thread.
@@ -193,7 +269,7 @@ class Replicator:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         try:
             while True:
-                name = w.jobs.get()
+                name = self._next(w)
                 if name is None:
                     return
                 try:
@@ -236,6 +312,7 @@ class Replicator:
                 w.jobs.get_nowait()
         with self._lock:
             owed = list(dict.fromkeys(w.pending))
+            w.handed.clear()
         for name in owed:
             self._fail(w, name, MirrorStopped(f"{name} not replicated to {w.mirror.url}: {why}"))
         with self._lock:
@@ -256,11 +333,15 @@ class Replicator:
         if errors and self.policy == "required":
             raise MirrorError("replication to a required mirror failed", errors)
 
-    def submit(self, name: str) -> None:
-        """Replicate a just-committed artifact. Background: enqueue (waits while a mirror's
-        queue is full; a mirror whose worker stopped fails the artifact at once). Sync: copy now.
-        Under ``required``, failures raise MirrorError here (background: failures of earlier
-        artifacts, at the next commit or flush)."""
+    def submit(self, name: str, size: int = 0) -> None:
+        """Replicate a just-committed artifact (``size``: its bytes, for the status).
+        Background: enqueue, waiting while a mirror's queue is full (back-pressure) for at most
+        :attr:`handoff` seconds, then hand the copy off: it is owed (``mirror_status``), the
+        worker takes it as soon as its queue is empty, and a warning says so once per stall.
+        A mirror whose worker stopped fails the artifact at once. Sync: copy now (each request
+        of the copy bounded by the mirror's own timeouts). Under ``required``, failures raise
+        MirrorError here (background: failures of earlier artifacts, at the next commit or
+        flush)."""
         if self.mode == "sync":
             for w in self.workers:
                 self._copy(w, name)
@@ -268,20 +349,41 @@ class Replicator:
             return
         self._raise_unreported()
         for w in self.workers:
-            with self._lock:
-                w.pending.append(name)
-            while True:
-                if w.dead():
-                    why = w.died or "replication thread stopped"
-                    failure = MirrorStopped(f"{name} not replicated to {w.mirror.url}: {why}")
-                    self._fail(w, name, failure)
-                    self._done(w, name)
-                    break
-                try:  # blocks when full: back-pressure, never unbounded buffering
-                    w.jobs.put(name, timeout=POLL)
-                except queue.Full:
+            self._enqueue(w, name, size)
+
+    def _enqueue(self, w: _Worker, name: str, size: int) -> None:
+        with self._lock:
+            w.pending.append(name)
+            w.since.setdefault(name, (time.monotonic(), size))
+        deadline = time.monotonic() + self.handoff
+        while True:
+            if w.dead():
+                why = w.died or "replication thread stopped"
+                failure = MirrorStopped(f"{name} not replicated to {w.mirror.url}: {why}")
+                self._fail(w, name, failure)
+                self._done(w, name)
+                return
+            left = deadline - time.monotonic()
+            try:  # waits when full: back-pressure, bounded by the hand-off
+                w.jobs.put(name, timeout=max(0.001, min(POLL, left)))
+            except queue.Full:
+                if left > POLL:
                     continue
-                break
+            else:
+                return
+            with self._lock:
+                w.handed[name] = None
+                warn, w.stalled = not w.stalled, True
+            if warn:
+                log.warning(
+                    "mirror %s takes no copies (its queue stayed full for %gs): %s and later "
+                    "commits are owed to it; they are copied as soon as it catches up, or by "
+                    "sync() (see mirror_status())",
+                    w.mirror.url,
+                    self.handoff,
+                    name,
+                )
+            return
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued artifact was replicated or failed; raise MirrorError under
@@ -302,9 +404,7 @@ class Replicator:
     def close(self) -> None:
         """Flush, then stop the workers. Idempotent."""
         self._closed = True
-        hook = _hooks.pop(self, None)
-        if hook is not None:
-            atexit.unregister(hook)
+        _hooks.pop(self, None)
         try:
             self.flush()
         finally:
@@ -316,25 +416,37 @@ class Replicator:
                         continue
                     w.thread.join()
 
-    def exit_flush(self, seconds: float) -> None:
-        """At interpreter exit: wait up to ``seconds`` for pending copies, then warn (log and
-        ``warnings.warn``) about every artifact that did not reach a mirror. Never raises."""
+    def exit_flush(self, deadline: float, *, warn: bool = True) -> None:
+        """At interpreter exit: wait until the monotonic time ``deadline`` for pending copies,
+        then (``warn``) warn (log and ``warnings.warn``) about every artifact that did not reach
+        a mirror, saying whether it failed or was still being copied. Never raises."""
         if self._closed:
             return
+        started = time.monotonic()
         try:
-            self.flush(seconds)
+            self.flush(max(0.0, deadline - started))
         except (TimeoutError, MirrorError):
             pass
         except Exception as exc:  # exit must go on
             log.warning("mirror flush at exit failed: %s", exc)
+        if not warn:
+            return
         with self._lock:
-            missing = {w.mirror.url: sorted(set(w.pending) | set(w.failed)) for w in self.workers}
-        lines = [f"{url}: {', '.join(names)}" for url, names in missing.items() if names]
+            missing = {
+                w.mirror.url: (sorted(set(w.pending)), sorted(set(w.failed) - set(w.pending)))
+                for w in self.workers
+            }
+        lines = []
+        for url, (pending, failed) in missing.items():
+            said = [f"{n} (still copying)" for n in pending] + [f"{n} (failed)" for n in failed]
+            if said:
+                lines.append(f"{url}: {', '.join(said)}")
         if lines:
             msg = (
                 "commitstore: the store was not closed and these artifacts did not reach their "
-                f"mirror before exit (waited up to {seconds:g}s; run sync() to complete them): "
-                + "; ".join(lines)
+                f"mirror before exit (the exit flush waited {time.monotonic() - started:.1f}s, "
+                f"bounded by COMMITSTORE_EXIT_FLUSH_SECONDS={exit_flush_seconds():g}; run sync() "
+                "to complete them): " + "; ".join(lines)
             )
             log.warning("%s", msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=1)
@@ -343,6 +455,29 @@ class Replicator:
         """Per mirror URL: the artifacts queued or being copied there (prune keeps them)."""
         with self._lock:
             return {w.mirror.url: set(w.pending) for w in self.workers}
+
+    def settled(self, url: str, names: set[str]) -> None:
+        """``names`` are whole on mirror ``url`` now (``sync`` made or found them): they are no
+        longer owed there as failed copies (queued ones still run: they may be newer)."""
+        with self._lock:
+            for w in self.workers:
+                if w.mirror.url != url:
+                    continue
+                for name in names & set(w.failed):
+                    del w.failed[name]
+                    if name not in w.pending:
+                        w.since.pop(name, None)
+
+    def owed(self, w: _Worker) -> tuple[tuple[str, ...], float | None, int]:
+        """What ``w``'s mirror is owed (pending and failed copies), oldest first, the age of
+        the oldest in seconds, and their bytes (from memory: no I/O)."""
+        now = time.monotonic()
+        with self._lock:
+            names = list(dict.fromkeys([*w.pending, *w.failed]))
+            stamps = {n: w.since.get(n, (now, 0)) for n in names}
+        names.sort(key=lambda n: stamps[n][0])
+        age = now - stamps[names[0]][0] if names else None
+        return tuple(names), age, sum(stamps[n][1] for n in names)
 
     def status(self) -> list[MirrorState]:
         """Per mirror: what is pending, what failed, what it lacks and owes as of this call.
@@ -356,7 +491,7 @@ class Replicator:
                 pending, failed, last = tuple(w.pending), dict(w.failed), w.last_error
             lacks = set(primary) - seen.held - set(pending) if seen.reachable else set()
             unsent = [n for n in failed if not seen.reachable or n not in seen.held]
-            debt = owed(primary, [*pending, *unsent, *lacks])
+            debt = owed_by_records(primary, [*pending, *unsent, *lacks])
             out.append(
                 MirrorState(
                     url=w.mirror.url,

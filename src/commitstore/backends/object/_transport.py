@@ -25,6 +25,35 @@ UNAVAILABLE_WORDS = (
 
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+")
 
+CONNECT_TIMEOUT = 10.0
+"""Default ``connect_timeout`` (seconds) of an S3 store: to open a connection to the endpoint."""
+READ_TIMEOUT = 60.0
+"""Default ``read_timeout`` (seconds) of an S3 store: the longest wait for the next bytes of an
+answer (a server that accepted a request and never answers fails after this long)."""
+ATTEMPTS = 5
+"""Default ``retries`` of an S3 store: attempts per request in all (the SDK's own default, in
+its "legacy" retry mode: transport failures, 5xx, throttling, S3's ``RequestTimeout`` and
+``BadDigest`` (a body garbled in transit) are tried again, with exponential backoff). No layer
+retries on top of it (s3fs's own retries are off)."""
+
+
+def request_deadline(connect: Any, read: Any, attempts: Any) -> dict[str, Any]:
+    """The SDK configuration that bounds every request: at most ``attempts`` tries of at most
+    ``connect`` + ``read`` seconds of silence each (a body being sent is not silence). Raises
+    ConfigurationError for values that are not positive numbers (attempts: an integer >= 1)."""
+    from commitstore.errors import ConfigurationError
+
+    for name, value in (("connect_timeout", connect), ("read_timeout", read)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigurationError(f"{name} must be a positive number of seconds, not {value!r}")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ConfigurationError(f"retries must be an integer >= 1, not {attempts!r}")
+    return {
+        "connect_timeout": float(connect),
+        "read_timeout": float(read),
+        "retries": {"total_max_attempts": attempts, "mode": "legacy"},
+    }
+
 
 def is_unavailable(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> bool:
     """A transport failure (connection refused, dropped, timed out) or a 5xx answer."""

@@ -26,6 +26,12 @@ from urllib.parse import unquote, urlsplit
 from commitstore.backends.base import MAX_SMALL_BYTES, PendingUpload, take_options, too_large
 from commitstore.backends.object._s3errors import probe_conditional_create, translate
 from commitstore.backends.object._timestamps import fast_session
+from commitstore.backends.object._transport import (
+    ATTEMPTS,
+    CONNECT_TIMEOUT,
+    READ_TIMEOUT,
+    request_deadline,
+)
 from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.bodies import Body
 from commitstore.backends.object.s3list import list_prefix
@@ -339,12 +345,16 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "read_part_size": 16 * 1024 * 1024,
             "read_inflight": 6,
             "heartbeat": ObjectBackend.heartbeat,
+            "connect_timeout": CONNECT_TIMEOUT,
+            "read_timeout": READ_TIMEOUT,
+            "retries": ATTEMPTS,
         },
         kinds={"conditional_writes": (bool, None), "endpoint_url": (str, None)},
     )
     for name in ("read_part_size", "read_inflight"):
         if not isinstance(opts[name], int) or isinstance(opts[name], bool):
             raise ConfigurationError(f"{name} must be an integer, not {opts[name]!r}")
+    deadline = request_deadline(opts["connect_timeout"], opts["read_timeout"], opts["retries"])
     if not isinstance(opts["sign_payload"], bool):
         raise ConfigurationError(
             f"sign_payload must be True or False, not {opts['sign_payload']!r}"
@@ -367,6 +377,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         skip_instance_cache=True,
         session=fast_session(),
         config_kwargs={
+            **deadline,
             # botocore >= 1.36 checksums break several S3-compatible servers (s3fs#931)
             "request_checksum_calculation": "when_required",
             "response_checksum_validation": "when_required",
@@ -374,6 +385,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "s3": {"payload_signing_enabled": bool(opts["sign_payload"])},
         },
     )
+    fs.retries = 1  # botocore retries (bounded, above); s3fs's own would multiply them
     return with_heartbeat(
         S3Backend(
             fs,

@@ -32,7 +32,11 @@ import errno
 import fcntl
 import mmap
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 BUFFER = 4 * 1024 * 1024
 """Each aligned buffer (a multiple of :data:`ALIGN`)."""
@@ -82,7 +86,7 @@ class DirectWriter:
         self._failed = False
         """Set by the worker when a write failed: the writes queued after it are skipped (the
         caller raises that write's error and the staging file is discarded)."""
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="commitstore-direct")
+        self._pool = SerialWorker("commitstore-direct")
         self._closed = False
         self._rest: Future[None] | None = None
         """The tail's writes (and the fsync, after :meth:`start_sync`), queued last."""
@@ -220,6 +224,62 @@ class DirectWriter:
         """(In the worker, while the caller waits or fills another buffer.)"""
         set_direct(self.fd, False)
         self.direct = False
+
+
+_Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
+
+
+class SerialWorker:
+    """One thread running submitted calls in order, each with its :class:`Future`: what a
+    one-thread ``ThreadPoolExecutor`` gives, without its dependence on interpreter state. An
+    executor refuses new work once interpreter shutdown begins ("cannot schedule new futures
+    after interpreter shutdown"), which made every copy to a local mirror made by the exit
+    flush fail at once; this worker takes work until :meth:`shutdown`, whenever that is. The
+    thread is a daemon: a writer left open never holds the interpreter's exit."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[
+            tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None
+        ]
+        self._jobs = queue.SimpleQueue()
+        self._stopped = False
+        thread = threading.Thread(target=self._run, name=f"{name}_0", daemon=True)
+        self._threads = {thread}
+        """The worker thread (a set, as ``ThreadPoolExecutor`` names it)."""
+        thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` after every call submitted before it."""
+        if self._stopped:
+            raise RuntimeError("the direct writer's worker was shut down")
+        fut: Future[Any] = Future()
+        self._jobs.put((fut, fn, args))
+        return fut
+
+    def shutdown(self, *, wait: bool) -> None:
+        """Stop after the calls already submitted; ``wait``: until the thread has ended."""
+        if not self._stopped:
+            self._stopped = True
+            self._jobs.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fut, fn, args = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+            del job, fut, fn, args  # no reference to a buffer outlives its call
 
 
 def _write_all(fd: int, buf: mmap.mmap, start: int, end: int) -> None:
