@@ -19,6 +19,7 @@ from commitstore.errors import (
     IntegrityError,
     InvalidNameError,
     MirrorError,
+    NameConflictError,
     NotFoundError,
     StorageError,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "MirrorError",
     "MirrorState",
     "MirrorSync",
+    "NameConflictError",
     "NotFoundError",
     "PruneReport",
     "Record",
