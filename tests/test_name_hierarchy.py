@@ -354,3 +354,15 @@ def test_get_file_of_a_folder_overwritten_meanwhile_gets_a_whole_version(tmp_pat
         child.stdin.close()
         child.wait()
     assert sum(a.startswith("done") for a in answers) >= 3  # the folder did change under it
+
+
+def test_adopt_never_claims_a_folder_that_holds_artifacts(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    t = make_target("local", request, tmp_path)
+    before = with_children(t)
+    report = t.store.adopt("runs", trust=True)
+    assert "runs" not in report.adopted and "holds committed artifacts" in report.rejected["runs"]
+    assert t.door.read(record_path("runs")) is None
+    assert snapshot(t) == before
+    assert_children_whole(t)

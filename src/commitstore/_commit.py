@@ -285,10 +285,14 @@ class Committer:
         not: a record appeared meanwhile (the data is then someone else's commit, left alone),
         or the data is no longer the one ``seen`` (size, mtime) before it was hashed (replaced
         meanwhile, so the record would not describe it). Both checks run under the publish
-        lock, so no commit can publish between them and the record."""
+        lock, so no commit can publish between them and the record. A folder path that holds
+        committed artifacts is never adopted (its record would claim their files)."""
         with self.backend.publish_lock():
             if self.backend.stat(record_parts(parts)) is not None:
                 return "already has a record"
+            below = committed_below(self.backend, parts)
+            if below:
+                return f"holds committed artifacts ({shown(below)}; not adopted)"
             if seen is not None:
                 now = self.backend.stat(parts)
                 if now is None or (now.size, now.mtime) != (seen.size, seen.mtime):
@@ -320,29 +324,30 @@ class Committer:
             reason = still()
             if reason is not None:
                 return reason
-            own = self.own_record(parts)
-            if own is None or own.kind == "dir":
+            owns = self.own_records(parts)
+            if not owns or any(r.kind == "dir" for r in owns):
                 self.check_nothing_below(parts, f"deleting {name}")
             had_record = self.backend.remove(record_parts(parts))
             self.backend.remove(intent_parts(parts))
-            had_data = remove_data(self.backend, parts, own)
+            had_data = remove_data(self.backend, parts, owns)
         if not (had_record or had_data):
             raise NotFoundError(f"{name} does not exist", name=name)
         return None
 
-    def own_record(self, parts: Parts) -> Record | None:
-        """The record of ``parts`` that says which files are its data: the record, else the
-        pending record of a commit that stopped after its data step; None if neither can be read
-        (or names another artifact)."""
+    def own_records(self, parts: Parts) -> list[Record]:
+        """The records of ``parts`` that say which files are its data: the record and the
+        pending record (a commit that stopped after its data step left that version's files),
+        those that can be read and name this artifact."""
         name = "/".join(parts)
+        found: list[Record] = []
         for where in (record_parts(parts), intent_parts(parts)):
             try:
                 rec = decode_record(self.backend.read_small(where))
             except (CommitStoreError, RecordFormatError):
                 continue
             if rec.name == name:
-                return rec
-        return None
+                found.append(rec)
+        return found
 
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be

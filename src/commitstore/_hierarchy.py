@@ -70,24 +70,31 @@ def shown(names: list[str]) -> str:
     return ", ".join(names[:SHOWN]) + more
 
 
-def remove_data(backend: Backend, parts: Parts, own: Record | None) -> bool:
-    """Remove the data of the artifact at ``parts`` whose record (or pending record) is ``own``
-    (None: it has none, or none that can be read), after its record. True if anything was there.
+def remove_data(backend: Backend, parts: Parts, owns: list[Record]) -> bool:
+    """Remove the data of the artifact at ``parts`` whose records are ``owns`` (its record and
+    the pending record of a commit that stopped after its data step; empty: none can be read),
+    after those records. True if anything was there.
 
+    * a folder record: exactly the files the folder records name (all of them: a replace that
+      stopped may have left either version's files), then the folders below ``parts`` (and
+      ``parts``) that this leaves empty; a file no record names stays, and so its folder;
     * a file record: the entry at ``parts`` only if it is a file (a folder there is not its data);
-    * a folder record: exactly the files it names, then the folders below ``parts`` (and
-      ``parts``) that this leaves empty; a file it does not name stays, and so its folder;
     * no record: whatever is at ``parts`` (data nothing claims; the caller has checked that no
       committed artifact is below it).
 
-    The record is already gone, so nothing removed here can come back claiming to be whole: the
-    removals need no folder sync of their own (``Backend.remove_leftover``).
+    The records are already gone, so nothing removed here can come back claiming to be whole:
+    the removals need no folder sync of their own (``Backend.remove_leftover``).
     """
-    if own is not None and own.kind == "dir":
-        return backend.remove_files(parts, [tuple(f.path.split("/")) for f in own.files])
-    info = backend.stat(parts)
-    if info is None:
-        return False
-    if own is None:
-        return backend.remove(parts)
-    return False if info.is_dir else backend.remove_leftover(parts)
+    if not owns:
+        info = backend.stat(parts)
+        return info is not None and backend.remove(parts)
+    removed = False
+    if any(r.kind == "file" for r in owns):
+        info = backend.stat(parts)
+        if info is not None and not info.is_dir:
+            removed = backend.remove_leftover(parts)
+    folders = [r for r in owns if r.kind == "dir"]
+    if folders:
+        files = sorted({tuple(f.path.split("/")) for r in folders for f in r.files})
+        removed = backend.remove_files(parts, files) or removed
+    return removed

@@ -211,7 +211,10 @@ class Backend(abc.ABC):
         the removals need not be durable (the caller removed the record first: see
         :meth:`remove_leftover`). False if none of the files was there. Default: one
         :meth:`stat` and :meth:`remove_leftover` per file, then :meth:`remove_empty_folder`
-        bottom-up."""
+        bottom-up; nothing when ``parts`` is not a folder."""
+        info = self.stat(parts)
+        if info is None or not info.is_dir:
+            return False
         removed = False
         for rel in files:
             info = self.stat((*parts, *rel))
