@@ -168,6 +168,12 @@ def test_delete_removes_exactly_the_recorded_files(
     assert left == ["ckpt/notes-by-hand.txt"]
     assert t.door.read("ckpt/notes-by-hand.txt") == b"a user's file, not in the record"
     assert t.door.read(record_path("ckpt")) is None
+    with t.store.stage_dir("whole") as d:  # nothing else inside: every folder goes
+        (d / "a" / "b").mkdir(parents=True)
+        (d / "a" / "b" / "w.bin").write_bytes(b"w")
+        (d / "top.bin").write_bytes(b"t")
+    t.store.delete("whole")
+    assert not t.door.is_dir("whole") and t.door.read("whole") is None
 
 
 def test_an_inconsistent_folder_record_never_reaches_a_child(
