@@ -372,3 +372,20 @@ def test_adopt_never_claims_a_folder_that_holds_artifacts(
     assert t.door.read(record_path("runs")) is None
     assert snapshot(t) == before
     assert_children_whole(t)
+
+
+def test_deleting_an_unrecorded_folder_never_takes_a_write_in_progress(tmp_path: Path) -> None:
+    """``runs`` has no record; a writer of ``runs/a.pt`` is staging below it. Deleting ``runs``
+    would take the writer's staged bytes: refused, and the write still commits."""
+    root = tmp_path / "store"
+    store = open_store(str(root))
+    door = LocalBackdoor(root)
+    door.write("runs/notes.txt", b"unrecorded")
+    st = store.stage("runs/a.pt")
+    st.write(b"being written")
+    with pytest.raises(NameConflictError, match="write in progress"):
+        store.delete("runs")
+    st.commit()
+    assert door.read("runs/a.pt") == b"being written"
+    assert door.read("runs/notes.txt") == b"unrecorded"
+    assert store.verify("runs/a.pt").ok

@@ -29,7 +29,14 @@ from commitstore.errors import (
     NameConflictError,
     NotFoundError,
 )
-from commitstore.layout import Parts, infer_step, intent_parts, record_parts, validate_name
+from commitstore.layout import (
+    Parts,
+    infer_step,
+    intent_parts,
+    is_staging_part,
+    record_parts,
+    validate_name,
+)
 from commitstore.records import Record, RecordFormatError, decode_record, encode_record, new_fields
 
 log = logging.getLogger("commitstore")
@@ -141,6 +148,23 @@ class Committer:
                 f"{name} is a folder path that holds other committed artifacts "
                 f"({shown(below)}); {what} would reach into them, so it is refused and nothing "
                 "was changed (delete or move those artifacts first, or use another name)",
+                name=name,
+            )
+
+    def check_no_staging_below(self, parts: Parts) -> None:
+        """Raise NameConflictError if the unrecorded folder at ``parts`` holds a staging entry:
+        a write in progress below it (or one a dead writer left, which gc removes by age), whose
+        files a delete of the whole folder would take. Nothing below ``parts``: nothing to do."""
+        info = self.backend.stat(parts)
+        if info is None or not info.is_dir or not self.backend.staging_names:
+            return
+        staging = [rel for rel, _ in self.backend.walk(parts) if any(map(is_staging_part, rel))]
+        if staging:
+            name = "/".join(parts)
+            raise NameConflictError(
+                f"{name} has no record and holds a write in progress "
+                f"({'/'.join((*parts, *staging[0]))}): deleting it would take that write's files, "
+                "so it is refused and nothing was changed (gc removes what dead writers left)",
                 name=name,
             )
 
@@ -327,6 +351,8 @@ class Committer:
             owns = self.own_records(parts)
             if not owns or any(r.kind == "dir" for r in owns):
                 self.check_nothing_below(parts, f"deleting {name}")
+            if not owns:
+                self.check_no_staging_below(parts)
             had_record = self.backend.remove(record_parts(parts))
             self.backend.remove(intent_parts(parts))
             had_data = remove_data(self.backend, parts, owns)
