@@ -17,6 +17,7 @@ from typing import Any
 
 from commitstore import _recordcache, _slots
 from commitstore._check import check_exact
+from commitstore._hierarchy import committed_below, remove_data, shown
 from commitstore._small import put_small as put_small  # noqa: PLC0414 (re-exported: a test seam)
 from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
 from commitstore.errors import (
@@ -25,9 +26,17 @@ from commitstore.errors import (
     CommitStoreError,
     ConfigurationError,
     InsufficientSpaceError,
+    NameConflictError,
     NotFoundError,
 )
-from commitstore.layout import Parts, infer_step, intent_parts, record_parts, validate_name
+from commitstore.layout import (
+    Parts,
+    infer_step,
+    intent_parts,
+    is_staging_part,
+    record_parts,
+    validate_name,
+)
 from commitstore.records import Record, RecordFormatError, decode_record, encode_record, new_fields
 
 log = logging.getLogger("commitstore")
@@ -90,6 +99,11 @@ class Committer:
         self.backend = backend
         self.url = url
         """The target's URL, without credentials."""
+        self.locks = type(backend).publish_lock is not Backend.publish_lock
+        """Whether the backend's publish lock holds anything (file systems, ``memory://``):
+        checks of the name hierarchy are then repeated under it. Object stores' lock holds
+        nothing; there the checks when staging starts are all (a racing commit of a name below
+        is not excluded)."""
 
     def __repr__(self) -> str:
         return f"Committer({self.url!r}, strategy={self.backend.strategy!r})"
@@ -124,10 +138,49 @@ class Committer:
                 name=name,
             )
 
+    def check_nothing_below(self, parts: Parts, what: str) -> None:
+        """Raise NameConflictError if committed artifacts (or commits in flight) sit below the
+        folder path ``parts``: ``what`` (a delete, a replace) would reach into them. One listing
+        of the records folder of ``parts`` (``_hierarchy``)."""
+        below = committed_below(self.backend, parts)
+        if below:
+            name = "/".join(parts)
+            raise NameConflictError(
+                f"{name} is a folder path that holds other committed artifacts "
+                f"({shown(below)}); {what} would reach into them, so it is refused and nothing "
+                "was changed (delete or move those artifacts first, or use another name)",
+                name=name,
+            )
+
+    def check_no_staging_below(self, parts: Parts) -> None:
+        """Raise NameConflictError if the unrecorded folder at ``parts`` holds a staging entry:
+        a write in progress below it (or one a dead writer left, which gc removes by age), whose
+        files a delete of the whole folder would take. Nothing below ``parts``: nothing to do."""
+        info = self.backend.stat(parts)
+        if info is None or not info.is_dir or not self.backend.staging_names:
+            return
+        staging = [rel for rel, _ in self.backend.walk(parts) if any(map(is_staging_part, rel))]
+        if staging:
+            name = "/".join(parts)
+            raise NameConflictError(
+                f"{name} has no record and holds a write in progress "
+                f"({'/'.join((*parts, *staging[0]))}): deleting it would take that write's files, "
+                "so it is refused and nothing was changed (gc removes what dead writers left)",
+                name=name,
+            )
+
+    def check_place(self, parts: Parts) -> None:
+        """The name hierarchy, before a new artifact is staged at ``parts``: not inside a
+        committed artifact (AlreadyExistsError) and not over a folder path that holds committed
+        artifacts (NameConflictError), whatever ``overwrite`` says."""
+        self.check_outside_folders(parts)
+        self.check_nothing_below(parts, "committing an artifact there")
+
     def check_outside_folders(self, parts: Parts) -> None:
-        """Raise AlreadyExistsError if a leading part of ``parts`` is a committed artifact: a new
-        artifact inside a committed folder artifact would change that folder's files under its
-        record (one record read per leading part)."""
+        """Raise AlreadyExistsError if a leading part of ``parts`` is a committed artifact (a
+        folder or a file): a new artifact inside a committed folder artifact would change that
+        folder's files under its record, and one below a committed file cannot be a file of
+        its own on a file system (one record read per leading part)."""
         for i in range(1, len(parts)):
             try:
                 if self.backend.stat(record_parts(parts[:i])) is None:
@@ -145,15 +198,16 @@ class Committer:
     def open_file(self, parts: Parts, mode: PutMode) -> FileSink:
         """Start staging a file artifact. With ``CREATE`` a taken name fails now, before any
         bytes are sent (and again, atomically, at publish). A name inside a committed artifact
-        (``ckpt-100/notes.txt`` when ``ckpt-100`` is a committed folder) is refused."""
-        self.check_outside_folders(parts)
+        (``ckpt-100/notes.txt`` when ``ckpt-100`` is a committed folder) is refused, and so is a
+        folder path that holds committed artifacts (:meth:`check_place`)."""
+        self.check_place(parts)
         if mode is PutMode.CREATE:
             self.check_absent(parts)
         return self.backend.open_sink(parts, mode=mode)
 
     def open_dir(self, parts: Parts, mode: PutMode) -> DirSink:
         """Start staging a folder artifact (same early checks as :meth:`open_file`)."""
-        self.check_outside_folders(parts)
+        self.check_place(parts)
         if mode is PutMode.CREATE:
             self.check_absent(parts)
         return self.backend.open_dir_sink(parts, mode=mode)
@@ -197,6 +251,8 @@ class Committer:
             else None
         )
         with self.backend.publish_lock():
+            if self.locks:  # again where the lock holds: no commit below can land meanwhile
+                self.check_place(parts)
             if mode is PutMode.CREATE and not self.backend.capabilities.exclusive_create:
                 if data_in_place:
                     self.check_unrecorded(parts)
@@ -283,10 +339,14 @@ class Committer:
         not: a record appeared meanwhile (the data is then someone else's commit, left alone),
         or the data is no longer the one ``seen`` (size, mtime) before it was hashed (replaced
         meanwhile, so the record would not describe it). Both checks run under the publish
-        lock, so no commit can publish between them and the record."""
+        lock, so no commit can publish between them and the record. A folder path that holds
+        committed artifacts is never adopted (its record would claim their files)."""
         with self.backend.publish_lock():
             if self.backend.stat(record_parts(parts)) is not None:
                 return "already has a record"
+            below = committed_below(self.backend, parts)
+            if below:
+                return f"holds committed artifacts ({shown(below)}; not adopted)"
             if seen is not None:
                 now = self.backend.stat(parts)
                 if now is None or (now.size, now.mtime) != (seen.size, seen.mtime):
@@ -310,20 +370,45 @@ class Committer:
 
         Raises:
             NotFoundError: neither record nor data existed.
+            NameConflictError: committed artifacts sit below ``name`` and it is not a file
+                artifact of its own (nothing removed).
         """
         parts = validate_name(name)
         with self.backend.publish_lock():
             reason = still()
             if reason is not None:
                 return reason
+            owns = self.own_records(parts)
+            if not owns or any(r.kind == "dir" for r in owns):
+                self.check_nothing_below(parts, f"deleting {name}")
+            if not owns:
+                self.check_no_staging_below(parts)
             had_record = self.backend.remove(record_parts(parts))
             self.backend.remove(intent_parts(parts))
-            had_data = self.backend.remove(parts)
+            had_data = remove_data(self.backend, parts, owns)
         if not (had_record or had_data):
             raise NotFoundError(f"{name} does not exist", name=name)
         return None
 
+    def own_records(self, parts: Parts) -> list[Record]:
+        """The records of ``parts`` that say which files are its data: the record and the
+        pending record (a commit that stopped after its data step left that version's files),
+        those that can be read and name this artifact."""
+        name = "/".join(parts)
+        found: list[Record] = []
+        for where in (record_parts(parts), intent_parts(parts)):
+            try:
+                rec = decode_record(self.backend.read_small(where))
+            except (CommitStoreError, RecordFormatError):
+                continue
+            if rec.name == name:
+                found.append(rec)
+        return found
+
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be
-        whole. Raises NotFoundError if neither exists."""
+        whole. The data removed is exactly what the record names (a folder: its listed files,
+        then the folders that leaves empty; ``_hierarchy.remove_data``). A folder path that holds
+        other committed artifacts is refused (NameConflictError), nothing removed. Raises
+        NotFoundError if neither record nor data exists."""
         self.delete_if(name, lambda: None)

@@ -375,7 +375,7 @@ def begin(
         raise ConfigurationError(
             f"{committer.url}: the {backend.strategy} strategy has no multi-writer folder commit"
         )
-    committer.check_outside_folders(parts)
+    committer.check_place(parts)
     if not overwrite:
         committer.check_absent(parts)
     token = _Token(secrets.token_hex(8), name, overwrite, checked, meta, committer.url)

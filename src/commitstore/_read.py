@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -19,7 +20,9 @@ from commitstore.errors import (
     InsufficientSpaceError,
     IntegrityError,
     InvalidNameError,
+    NameConflictError,
     NotFoundError,
+    StorageError,
 )
 from commitstore.layout import aside_parts, validate_name
 from commitstore.records import Record, RecordFormatError
@@ -156,6 +159,40 @@ def read_with_record(backend: Backend, url: str, name: str, level: str) -> tuple
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def local_destination(dest: Path, name: str, kind: str) -> Path:
+    """Where ``get_file`` publishes artifact ``name`` (``kind``: ``"file"`` or ``"dir"``) for
+    the local path ``dest``, as ``cp`` does: an existing folder ``dest`` receives it inside,
+    under its base name. A local folder is never replaced (nothing in it is removed), nor a
+    local file by a folder; a local file by a file is, in one step (``cp`` over a file).
+
+    Raises:
+        NameConflictError: the place is a local folder, or a file and the artifact a folder.
+    """
+    if dest.is_dir():
+        dest = dest / name.rsplit("/", 1)[-1]
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        return dest
+    except OSError as exc:
+        raise StorageError(
+            exc.errno or 0, f"{dest}: cannot stat: {exc.strerror}", path=str(dest)
+        ) from exc
+    if stat.S_ISDIR(st.st_mode):
+        raise NameConflictError(
+            f"{dest} is an existing local folder: get_file never replaces a folder (nothing "
+            f"was changed); choose a new path for {name}",
+            name=name,
+        )
+    if kind == "dir":
+        raise NameConflictError(
+            f"{dest} is an existing local file: the folder artifact {name} does not replace a "
+            "file (nothing was changed); choose a new path",
+            name=name,
+        )
+    return dest
+
+
 def get_verified(
     backend: Backend,
     url: str,
@@ -165,8 +202,41 @@ def get_verified(
     level: str,
     progress: Callable[[int], None] | None,
 ) -> None:
-    """Stream ``name`` into ``dest`` through the local commit protocol, checking on the way."""
+    """Stream ``name`` into ``dest`` (placed per :func:`local_destination`) through the local
+    commit protocol, checking on the way: nothing appears at the destination unless every byte
+    matched the record. The record and the data are read together, again, when a check fails
+    because the name was overwritten meanwhile; the last attempt reads under the publish lock,
+    so a commit racing the copy never makes it fail where the storage has a lock (local
+    disks, bridges, ``memory://``)."""
     rec = record_of(backend, url, name).record
+    for attempt in range(ATTEMPTS):
+        with _attempt(backend, attempt):
+            if attempt:
+                rec = record_of(backend, url, name).record
+            try:
+                _get_version(backend, rec, dest, level=level, progress=progress)
+                return
+            except IntegrityError as exc:
+                problem = exc
+        if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
+            raise problem
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _get_version(
+    backend: Backend,
+    rec: Record,
+    dest: Path,
+    *,
+    level: str,
+    progress: Callable[[int], None] | None,
+) -> None:
+    """One attempt of :func:`get_verified`: artifact ``rec`` into its local destination.
+
+    Raises:
+        IntegrityError: the bytes read are not ``rec``'s (nothing published locally).
+    """
+    dest = local_destination(dest, rec.name, rec.kind)
     target = LocalBackend(dest.parent.resolve(), reason="get_file destination")
     free = target.free_space(())
     if free is not None and free < rec.size:
@@ -177,7 +247,9 @@ def get_verified(
             available=free,
         )
     if rec.kind == "file":
-        sink = target.open_sink((dest.name,), mode=PutMode.REPLACE)
+        # over a file only where one is (a folder that appears meanwhile is never exchanged out)
+        mode = PutMode.REPLACE if os.path.lexists(dest) else PutMode.CREATE
+        sink = target.open_sink((dest.name,), mode=mode)
         try:
             with _open_data(backend, rec) as src:
                 size, digest = copy_hashed(src, sink.write, progress=progress)
@@ -213,8 +285,10 @@ def _get_dir(
     progress: Callable[[int], None] | None,
 ) -> None:
     """Copy folder artifact ``rec``, whose files are below ``root``, into ``dest``; every file
-    checked against ``rec`` on the way, and nothing published at ``dest`` unless all pass."""
-    dsink = target.open_dir_sink((dest.name,), mode=PutMode.REPLACE)
+    checked against ``rec`` on the way, and nothing published at ``dest`` unless all pass.
+    Create-only: ``dest`` was free (:func:`local_destination`); if anything appeared there
+    meanwhile, AlreadyExistsError and it stays."""
+    dsink = target.open_dir_sink((dest.name,), mode=PutMode.CREATE)
     try:
         done = 0
         for entry in rec.files:

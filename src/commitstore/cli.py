@@ -172,11 +172,21 @@ def cmd_put(args: argparse.Namespace) -> int:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
+    """A verified copy of NAME at DEST; an existing folder DEST receives it inside, under its
+    base name (as ``cp``). A local folder is never replaced, nor a file by a folder artifact:
+    exit 1, one line on stderr, nothing changed."""
     store = _open(args, args.url)
     rec = store.record(args.name)
+    dest = args.dest
+    if os.path.isdir(dest):
+        dest = os.path.join(dest, args.name.rsplit("/", 1)[-1])
     bar = ProgressBar(f"get {args.name}", rec.size)
     store.get_file(args.name, args.dest, verify=args.verify, progress=bar)
-    _emit(args, record_json(rec), f"{args.dest}: {rec.size} bytes, verified ({args.verify})")
+    _emit(
+        args,
+        {**record_json(rec), "dest": dest},
+        f"{dest}: {rec.size} bytes, verified ({args.verify})",
+    )
     return EXIT_OK
 
 
@@ -376,7 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("get", "copy an artifact out, verified")
     sp.add_argument("url")
     sp.add_argument("name")
-    sp.add_argument("dest")
+    sp.add_argument(
+        "dest",
+        help="local path; an existing folder receives the artifact inside it under its base "
+        "name (as cp); a local folder is never replaced, nor a file by a folder artifact",
+    )
     sp.add_argument("--verify", choices=("size", "full", "none"), default="full")
     sp.set_defaults(func=cmd_get)
     sp = add("info", "which commit strategy a store uses, and why; exit 2 if it does not exist")

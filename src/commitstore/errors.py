@@ -12,6 +12,7 @@ exception, when there is one, is chained as ``__cause__``. Messages never contai
     ├── CommitError                                         the commit protocol could not complete
     ├── InsufficientSpaceError   (also OSError, ENOSPC)     not enough room on the target
     ├── InvalidNameError         (also ValueError)          the name is not a valid artifact name
+    ├── NameConflictError                                   the call would reach into another name
     ├── ConfigurationError       (also ValueError)          a URL, option or argument is not valid
     ├── MirrorError              (also ExceptionGroup)      one or more mirrors failed
     ├── BackendUnavailableError                             the storage could not be reached
@@ -47,6 +48,7 @@ __all__ = [
     "IntegrityError",
     "InvalidNameError",
     "MirrorError",
+    "NameConflictError",
     "NotFoundError",
     "StorageError",
     "StoragePathError",
@@ -137,6 +139,18 @@ class InvalidNameError(CommitStoreError, ValueError):
     """The artifact name is not valid (see ``docs/format.md``): names only, raised before any
     I/O. A symlink or a file on a valid name's path is a storage state: :class:`StoragePathError`
     (a StorageError that is still an InvalidNameError, deprecated, for older callers)."""
+
+
+class NameConflictError(CommitStoreError):
+    """Names are paths, and the call would reach into another one: deleting or replacing a
+    folder path that holds other committed artifacts, committing a file where committed
+    artifacts sit below that path, or copying an artifact out (``get_file``) onto a local folder
+    or over a file it must not replace. Raised before anything is removed or replaced; nothing
+    committed (and no local folder) was touched. The caller's, and permanent."""
+
+    def __init__(self, message: str, *, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 class ConfigurationError(CommitStoreError, ValueError):

@@ -42,6 +42,7 @@ Guarantees (each tested in ``tests/test_fsspec_fs.py``):
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from typing import Any, BinaryIO
@@ -63,7 +64,7 @@ from commitstore._fsview import (
     open_member,
     record_info,
 )
-from commitstore.errors import ConfigurationError, IntegrityError, NotFoundError
+from commitstore.errors import ConfigurationError, IntegrityError, NameConflictError, NotFoundError
 from commitstore.layout import META_DIR, RECORDS_DIR
 from commitstore.store import CommitStore
 
@@ -271,15 +272,22 @@ class CommitFileSystem(_Base):  # type: ignore[misc]
         store.delete(name)
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
-        """Delete artifacts; ``recursive=True`` on a folder deletes every artifact under it."""
+        """Delete artifacts; ``recursive=True`` on a folder deletes every artifact under it, each
+        by its own record. Without it, a folder path that holds committed artifacts (and is not
+        one itself) is refused with ``IsADirectoryError``, nothing deleted."""
         for p in path if isinstance(path, list) else [path]:
             if recursive and self.isdir(p):
                 store, prefix, _ = self._folder(p)
                 for rec in store.list():
                     if not prefix or rec.name == prefix or rec.name.startswith(prefix + "/"):
                         store.delete(rec.name)
-            else:
+                continue
+            try:
                 self.rm_file(p)
+            except NameConflictError as exc:
+                raise IsADirectoryError(
+                    errno.EISDIR, f"{exc} (rm(..., recursive=True) deletes each of them)", p
+                ) from exc
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         """Directories are implicit in artifact names: nothing to create."""

@@ -220,7 +220,8 @@ def latest_checkpoint(
 ) -> Path | None:
     """The newest ``prefix + checkpoint-N`` folder that verifies fully, as a local folder for
     ``resume_from_checkpoint``: its path in a local store, else a verified copy fetched into
-    ``local_dir`` (required then). None if there is none; damaged ones are skipped (logged)."""
+    ``local_dir`` (required then; a copy already there is never replaced: NameConflictError).
+    None if there is none; damaged ones are skipped (logged)."""
     store = _check_store(store)
     cands = [
         r
@@ -239,7 +240,9 @@ def latest_checkpoint(
             return own
         if local_dir is None:
             raise ConfigurationError("local_dir is needed to fetch a checkpoint from this store")
-        dest = Path(local_dir) / Path(rec.name).name
-        store.get_file(rec.name, dest)
-        return dest
+        # into the folder, as cp: an existing local copy there is never replaced
+        # (NameConflictError), so a stale or edited one is never handed back as verified
+        Path(local_dir).mkdir(parents=True, exist_ok=True)
+        store.get_file(rec.name, local_dir)
+        return Path(local_dir) / Path(rec.name).name
     return None

@@ -210,6 +210,39 @@ class Backend(abc.ABC):
         there."""
         return self.remove(parts)
 
+    def remove_files(self, parts: Parts, files: list[Parts]) -> bool:
+        """Remove exactly the files ``files`` (paths relative to the folder ``parts``, as a
+        folder record names them), then every folder below ``parts``, and ``parts`` itself, that
+        is left empty. Never a file not named, nor a folder (a named path that is a folder stays);
+        the removals need not be durable (the caller removed the record first: see
+        :meth:`remove_leftover`). False if none of the files was there. Default: one
+        :meth:`stat` and :meth:`remove_leftover` per file, then :meth:`remove_empty_folder`
+        bottom-up; nothing when ``parts`` is not a folder."""
+        info = self.stat(parts)
+        if info is None or not info.is_dir:
+            return False
+        removed = False
+        for rel in files:
+            info = self.stat((*parts, *rel))
+            if info is not None and not info.is_dir:
+                removed = self.remove_leftover((*parts, *rel)) or removed
+        for rel in sorted(self.walk_folders(parts), key=len, reverse=True):
+            self.remove_empty_folder((*parts, *rel))
+        self.remove_empty_folder(parts)
+        return removed
+
+    def remove_empty_folder(self, parts: Parts) -> bool:
+        """Remove the folder ``parts`` if it is empty; False (nothing removed) if it is not, or
+        is not a folder, or is gone. Default: checks with :meth:`walk` and
+        :meth:`walk_folders`, then :meth:`remove` (storage with a real ``rmdir`` overrides it, so
+        a file that appears meanwhile is never removed)."""
+        if not parts:
+            return False  # never the root
+        info = self.stat(parts)
+        if info is None or not info.is_dir or self.walk(parts) or self.walk_folders(parts):
+            return False
+        return self.remove(parts)
+
     @abc.abstractmethod
     def free_space(self, parts: Parts) -> int | None:
         """Bytes available for new data near ``parts``, or None if unknown."""

@@ -30,7 +30,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from commitstore import CommitStore, NotFoundError
+from commitstore import CommitStore, NameConflictError, NotFoundError
 from commitstore import _commit as commit_module
 from commitstore.testing.target import Target, record_path
 
@@ -56,6 +56,10 @@ def folder_files(data: bytes) -> tuple[tuple[str, bytes], ...]:
 
 def version_of(name: str, data: bytes) -> Version:
     return folder_files(data) if name == FOLDER else data
+
+
+PARENT = "d"
+"""The folder path of ``d/s_3``, never an artifact itself (rule ``parent_path``)."""
 
 
 def _write(store: CommitStore, name: str, data: bytes) -> None:
@@ -284,6 +288,25 @@ def run_crash_machine(
                 assert None in self.model[name]
             self.model[name] = {None}
             self.damaged.discard(name)
+
+        @rule(how=st.sampled_from(("delete", "file", "folder")), data=DATA)
+        def parent_path(self, how: str, data: bytes) -> None:
+            """``d`` is only the folder path of ``d/s_3``: while that is committed, deleting
+            ``d`` or committing ``d`` over it (a file or a folder, ``overwrite=True``) is
+            refused and changes nothing (the invariants check that ``d/s_3`` still verifies)."""
+            if not self.committed("d/s_3"):
+                return
+            try:
+                if how == "delete":
+                    self.store.delete(PARENT)
+                elif how == "file":
+                    self.store.put_bytes(PARENT, data, overwrite=True)
+                else:
+                    with self.store.stage_dir(PARENT, overwrite=True) as d:
+                        (d / "x.bin").write_bytes(data)
+            except NameConflictError:
+                return
+            raise AssertionError(f"{how} of the folder path {PARENT} was not refused")
 
         @rule(name=st.sampled_from(FILES), pos=st.integers(0, 199))
         def flip(self, name: str, pos: int) -> None:

@@ -223,6 +223,18 @@ class ObjectBackend(Backend):
         self.delete_keys(parts, keys)
         return bool(keys)
 
+    def remove_files(self, parts: Parts, files: list[Parts]) -> bool:
+        """One listing of ``parts``, then one batch delete of exactly the named files found
+        there (and the empty-folder marker of ``parts``, if any); never a key below ``parts``
+        the list does not name (another artifact's, or a file no record claims)."""
+        present = {o.key for o in self.list_objects(parts)}
+        doomed = [k for k in (self.key((*parts, *rel)) for rel in files) if k in present]
+        if self.dir_prefix(parts) in present:
+            doomed.append(self.dir_prefix(parts))
+        if doomed:
+            self.delete_keys(parts, doomed)
+        return bool(doomed)
+
     def describe(self) -> dict[str, Any]:
         return {
             "strategy": self.strategy,

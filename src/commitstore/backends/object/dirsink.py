@@ -162,14 +162,32 @@ def complete_replace(b: ObjectStore, parts: Parts, files: Files, root: Parts) ->
     """Copy every staged file under ``root`` over its final key below ``parts``, delete the
     files the new version lacks (and an object at ``parts`` itself: a file artifact before),
     then the staged copy. Idempotent: run again after a crash or failure (gc's roll-forward),
-    it finishes the same replace. Raises what the store raises; the staged copy stays then."""
+    it finishes the same replace. Raises what the store raises; the staged copy stays then.
+
+    Names are paths: a key below ``parts`` that is (or lies below) another committed
+    artifact's name is never deleted, even if a commit of that artifact raced the core's check
+    (the lock holds nothing on an object store); only a single-object delete per stale key."""
     new = {tuple(rel.split("/")) for rel, _, _ in files}
     for rel, size, digest in files:
         fparts = tuple(rel.split("/"))
         b.copy_checked((*root, *fparts), (*parts, *fparts), size=size, digest=digest)
     old = {rel for rel, _info in b.walk(parts)}
+    others = _others_below(b, parts)
     for stale in sorted(old - new):
-        b.remove((*parts, *stale))
+        if not any(stale[: len(o)] == o for o in others):
+            b.delete_key((*parts, *stale), b.key((*parts, *stale)))
     if b.head(parts) is not None:  # the name held a file artifact: that object goes too
         b.delete_key(parts, b.key(parts))
     b.remove(root)
+
+
+def _others_below(b: ObjectStore, parts: Parts) -> list[Parts]:
+    """Names (relative to ``parts``) of the artifacts committed below ``parts``: their keys are
+    theirs. A record stored under a hashed leaf protects its whole folder."""
+    from commitstore._hierarchy import committed_below
+
+    out: list[Parts] = []
+    for name in committed_below(b, parts):
+        rel = tuple(name.split("/"))[len(parts) :]
+        out.append(rel[:-1] if rel[-1] == "..." else rel)
+    return out

@@ -435,6 +435,28 @@ class LocalBackend(RenameBackend[int, Staging]):
         """:meth:`remove` without the folder fsync (see ``Backend.remove_leftover``)."""
         return self.remove(parts, durable=False)
 
+    @translated("removing")
+    def remove_empty_folder(self, parts: Parts) -> bool:
+        """``rmdir``: removes the folder only if it is empty at that instant (a file that
+        appears meanwhile is never removed). Never the root, never through a symlink."""
+        if not parts:
+            return False
+        try:
+            dirfd = self.open_dir(parts[:-1], create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            os.rmdir(parts[-1], dir_fd=dirfd)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False
+            raise
+        finally:
+            close_quietly(dirfd)
+        return True
+
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:
         """``flock`` on ``<root>/.commitstore/lock`` (released by the kernel if the holder dies).
