@@ -8,6 +8,7 @@ for more than 600 s), never a measure of speed."""
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -308,3 +309,23 @@ def test_a_copy_to_an_unanswering_s3_mirror_is_not_retried_on_top_of_its_request
     with pytest.raises(BackendUnavailableError):
         _within(lambda: copy_mod.copy_with_retries(store.committer, mirror.committer, "a.pt"))
     assert hole.accepted == 2  # two attempts of the first request, not 2 x RETRIES
+
+
+@pytest.mark.parametrize("size", [400, 9 << 20], ids=["small", "part_sized"])
+def test_a_body_sent_to_a_blackholed_s3_endpoint_fails_typed_within_its_deadline(
+    hole: Blackhole, size: int
+) -> None:
+    """A request with a body (a record, a small artifact, a part) to an endpoint that accepts
+    and never answers fails within its timeouts. botocore asks for ``100 Continue`` before a
+    file-like body, and the HTTP client waited for it without any timeout: the PutObject of a
+    mirror's pending record held its copy, and ``flush()``, forever. Reached directly here,
+    because every commit now lists the records first (and that request times out)."""
+    store = _s3(hole, "bodies")
+    backend = store.backend
+    put = backend.send_body(  # type: ignore[attr-defined]
+        "uploading", ("x",), "put_object", io.BytesIO(b"x" * size), Key="bodies/x"
+    )
+    with pytest.raises(BackendUnavailableError):
+        _within(lambda: backend.run_coro(put))  # type: ignore[attr-defined]
+    assert hole.accepted >= 1
+    assert hole.received >= size  # the body was sent, not held back for a 100 Continue

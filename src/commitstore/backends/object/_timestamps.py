@@ -37,4 +37,16 @@ def fast_session() -> Any:
     session.get_component("response_parser_factory").set_parser_defaults(
         timestamp_parser=parse_timestamp
     )
+    session.register("before-send.s3", _no_expect_continue)
     return session
+
+
+def _no_expect_continue(request: Any, **_: Any) -> None:
+    """Send every body without ``Expect: 100-continue`` (botocore adds it to file-like bodies).
+
+    The HTTP client waits for the ``100 Continue`` with no timeout at all: an endpoint that
+    accepts the connection and never answers (a hung gateway) held a PutObject or UploadPart,
+    and so a commit or a mirror copy, forever, whatever ``read_timeout`` said. Without the
+    header the body is sent at once and the answer is awaited under ``read_timeout``. The
+    header is not signed, so dropping it here, just before sending, is safe."""
+    request.headers.pop("Expect", None)
