@@ -150,6 +150,36 @@ def test_a_sparse_gigabyte_pending_record_is_not_read_by_gc_or_a_commit(tmp_path
     assert store.read_bytes("a.bin") == b"again"
 
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_special_file_at_a_pending_record_path_never_sticks_the_name(
+    tmp_path: Path, kind: str
+) -> None:
+    """A FIFO or a symlink where a pending record goes is a damaged pending record:
+    a commit of the name goes on and gc drops it, never opening it (a FIFO would block). They
+    raised IntegrityError ("not a regular file") from gc and from every commit of the name."""
+    store = open_store(str(tmp_path))
+    store.put_bytes("a.bin", b"hello")
+    pending = tmp_path / ".commitstore" / "records" / ".commitstore.new.a.bin.json"
+
+    def plant() -> None:
+        if kind == "fifo":
+            mkfifo(pending)
+        else:
+            pending.symlink_to(tmp_path / "elsewhere.json")
+            (tmp_path / "elsewhere.json").write_bytes(b"{}")
+
+    plant()
+    returns(lambda: store.put_bytes("a.bin", b"again", overwrite=True))
+    assert store.read_bytes("a.bin") == b"again"
+    if not os.path.lexists(pending):
+        plant()
+    report = returns(lambda: store.gc(min_age=0))
+    assert not os.path.lexists(pending), report
+    assert [i.kind for i in report.removed] == ["pending"], report
+    assert store.verify().ok
+    assert store.read_bytes("a.bin") == b"again"
+
+
 def test_a_commit_over_a_gigabyte_record_with_a_pending_one_reads_neither_whole(
     tmp_path: Path,
 ) -> None:

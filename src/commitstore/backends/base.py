@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from commitstore._recordcheck import MAX_RECORD_BYTES, RecordFormatError
-from commitstore.errors import ConfigurationError, InsufficientSpaceError, StorageError
+from commitstore.errors import (
+    ConfigurationError,
+    InsufficientSpaceError,
+    IntegrityError,
+    StorageError,
+)
 from commitstore.layout import Parts
 
 log = logging.getLogger("commitstore")
@@ -334,9 +339,16 @@ class Backend(abc.ABC):
             RecordFormatError: the file is larger than :data:`MAX_SMALL_BYTES` (the maximum
                 record size, ``docs/format.md``); its size is checked before anything is read,
                 and at most ``MAX_SMALL_BYTES + 1`` bytes are ever read (a file that grows while
-                it is read). NotFoundError, IntegrityError, StorageError: as :meth:`open_read`.
+                it is read); also anything at the path that is not a regular file (a FIFO,
+                a device, a symlink, a folder): a record there is damaged, and it is never
+                opened for reading (a FIFO would block). NotFoundError, StorageError: as
+                :meth:`open_read`.
         """
-        with self.open_read(parts) as f:
+        try:
+            f = self.open_read(parts)
+        except IntegrityError as exc:  # the storage's state at a record's path: a bad record
+            raise RecordFormatError(str(exc)) from exc
+        with f:
             return read_bounded(f, lambda: "/".join(parts))
 
     def read_small_tagged(self, parts: Parts) -> tuple[bytes, str | None]:
