@@ -101,6 +101,25 @@ def test_delete_of_a_folder_holding_artifacts_is_refused(
     assert t.door.read("runs/step_2.pt") == CHILDREN["runs/step_2.pt"]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_delete_of_a_file_inside_a_folder_artifact_is_refused(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``ck/w``, one file of the committed folder artifact ``ck``, is not an artifact: deleting
+    it would leave ``ck`` failing its record (it was removed, and ``ck`` went ``missing``)."""
+    t = make_target(kind, request, tmp_path)
+    with t.store.stage_dir("ck") as d:
+        (d / "w").write_bytes(b"weights")
+        (d / "sub").mkdir()
+        (d / "sub" / "v").write_bytes(b"vocab")
+    before = snapshot(t)
+    for name in ("ck/w", "ck/sub/v", "ck/sub"):
+        with pytest.raises(NameConflictError, match="inside a committed artifact"):
+            t.store.delete(name)
+        assert snapshot(t) == before
+    assert t.reopen().verify("ck").ok
+
+
 # -- finding 2: replacing a folder path that holds artifacts -----------------------------------
 def _stage_dir(t: Target, overwrite: bool) -> None:
     with t.store.stage_dir("runs", overwrite=overwrite) as d:

@@ -194,6 +194,19 @@ class Committer:
                 name=name,
             )
 
+    def check_not_inside(self, parts: Parts, name: str) -> None:
+        """Raise NameConflictError if ``parts``, which has no record of its own, lies inside a
+        committed artifact (a file of a folder artifact): deleting it would change that
+        artifact's files under its record."""
+        try:
+            self.check_outside_folders(parts)
+        except AlreadyExistsError as exc:
+            raise NameConflictError(
+                f"{name} is inside a committed artifact and is not one of its own; delete or "
+                f"replace that artifact as a whole ({exc})",
+                name=name,
+            ) from exc
+
     # -- staging -------------------------------------------------------------------------------
     def open_file(self, parts: Parts, mode: PutMode) -> FileSink:
         """Start staging a file artifact. With ``CREATE`` a taken name fails now, before any
@@ -371,7 +384,8 @@ class Committer:
         Raises:
             NotFoundError: neither record nor data existed.
             NameConflictError: committed artifacts sit below ``name`` and it is not a file
-                artifact of its own (nothing removed).
+                artifact of its own, or ``name`` has no record and lies inside a committed
+                artifact (nothing removed).
         """
         parts = validate_name(name)
         with self.backend.publish_lock():
@@ -382,6 +396,7 @@ class Committer:
             if not owns or any(r.kind == "dir" for r in owns):
                 self.check_nothing_below(parts, f"deleting {name}")
             if not owns:
+                self.check_not_inside(parts, name)
                 self.check_no_staging_below(parts)
             had_record = self.backend.remove(record_parts(parts))
             self.backend.remove(intent_parts(parts))
