@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,44 @@ def test_copies_submitted_while_the_interpreter_exits_still_arrive(tmp_path: Pat
     arrived = [i for i in range(CHECKPOINTS) if door.read(f"late_{i}.pt") == bytes([i + 1]) * SIZE]
     assert arrived == list(range(CHECKPOINTS)), res.stderr
     assert open_store(tmp_path / "m").verify().ok
+
+
+HUNG = """
+import sys, threading
+import commitstore.mirrors.copy as c
+import commitstore.mirrors.replicator as r
+from commitstore import open_store
+
+never = threading.Event()
+def hung(src, dst, name, **kw):  # a mirror that never takes the copy
+    never.wait()
+c.copy_artifact = r.copy_artifact = hung
+
+store = open_store(sys.argv[1], mirrors=[sys.argv[2]])
+store.put_bytes("step_0.pt", b"x" * 100)
+print("committed", flush=True)
+"""
+
+
+def test_the_exit_warning_says_how_long_the_exit_flush_waited(tmp_path: Path) -> None:
+    """A copy that never ends: the exit flush waits its whole bound, then its warning names the
+    artifact and the wait (which spans both of its stages: the warning said "0.0s", the second
+    stage's share, after waiting the whole bound in the first)."""
+    res = subprocess.run(
+        [sys.executable, "-c", HUNG, str(tmp_path / "p"), str(tmp_path / "m")],
+        cwd=ROOT_DIR,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT_DIR / "src"),
+            "COMMITSTORE_EXIT_FLUSH_SECONDS": "2",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.stdout.strip() == "committed", res.stderr
+    said = re.search(r"the exit flush waited ([0-9.]+)s", res.stderr)
+    assert said is not None, res.stderr
+    assert "step_0.pt (still copying)" in res.stderr
+    assert 2.0 <= float(said.group(1)) < 300, res.stderr  # the whole bound, not a stage's share

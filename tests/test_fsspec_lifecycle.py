@@ -17,7 +17,7 @@ import fsspec
 import pytest
 
 import commitstore
-from commitstore import AlreadyExistsError
+from commitstore import AlreadyExistsError, open_store
 from commitstore.testing import LocalBackdoor
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
@@ -166,3 +166,24 @@ def test_an_explicit_close_commits(run: Path) -> None:
     f.write(b"closed on purpose")
     f.close()
     assert (run / "m.pt").read_bytes() == b"closed on purpose"
+
+
+def test_probing_paths_that_are_no_store_warns_nothing(
+    tmp_path: Path, recwarn: pytest.WarningsRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``exists``/``info``/``ls`` of root-less paths open the folders above as stores; one that
+    is no store is a plain "not there" (False, FileNotFoundError), not a "no store at" warning
+    (a store opened by a user still warns when a read finds its root missing)."""
+    store = open_store(str(tmp_path))
+    store.put_bytes("a.pt", b"A")
+    (tmp_path / "plain.pt").write_bytes(b"not an artifact")
+    fs = fsspec.filesystem("commit")
+    assert fs.exists(f"{tmp_path}/a.pt")
+    assert not fs.exists(f"{tmp_path}/plain.pt")
+    assert not fs.exists(f"{tmp_path}/nothing/here.pt")
+    with pytest.raises(FileNotFoundError):
+        fs.ls(f"{tmp_path}/nothing")
+    assert not [w for w in recwarn if "no store at" in str(w.message)]
+    assert "no store at" not in caplog.text
+    with pytest.warns(UserWarning, match="no store at"):
+        assert open_store(str(tmp_path / "typo")).list() == []

@@ -163,7 +163,10 @@ def test_cli_info_on_a_missing_store_exits_2_and_creates_nothing(tmp_path: Path)
     done = _run_cli("info", str(typo), "--json")
     assert done.returncode == 2, done.stderr
     assert json.loads(done.stdout)["exists"] is False
-    assert "no store at" in done.stderr
+    (line,) = done.stderr.splitlines()  # under --json, every stderr line is one JSON object
+    error = json.loads(line)["error"]
+    assert "no store at" in error["message"]
+    assert error["exit_code"] == 2
     assert not typo.exists()
     ls = _run_cli("ls", str(typo))
     assert ls.returncode == 2

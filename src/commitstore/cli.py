@@ -29,6 +29,7 @@ from commitstore.errors import (
     CommitStoreError,
     ConfigurationError,
     InvalidNameError,
+    NotFoundError,
     StorageError,
 )
 from commitstore.records import Record, VerifyReport
@@ -198,12 +199,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     text = "\n".join(f"{k}: {v}" for k, v in info.items())
     _emit(args, info, text)
     if not info["exists"]:
-        print(
-            f"commitstore: error: no store at {store.url} (nothing was created; the first "
-            "write creates it)",
-            file=sys.stderr,
+        missing = NotFoundError(
+            f"no store at {store.url} (nothing was created; the first write creates it)"
         )
-        return EXIT_USAGE
+        return _fail(bool(args.json), missing, EXIT_USAGE)
     return EXIT_OK
 
 

@@ -80,6 +80,7 @@ class CommitStore(MirrorMethods):
             )
         self.retention = retention
         """Applied after every successful commit, when set."""
+        self._quiet_when_missing = False
 
     def __repr__(self) -> str:
         return f"CommitStore({self.url!r}, strategy={self.backend.strategy!r})"
@@ -113,8 +114,10 @@ class CommitStore(MirrorMethods):
 
     def _nothing_found(self) -> None:
         """After a read found nothing: warn (``UserWarning`` and log) when the store's root does
-        not exist, so a mistyped URL is never taken for an empty store. Creates nothing."""
-        if self.backend.root_exists():
+        not exist, so a mistyped URL is never taken for an empty store. Creates nothing.
+        Quiet where the caller has its own answer for "not there" (the ``commit://`` file
+        system probes folders as stores and answers FileNotFoundError)."""
+        if self._quiet_when_missing or self.backend.root_exists():
             return
         msg = (
             f"no store at {self.url}: its root does not exist (nothing was created; "

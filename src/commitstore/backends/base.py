@@ -444,6 +444,12 @@ Kinds = tuple[type | None, ...]
 """The types an option accepts (``None``: the value None); ``bool`` is never an ``int`` here."""
 
 
+def _one_of(values: tuple[Any, ...]) -> str:
+    """``'a', 'b' or 'c'``: the values an option may take, as the error says them."""
+    shown = [repr(v) for v in values]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
 def take_options(
     options: dict[str, Any],
     defaults: dict[str, Any],
@@ -476,7 +482,7 @@ def take_options(
             raise ConfigurationError(f"storage option {key} must be {names}, not {value!r}")
         if choices and key in choices and value not in choices[key]:
             raise ConfigurationError(
-                f"storage option {key} must be one of {list(choices[key])}, not {value!r}"
+                f"storage option {key} must be {_one_of(choices[key])}, not {value!r}"
             )
     return {**defaults, **options}
 

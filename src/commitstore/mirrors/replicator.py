@@ -126,7 +126,8 @@ _hooks: weakref.WeakKeyDictionary[Replicator, bool] = weakref.WeakKeyDictionary(
 """Replicators that were never closed (weakly held): what the exit flush waits for."""
 
 _exit_deadline: list[float] = []
-"""The monotonic time the exit flush ends (set by its first stage, shared by both)."""
+"""The monotonic time the exit flush ends, then the time it began (set by its first stage,
+shared by both)."""
 
 
 def _live_replicators() -> list[Replicator]:
@@ -147,6 +148,7 @@ def _exit_flush_all(*, final: bool) -> None:
     artifact that did not reach its mirror."""
     if not _exit_deadline:
         _exit_deadline.append(time.monotonic() + exit_flush_seconds())
+        _exit_deadline.append(time.monotonic())  # when the exit flush began (its warning says)
     for rep in _live_replicators():
         with contextlib.suppress(Exception):  # exit must go on
             rep.exit_flush(_exit_deadline[0], warn=final)
@@ -422,9 +424,9 @@ class Replicator:
         a mirror, saying whether it failed or was still being copied. Never raises."""
         if self._closed:
             return
-        started = time.monotonic()
+        started = _exit_deadline[1] if len(_exit_deadline) > 1 else time.monotonic()
         try:
-            self.flush(max(0.0, deadline - started))
+            self.flush(max(0.0, deadline - time.monotonic()))
         except (TimeoutError, MirrorError):
             pass
         except Exception as exc:  # exit must go on
