@@ -395,3 +395,13 @@ def test_cli_read_commands_on_a_missing_s3_store_exit_2(moto: MotoServer) -> Non
         assert "no store at s3://" in done.stderr
     listed = moto.client().list_objects_v2(Bucket=BUCKET, Prefix="cli-typo")
     assert listed.get("KeyCount", 0) == 0
+
+
+def test_a_write_to_a_bucket_that_does_not_exist_says_so(moto: MotoServer) -> None:
+    """A mistyped bucket: the first write is refused with an error that names the bucket (it
+    named a record that "does not exist"), and nothing is created."""
+    store = open_store("s3://no-such-bucket-here/run", **moto.options())
+    with pytest.raises(NotFoundError, match="bucket does not exist"):
+        store.put_bytes("step_1.pt", b"weights")
+    buckets = [b["Name"] for b in moto.client().list_buckets()["Buckets"]]
+    assert "no-such-bucket-here" not in buckets

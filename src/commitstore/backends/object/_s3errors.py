@@ -29,11 +29,29 @@ def _sdk_transport() -> tuple[type[BaseException], ...]:
     return (EndpointConnectionError, ConnectionClosedError, ConnectTimeoutError, ReadTimeoutError)
 
 
+def _no_such_bucket(exc: BaseException) -> bool:
+    """The error (or one it was raised from) is S3's ``NoSuchBucket``."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return False
+        text = f"{type(seen).__name__} {seen}"
+        if "NoSuchBucket" in text or "bucket does not exist" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
     """Map an s3fs/botocore/aiohttp exception into the error tree."""
     if isinstance(exc, CommitStoreError):
         return exc
     if isinstance(exc, FileNotFoundError):
+        if _no_such_bucket(exc):
+            return NotFoundError(
+                f"{what} {shown}: its bucket does not exist (commitstore creates no buckets: "
+                "create it, or check the URL)"
+            )
         return NotFoundError(f"{shown} does not exist")
     if type(exc).__name__ == "FileExpired":  # s3fs: the ETag changed between two ranges
         return NotFoundError(f"{shown} was replaced while it was read")
