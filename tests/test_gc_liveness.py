@@ -314,3 +314,76 @@ def test_gc_leaves_a_live_s3_folder_write_alone(moto: MotoServer) -> None:
     fw.commit([first, second])
     assert open_store(url, **opts).verify("runs").ok
     assert [f for f in door.files() if f.startswith(".commitstore/folders/")] == []
+
+
+def test_gc_leaves_a_live_s3_multipart_upload_alone(moto: MotoServer) -> None:
+    """A writer streaming a large artifact pauses between parts for longer than gc's
+    ``min_age``: its upload's proof of life (rewritten every ``heartbeat`` seconds) keeps it
+    young, so gc aborts nothing and the commit lands whole. gc aborted the upload by its
+    parts' age, and the writer's next part failed."""
+    prefix = f"u{time.monotonic_ns()}"
+    url, opts = moto.url(prefix), moto.options()
+    part = 5 << 20
+    store = open_store(url, heartbeat=0.2, single_put_max=part, part_size=part, **opts)
+    body = [bytes([i]) * part for i in range(3)]
+    min_age = 1.0
+    with store.stage("big.bin") as f:
+        f.write(body[0])
+        f.write(body[1])  # the first part is on its way: the upload exists
+        time.sleep(3 * min_age)  # the writer pauses longer than gc's min_age
+        report = open_store(url, **opts).gc(min_age=min_age)
+        assert [i for i in report.removed if i.kind == "upload"] == [], report
+        assert any(i.kind == "upload" for i in report.kept), report
+        f.write(body[2])
+    door = S3Backdoor(moto.client(), BUCKET, prefix)
+    assert door.read("big.bin") == b"".join(body)
+    assert open_store(url, **opts).verify("big.bin").ok
+    assert [k for k in door.files() if k.startswith(".commitstore/uploads/")] == []
+
+
+KILLED_UPLOAD = """
+import os, signal, sys, time
+from commitstore import open_store
+opts = dict(endpoint_url=sys.argv[2], key=sys.argv[3], secret=sys.argv[4])
+store = open_store(sys.argv[1], heartbeat=0.2, single_put_max=5 << 20, part_size=5 << 20, **opts)
+f = store.stage("big.bin")
+f.write(b"x" * (11 << 20))
+time.sleep(1)
+print("uploading", flush=True)
+time.sleep(600)
+"""
+
+
+def test_gc_aborts_the_upload_of_a_killed_writer(moto: MotoServer) -> None:
+    """The proof of life stops with its writer: once it is older than ``min_age``, gc aborts
+    the upload and removes its marker."""
+    prefix = f"k{time.monotonic_ns()}"
+    url, opts = moto.url(prefix), moto.options()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            KILLED_UPLOAD,
+            url,
+            opts["endpoint_url"],
+            opts["key"],
+            opts["secret"],
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **moto.env()},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "uploading"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    door = S3Backdoor(moto.client(), BUCKET, prefix)
+    assert [k for k in door.files() if k.startswith(".commitstore/uploads/")] != []
+    min_age = 1.0
+    time.sleep(2 * min_age)
+    report = open_store(url, **opts).gc(min_age=min_age)
+    assert [i.kind for i in report.removed].count("upload") == 1, report
+    assert [k for k in door.files() if k.startswith(".commitstore/uploads/")] == []
+    assert door.read("big.bin") is None

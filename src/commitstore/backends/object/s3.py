@@ -18,6 +18,7 @@ primitives, ``s3upload.py`` the upload session (:class:`S3Upload`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 from typing import Any, BinaryIO, cast
@@ -36,7 +37,7 @@ from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.bodies import Body
 from commitstore.backends.object.s3list import list_prefix
 from commitstore.backends.object.s3read import S3RangedReader
-from commitstore.backends.object.s3upload import S3Upload, body_md5, content_md5
+from commitstore.backends.object.s3upload import S3Upload, body_md5, content_md5, upload_marker
 from commitstore.backends.object.upload import ObjectStat, Upload
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError
 from commitstore.layout import Parts
@@ -256,9 +257,11 @@ class S3Backend(ObjectBackend):
     def pending_uploads(self) -> list[PendingUpload]:
         """Multipart uploads under this store's prefix only (``prefix/``, never a sibling).
 
-        An upload's time is its last activity: the newest of its start and its parts' upload
-        times, so a long upload still receiving parts is young (and moto's fixed ``Initiated``
-        cannot make a live upload look old).
+        An upload's time is its last activity: the newest of its start, its parts' upload
+        times and its writer's last proof of life (``s3upload.upload_marker``, rewritten every
+        ``heartbeat`` seconds while the writer lives), so a long upload still receiving parts,
+        or whose writer pauses between parts, is young (and moto's fixed ``Initiated`` cannot
+        make a live upload look old).
         """
         prefix = self.dir_prefix(())
         out: list[PendingUpload] = []
@@ -276,6 +279,9 @@ class S3Backend(ObjectBackend):
                 started = up.get("Initiated")
                 times = [started.timestamp()] if started is not None else []
                 times += self._part_times(up["Key"], up["UploadId"])
+                alive = self.head(upload_marker(up["UploadId"]))
+                if alive is not None and alive.mtime is not None:
+                    times.append(alive.mtime)
                 last = max(times) if times else 0.0
                 out.append(PendingUpload(up["Key"], up["UploadId"], last if last > 0 else None))
             if not page.get("IsTruncated"):
@@ -310,6 +316,9 @@ class S3Backend(ObjectBackend):
         self.call(
             "aborting", (), "abort_multipart_upload", Key=upload.key, UploadId=upload.upload_id
         )
+        marker = upload_marker(upload.upload_id)
+        with contextlib.suppress(NotFoundError):
+            self.call("removing", marker, "delete_object", Key=self.key(marker))
 
     def describe_store(self) -> dict[str, Any]:
         return {

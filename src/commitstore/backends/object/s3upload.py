@@ -21,15 +21,28 @@ import base64
 import concurrent.futures
 import hashlib
 import io
+import logging
+import threading
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from commitstore.backends.object.bodies import Body, SourceWindow
 from commitstore.backends.object.upload import Upload, Written
 from commitstore.errors import CommitError, CommitStoreError, NotFoundError
-from commitstore.layout import Parts
+from commitstore.layout import META_DIR, Parts
 
 MAX_PARTS = 10_000
+UPLOADS_DIR = "uploads"
+"""``.commitstore/uploads/<upload id>``: the proof of life of a live multipart upload."""
+
+log = logging.getLogger("commitstore")
+
+
+def upload_marker(upload_id: str) -> Parts:
+    """Where the writer of multipart upload ``upload_id`` proves it is alive (an empty object
+    rewritten every ``heartbeat`` seconds while the upload is open): gc ages the upload by it,
+    so a writer that pauses between parts for longer than ``min_age`` keeps its upload."""
+    return (META_DIR, UPLOADS_DIR, upload_id.replace("/", "_"))
 
 
 class S3Calls(Protocol):
@@ -62,6 +75,49 @@ class S3Calls(Protocol):
 
     def run_coro(self, coro: Any) -> Any: ...
 
+    @property
+    def heartbeat(self) -> float: ...
+
+
+class _Alive:
+    """A daemon thread that rewrites an upload's marker every ``interval`` seconds until
+    :meth:`stop`, which also removes the marker. A failed rewrite is logged, never raised: the
+    upload itself reports what matters (gc may abort an upload whose marker went stale; its
+    writer's next part or completion then fails, and nothing is published)."""
+
+    def __init__(self, b: S3Calls, upload_id: str) -> None:
+        self._b, self._parts = b, upload_marker(upload_id)
+        self._stop = threading.Event()
+        self._beat()  # before the first part: the upload is never without a proof of life
+        self._thread = threading.Thread(target=self._run, name="commitstore-upload-alive")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _beat(self) -> None:
+        try:
+            self._b.call(
+                "marking alive the upload of",
+                self._parts,
+                "put_object",
+                Key=self._b.key(self._parts),
+                Body=b"",
+            )
+        except CommitStoreError as exc:
+            log.warning("%s", exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._b.heartbeat):
+            self._beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        try:
+            self._b.call("removing", self._parts, "delete_object", Key=self._b.key(self._parts))
+        except CommitStoreError as exc:  # gc removes a stale marker with its upload
+            log.debug("%s", exc)
+
 
 class S3Upload(Upload):
     """A multipart upload, created by its first part; ``CompleteMultipartUpload`` (or one
@@ -84,6 +140,12 @@ class S3Upload(Upload):
         self._md5s: dict[int, bytes] = {}
         self._given: dict[int, bytes] = {}  # MD5s the sink computed while filling the bodies
         self._expected_tag: str | None = None
+        self._alive: _Alive | None = None
+
+    def _stop_alive(self) -> None:
+        alive, self._alive = self._alive, None
+        if alive is not None:
+            alive.stop()
 
     def given_md5(self, number: int, md5: bytes) -> None:
         self._given[number] = md5
@@ -106,6 +168,7 @@ class S3Upload(Upload):
                 "starting the upload of", self._parts, "create_multipart_upload", Key=self._key
             )
             self._upload_id = created["UploadId"]
+            self._alive = _Alive(b, self._upload_id)
         if number % 1000 == 0:
             self.part_size *= 2
         upload_id = self._upload_id
@@ -169,6 +232,7 @@ class S3Upload(Upload):
         except NotFoundError as exc:
             raise _gone(exc, self._b.shown(self._parts)) from exc
         self._upload_id = None  # completed: nothing left to abort
+        self._stop_alive()
         numbers = sorted(p["PartNumber"] for p in receipts)
         if numbers == sorted(self._md5s):
             joined = b"".join(self._md5s[n] for n in numbers)
@@ -197,6 +261,7 @@ class S3Upload(Upload):
         return self._expected_tag is not None and tag == self._expected_tag
 
     def abort(self) -> None:
+        self._stop_alive()
         if self._upload_id is not None:
             upload_id, self._upload_id = self._upload_id, None
             self._b.call(
