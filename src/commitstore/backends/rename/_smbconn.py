@@ -8,6 +8,7 @@ import errno
 import io
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -59,7 +60,9 @@ class SmbConnection:
         """Keyword arguments for every smbclient call: port, credentials, per-store cache.
 
         Credentials go with every call so a dropped connection is re-established transparently.
+        The thread's connection is made here, with a client GUID of its own (:meth:`_connect`).
         """
+        self._connect()
         return {
             "port": self.port,
             "username": self.username,
@@ -67,6 +70,30 @@ class SmbConnection:
             "connection_cache": self.cache,
             "connection_timeout": self.timeout,
         }
+
+    def _connect(self) -> None:
+        """Make this thread's connection, if it has none that is connected, with a ClientGUID of
+        its own, before smbclient would make one with the process-wide GUID (then cached the
+        same way, under ``host:port``: smbclient's session setup and every call reuse it).
+
+        Samba (4.15 and later) hands a new connection whose negotiate carries a ClientGUID it
+        already serves to the smbd process serving that client. Connections opened in parallel
+        by one process (one per thread here: a mirror's worker, sync's transfer threads, the
+        training thread) all carry smbclient's one GUID, and that hand-off races: the passed
+        connection is left with no credits (Samba logs "client used more credits than granted"
+        for message id 1 or 2), and the client's session setup, which waits for its answer
+        without a timeout, hung the calling thread (or the connection was closed). With its
+        own GUID each connection is a client of its own, served by its own smbd process."""
+        key = f"{self.host.lower()}:{self.port}"
+        cache = self.cache
+        found = cache.get(key)
+        if found is not None and found.transport.connected:
+            return
+        from smbprotocol.connection import Connection
+
+        made = Connection(uuid.uuid4(), self.host, self.port, require_signing=True)
+        made.connect(timeout=self.timeout)
+        cache[key] = made
 
     def reset(self) -> None:
         """Drop cached connections (after a connection error)."""
