@@ -48,12 +48,14 @@ def hold(folder: int, name: str) -> Held | None:
 
 
 def same_entry(folder: int, name: str, token: object) -> bool:
-    """True if ``name`` in ``folder`` is still the entry ``token`` locked."""
+    """True if ``name`` in ``folder`` is still the entry ``token`` locked. A stat that fails
+    otherwise than by the entry being gone raises (the storage's error, e.g. ENOSPC or EIO, is
+    the caller's to report as such, not as a staging entry made again)."""
     if not isinstance(token, Held):
         return True
     try:
         st = os.stat(name, dir_fd=folder, follow_symlinks=False)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
     return (st.st_dev, st.st_ino) == (token.dev, token.ino)
 

@@ -95,7 +95,9 @@ class _Staged(Generic[D, H]):
     def _check_held(self) -> None:
         """Before the rename: the staging entry is still the one this writer locked (never one
         removed and made again under it: its contents would be a remainder)."""
-        if self._hold is not None and not self._ops.still_held(self._folder, self._tmp, self._hold):
+        if self._hold is not None and not self._step(
+            "checking", self._ops.still_held, self._folder, self._tmp, self._hold
+        ):
             raise CommitError(
                 f"{self._shown}: the staging entry was removed and made again while this "
                 "writer held it; nothing is published"
