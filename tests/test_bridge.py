@@ -284,12 +284,16 @@ def test_sigkill_during_bridge_write(bridge: Target, fault_mount: FaultMount) ->
 def test_gc_keeps_orphans_of_unknown_age(bridge: Target, fault_mount: FaultMount) -> None:
     _earlier(bridge)
     st = bridge.store.stage("step_0003.pt")
-    st.write(b"x" * 5 * MiB)  # a live writer's staging file...
+    st.write(b"x" * 5 * MiB)  # a live writer's staging file (it holds its lock)...
+    orphan = ".commitstore.tmp.0123456789abcdef0123456789abcdef.step_0002.pt"
+    bridge.door.write(orphan, b"y" * MiB)  # ...and a dead writer's, which no one holds
     fault_mount.set(mtime_zero={"match": ".commitstore.tmp."})
     time.sleep(1.2)  # let the mount's attribute cache expire
     report = bridge.store.gc(min_age=0)
     assert report.removed == ()
-    assert [i.reason for i in report.kept] == ["unknown mtime"]
+    reasons = {i.path.rsplit("/", 1)[-1]: i.reason for i in report.kept}
+    assert reasons.pop(orphan) == "unknown mtime"
+    assert list(reasons.values()) == ["held by a live writer"]
     fault_mount.clear()
     st.commit()  # ...which survived and commits
     assert bridge.store.verify().ok
