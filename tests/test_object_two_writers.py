@@ -10,6 +10,7 @@ s3`` (which honours none)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -104,9 +105,11 @@ class Writers:
 
 
 def kill_and_wait(pids: list[int]) -> None:
-    """SIGKILL every writer, then wait until each is gone (reaped by the kernel)."""
+    """SIGKILL every writer, then wait until each is gone (reaped by the kernel). A writer that
+    finished its commit before the kill point is already gone (and reaped): nothing to kill."""
     for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     for pid in pids:
         while True:
