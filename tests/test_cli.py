@@ -257,8 +257,8 @@ def test_cli_reports_bad_records_without_traceback(tmp_path: Path) -> None:
     code, out, err = _run_cli("ls", str(root), cwd=tmp_path)
     assert code == 0 and "Traceback" not in err, err
     rows = [line.split() for line in out.splitlines()[1:]]
-    assert {r[3] for r in rows if r[2] == "bad_record"} == bad, out
-    assert [r[3] for r in rows if r[2] != "bad_record"] == ["good"]
+    assert {r[4] for r in rows if r[3] == "bad_record"} == bad, out
+    assert [r[4] for r in rows if r[3] != "bad_record"] == ["good"]
     code, out, err = _run_cli("verify", str(root), cwd=tmp_path)
     assert code == 1 and "Traceback" not in err, err
     found = {line.split()[1] for line in out.splitlines() if line.startswith("bad_record")}

@@ -310,7 +310,9 @@ class Committer:
                     self.backend.remove_leftover(intent_parts(parts))
         if published.tag is not None:  # object stores: keep the record cache whole (best effort)
             _recordcache.note(self.backend, "/".join(record_parts(parts)[2:]), published.tag, body)
-        log.info("committed %s (%d bytes, %s)", record.name, record.size, record.digest)
+        log.info(
+            "committed %s to %s (%d bytes, %s)", record.name, self.url, record.size, record.digest
+        )
         return record
 
     def _settle_slot(self, parts: Parts, slot: Parts, body: bytes, record: Record) -> None:
@@ -345,7 +347,11 @@ class Committer:
                 return  # its record was published: only the pending copy was left
         if check_exact(self.backend, earlier, "full").status == "ok":
             put_small(self.backend, record_parts(parts), raw, PutMode.REPLACE)
-            log.info("%s: an interrupted commit's version was made the record first", earlier.name)
+            log.info(
+                "%s on %s: an interrupted commit's version was made the record first",
+                earlier.name,
+                self.url,
+            )
 
     def add_record(self, parts: Parts, body: bytes, *, seen: FileInfo | None = None) -> str | None:
         """Publish a record for data already in place (``adopt``). None if published, else why
@@ -373,7 +379,9 @@ class Committer:
     def note(self, info: CommitInfo, name: str) -> None:
         """Log what a publish could not confirm (durability refused by the storage)."""
         if not info.durable:
-            log.warning("%s: durability unconfirmed: %s", name, "; ".join(info.notes))
+            log.warning(
+                "%s on %s: durability unconfirmed: %s", name, self.url, "; ".join(info.notes)
+            )
 
     def delete_if(self, name: str, still: Callable[[], str | None]) -> str | None:
         """Like :meth:`delete`, but only if ``still()``, called under the publish lock just

@@ -1,4 +1,5 @@
-"""A minimal progress bar for long copies, shown only on a terminal."""
+"""A minimal progress bar for long copies: shown on a terminal for copies of at least
+:data:`MIN_BYTES`, or whenever asked for (``force``, the CLI's ``--progress``)."""
 
 from __future__ import annotations
 
@@ -19,18 +20,29 @@ def _fmt(n: float) -> str:
 
 
 class ProgressBar:
-    """Call with the running byte count; draws at most ten times a second on ``stream``."""
+    """Call with the running byte count; draws at most ten times a second on ``stream``, and
+    always the final state (``done >= total``). ``force``: draw whatever the stream and size
+    (``--progress``); ``enabled=False``: never draw (``--json`` keeps stderr machine-readable)."""
 
-    def __init__(self, label: str, total: int, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        stream: TextIO | None = None,
+        *,
+        force: bool = False,
+        enabled: bool = True,
+    ) -> None:
         self.label = label
         self.total = total
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = self.stream.isatty() and total >= MIN_BYTES
+        self.enabled = enabled and (force or (self.stream.isatty() and total >= MIN_BYTES))
+        self._finished = False
         self._last = 0.0
         self._start = time.monotonic()
 
     def __call__(self, done: int) -> None:
-        if not self.enabled:
+        if not self.enabled or self._finished:
             return
         now = time.monotonic()
         if now - self._last < 0.1 and done < self.total:
@@ -46,4 +58,5 @@ class ProgressBar:
         )
         if done >= self.total:
             self.stream.write("\n")
+            self._finished = True
         self.stream.flush()

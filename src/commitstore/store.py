@@ -303,8 +303,14 @@ class CommitStore(MirrorMethods):
         )
         for item in report.removed:
             log.info(
-                "gc: %s %s (%s)", "would remove" if dry_run else "removed", item.path, item.kind
+                "gc: %s %s on %s (%s)",
+                "would remove" if dry_run else "removed",
+                item.path,
+                self.url,
+                item.kind,
             )
+        if report.removed and not dry_run:  # deletions are seen at the default level
+            log.warning("gc: removed %d staging entries from %s", len(report.removed), self.url)
         return report
 
     # -- reading and checking ---------------------------------------------------------------

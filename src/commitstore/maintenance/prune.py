@@ -348,5 +348,13 @@ def prune(
             else:
                 skipped[name] = reason
                 log.info("prune: kept %s on %s: %s", name, store.url, reason)
+        if deleted and not dry_run:  # deletions are seen at the default level
+            log.warning(
+                "pruned %d artifact%s from %s: %s",
+                len(deleted),
+                "" if len(deleted) == 1 else "s",
+                store.url,
+                ", ".join(deleted),
+            )
         out.append(TargetPrune(store.url, tuple(deleted), plan.keep, skipped))
     return PruneReport(tuple(out), dry_run)

@@ -445,7 +445,7 @@ class Replicator:
                 lines.append(f"{url}: {', '.join(said)}")
         if lines:
             msg = (
-                "commitstore: the store was not closed and these artifacts did not reach their "
+                "the store was not closed and these artifacts did not reach their "
                 f"mirror before exit (the exit flush waited {time.monotonic() - started:.1f}s, "
                 f"bounded by COMMITSTORE_EXIT_FLUSH_SECONDS={exit_flush_seconds():g}; run sync() "
                 "to complete them): " + "; ".join(lines)
