@@ -75,7 +75,7 @@ def both(*args: str, cwd: Path) -> tuple[int, dict[str, Any], str]:
 
 def test_usage_errors_are_json_with_exit_2(tmp_path: Path) -> None:
     code, error, text = both("verify", cwd=tmp_path)  # no URL
-    assert code == 2 and error["type"] == "UsageError" and "url" in error["message"]
+    assert code == 2 and error["type"] == "UsageError" and "URL" in error["message"]
     assert "usage:" in text
     code, error, _ = both("prune", str(tmp_path), "--keep-last", "x", cwd=tmp_path)
     assert code == 2 and error["type"] == "UsageError"
