@@ -160,6 +160,8 @@ class FolderWrite:
         """Files this writer opened (object stores: listed in its marker before each upload)."""
         self.record: Record | None = None
         """After :meth:`commit`."""
+        self._held: object | None = None
+        """Local stores: this writer's liveness lock on the staging folder (:meth:`_hold`)."""
 
     def __repr__(self) -> str:
         return f"<FolderWrite {self._t.name!r} {'committed' if self.record else 'open'}>"
@@ -194,7 +196,9 @@ class FolderWrite:
         backend = self._c.backend
         mode = PutMode.CREATE if backend.capabilities.exclusive_create else PutMode.REPLACE
         if not _in_place(backend):
-            return FolderFile(path, backend.open_sink((*self._area(), *rel), mode=mode))
+            sink = backend.open_sink((*self._area(), *rel), mode=mode)
+            self._hold(backend)
+            return FolderFile(path, sink)
         if path not in self._mine:
             self._mine.append(path)
         # the marker lists the file before its upload starts, and is rewritten as a heartbeat
@@ -208,6 +212,26 @@ class FolderWrite:
             beat.stop()
             raise
         return FolderFile(path, sink, on_end=beat.stop)
+
+    def _hold(self, backend: Backend) -> None:
+        """Local stores, once the staging folder exists (made by the first file's sink): a
+        shared ``flock`` on the folder itself for this writer's life (``_liveness``), so gc
+        keeps the folder, whatever its age, while any writer of it lives, between its files
+        too; the kernel drops it when the process dies. Released by :meth:`commit` and
+        :meth:`abort`."""
+        if self._held is not None or not isinstance(backend, LocalBackend):
+            return
+        area = self._area()
+        dirfd = backend.open_dir(area[:-1], create=False)
+        try:
+            self._held = backend.hold(dirfd, area[-1])
+        finally:
+            os.close(dirfd)
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and isinstance(self._c.backend, LocalBackend):
+            self._c.backend.release(held)
 
     def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> FileRecord:
         """Write the whole file ``path`` at once; its record."""
@@ -274,6 +298,7 @@ class FolderWrite:
         self.record = self._c.commit(
             self._parts, mode, publish_data, intent=record, data_in_place=_in_place(backend)
         )
+        self._release()
         if _in_place(backend):
             with contextlib.suppress(CommitStoreError):  # a leftover marker: gc drops it
                 backend.remove(writer_markers_parts(self._t.id))
@@ -310,6 +335,7 @@ class FolderWrite:
         no-op after :meth:`commit`."""
         if self.record is not None:
             return
+        self._release()
         backend = self._c.backend
         with contextlib.suppress(CommitStoreError):
             if not _in_place(backend):

@@ -153,3 +153,41 @@ def _storable(top: Path, full: str) -> str:
     except InvalidNameError as exc:
         raise CommitError(f"{full}: cannot be stored in a folder artifact: {exc}") from exc
     return rel
+
+
+class LocalStagingFolder:
+    """A local temporary folder for the caller to fill, uploaded at publish (object stores,
+    SMB), whose identity is pinned by an fd kept open for the writer's life: a folder removed
+    and made again under the writer (another tool, a ``copytree(..., dirs_exist_ok=True)``
+    refilling it) is not this one, and :meth:`check` raises CommitError instead of letting a
+    remainder be published (as ``_liveness`` does for staging folders on local stores)."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.path = Path(tempfile.mkdtemp(prefix=".commitstore.tmp."))
+        self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        st = os.fstat(self._fd)
+        self._id = (st.st_dev, st.st_ino)
+
+    def check(self, shown: str) -> None:
+        """Raise CommitError unless the folder at :attr:`path` is still the one made here."""
+        try:
+            st = os.lstat(self.path)
+            same = (st.st_dev, st.st_ino) == self._id and statmod.S_ISDIR(st.st_mode)
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise CommitError(
+                f"{shown}: the local staging folder was removed (or made again) while it was "
+                "being filled; nothing is published"
+            )
+
+    def close(self) -> None:
+        """Drop the pin and the folder (idempotent)."""
+        import shutil
+
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            close_quietly(fd)
+        shutil.rmtree(self.path, ignore_errors=True)

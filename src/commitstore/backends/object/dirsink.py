@@ -29,14 +29,11 @@ raises CommitError saying that the new version stands and gc completes it.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
 from commitstore.backends.base import Capabilities, CommitInfo, DirSink, FileInfo, FileSink, PutMode
-from commitstore.backends.localtree import hash_and_sync_tree
+from commitstore.backends.localtree import LocalStagingFolder, hash_and_sync_tree
 from commitstore.backends.object.upload import ObjectStat
 from commitstore.digest import manifest_digest
 from commitstore.errors import AlreadyExistsError, CommitError, CommitStoreError
@@ -85,11 +82,13 @@ class ObjectDirSink(DirSink):
         self._parts = parts
         self._mode = mode
         self._mark_empty = mark_empty
-        self.local_path = Path(tempfile.mkdtemp(prefix=".commitstore.tmp."))
+        self._local = LocalStagingFolder()
+        self.local_path = self._local.path
 
     def publish(self) -> CommitInfo:
         b = self._b
         try:
+            self._local.check("/".join(self._parts))
             files = hash_and_sync_tree(self.local_path)
             info = CommitInfo(
                 sum(s for _, s, _ in files),
@@ -119,7 +118,7 @@ class ObjectDirSink(DirSink):
                 raise
             return info
         finally:
-            shutil.rmtree(self.local_path, ignore_errors=True)
+            self._local.close()
 
     def _upload(self, fparts: Parts, rel: str, size: int, digest: str) -> None:
         sink = self._b.open_sink(fparts, mode=PutMode.REPLACE)
@@ -133,7 +132,7 @@ class ObjectDirSink(DirSink):
         sink.publish(size=size, digest=digest)
 
     def abort(self) -> None:
-        shutil.rmtree(self.local_path, ignore_errors=True)
+        self._local.close()
 
     def _replace(self, files: Files) -> None:
         """Stage the whole new version, then copy it over the old one (see the module doc)."""

@@ -46,14 +46,11 @@ back).
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from commitstore.backends.base import Backend, CommitInfo, DirSink, FileSink, PutMode
-from commitstore.backends.localtree import hash_and_sync_tree
+from commitstore.backends.localtree import LocalStagingFolder, hash_and_sync_tree
 from commitstore.backends.rename.ops import D, H, RenameOps, write_all
 from commitstore.errors import AlreadyExistsError, CommitError, CommitStoreError
 from commitstore.layout import Parts, aside_parts, staging_part
@@ -264,8 +261,10 @@ class StagedDirSink(_Staged[D, H], DirSink):
         self._in_place = local is not None
         self._staged = self._in_place
         """True while a staging folder exists on the storage."""
-        if local is None:
-            local = Path(tempfile.mkdtemp(prefix=".commitstore.tmp."))
+        self._local: LocalStagingFolder | None = None
+        if local is None:  # the caller fills a local folder, pinned (uploaded at publish)
+            self._local = LocalStagingFolder()
+            local = self._local.path
         self.local_path = local
 
     def publish(self) -> CommitInfo:
@@ -282,6 +281,8 @@ class StagedDirSink(_Staged[D, H], DirSink):
                     info=info,
                 )
             else:
+                assert self._local is not None
+                self._local.check(self._shown)
                 info.files = self._step("syncing", hash_and_sync_tree, self.local_path)
                 self._upload(info.files)
             info.bytes_written = sum(size for _, size, _ in info.files)
@@ -296,8 +297,8 @@ class StagedDirSink(_Staged[D, H], DirSink):
         finally:
             if self._done:
                 self._close_folder()
-            if not self._in_place:
-                shutil.rmtree(self.local_path, ignore_errors=True)
+            if self._local is not None:
+                self._local.close()
 
     def _upload(self, files: list[tuple[str, int, str]]) -> None:
         self._step("uploading", self._ops.upload, self._folder, self._tmp, None)
@@ -308,8 +309,8 @@ class StagedDirSink(_Staged[D, H], DirSink):
             self._check_staged(name, size, digest, f"{self._shown}/{rel}")
 
     def abort(self) -> None:
-        if not self._in_place:
-            shutil.rmtree(self.local_path, ignore_errors=True)
+        if self._local is not None:
+            self._local.close()
         if not self._done:
             self._done = True
             if self._staged:

@@ -43,6 +43,10 @@ LOCK_WAIT = 120.0
 """Seconds to wait for another client's publish lock before giving up."""
 
 
+_SHARING_VIOLATION = "0xc0000043"
+"""STATUS_SHARING_VIOLATION: the file is open in a way that excludes this open."""
+
+
 class SmbBackend(RenameBackend[Parts, Any]):
     """A folder on an SMB share."""
 
@@ -273,6 +277,27 @@ class SmbBackend(RenameBackend[Parts, Any]):
         for fn, target in targets:
             call(self.conn, "removing", shown, functools.partial(fn, self.unc(target), **self.kw()))
         return True
+
+    def held(self, parts: Parts) -> bool:
+        """True if a file of the staging entry ``parts`` is open in a writer (its handle
+        shares no delete access: the server refuses another open for delete with a sharing
+        violation, and would refuse gc's removal the same way). A live writer's staging file,
+        or a multi-writer folder with a file being written, is kept whatever its age; a dead
+        writer's handles are closed by the server when its connection drops."""
+        info = self.stat(parts)
+        if info is None:
+            return False
+        files = [(*parts, *rel) for rel, _ in self._tree(parts)[0]] if info.is_dir else [parts]
+        for target in files:
+            try:
+                with smbclient.open_file(
+                    self.unc(target), mode="rb", share_access="rw", **self.kw()
+                ):
+                    pass
+            except OSError as exc:
+                if _SHARING_VIOLATION in str(exc):
+                    return True
+        return False
 
     def root_exists(self) -> bool:
         """Whether the store's folder exists on the share."""
