@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from commitstore._background import check_inflight
 from commitstore._commit import check_flag
 from commitstore.backends import resolve
 from commitstore.errors import NotFoundError
@@ -26,6 +27,7 @@ def open_store(
     mirror_queue: int = 8,
     retention: Retention | None = None,
     create: bool = True,
+    async_inflight: int = 1,
     **storage_options: Any,
 ) -> CommitStore:
     """Open the store at ``url`` (a local path or any supported URL), with optional mirrors.
@@ -37,6 +39,8 @@ def open_store(
     ``mirror_queue`` artifacts queued per mirror, then commits wait) or before ``commit()``
     returns (``"sync"``). ``mirror_policy="required"`` turns a mirror failure into a MirrorError.
     ``retention`` prunes every target after each successful commit (never before it is durable).
+    ``async_inflight`` bounds the snapshots of asynchronous commits (``commit_async``,
+    ``commitstore.torch.save_async``) that exist at once; a further one waits for a slot.
 
     Opening and reading create nothing: the first write creates the store's root. A read that
     finds nothing where no root exists warns (``UserWarning`` and a log warning) that the store
@@ -45,11 +49,13 @@ def open_store(
 
     Raises:
         ConfigurationError: unknown scheme, option, mode or policy, a ``create`` that is not a
-            bool, or a missing extra (with the pip command), before any I/O.
+            bool, an ``async_inflight`` outside [1, 64], or a missing extra (with the pip
+            command), before any I/O.
         NotFoundError: ``create=False`` and the store's root does not exist.
     """
     check_mirror_options(mirror_mode, mirror_policy, mirror_queue)
     check_flag(create, "create")
+    check_inflight(async_inflight)
     backend = resolve(url, storage_options)
     if not create and not backend.root_exists():
         raise NotFoundError(f"no store at {redact_url(os.fspath(url))}: its root does not exist")
@@ -62,4 +68,5 @@ def open_store(
         mirror_policy=mirror_policy,
         mirror_queue=mirror_queue,
         retention=retention,
+        async_inflight=async_inflight,
     )

@@ -4,6 +4,7 @@ mirrors. The facade inherits them; they use only its committer, mirrors and repl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from commitstore.mirrors.sync import SyncReport, restore, sync_mirrors
 from commitstore.records import Record
 
 if TYPE_CHECKING:
+    from commitstore._background import BackgroundCommits
     from commitstore._commit import Committer
     from commitstore.store import CommitStore
 
@@ -23,26 +25,38 @@ class MirrorMethods:
 
     committer: Committer
     replicator: Replicator | None
+    _background: BackgroundCommits | None
     _mirrors: Sequence[CommitStore]
 
     def close(self) -> None:
-        """Wait for background replication, then stop it. Idempotent.
+        """Wait for asynchronous commits (``commit_async``), then for background replication,
+        then stop both. Idempotent. Replication is stopped even if a commit failed.
 
         Raises:
+            CommitStoreError: an asynchronous commit failed and the failure was not observed.
             MirrorError: under ``mirror_policy="required"``, if a mirror failed.
         """
-        if self.replicator is not None:
-            self.replicator.close()
+        try:
+            if self._background is not None:
+                self._background.close()
+        finally:
+            if self.replicator is not None:
+                self.replicator.close()
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every queued artifact reached every mirror (or failed there).
+        """Wait until every asynchronous commit ended, then until every queued artifact reached
+        every mirror (or failed there); ``timeout`` bounds the whole wait.
 
         Raises:
+            CommitStoreError: an asynchronous commit failed and the failure was not observed.
             MirrorError: under ``mirror_policy="required"``, if a mirror failed.
             TimeoutError: ``timeout`` seconds passed first.
         """
+        end = None if timeout is None else time.monotonic() + timeout
+        if self._background is not None:
+            self._background.flush(timeout)
         if self.replicator is not None:
-            self.replicator.flush(timeout)
+            self.replicator.flush(None if end is None else max(0.0, end - time.monotonic()))
 
     @property
     def mirrors(self) -> list[CommitStore]:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from commitstore import _check, _fetch, _folder, _read, _scan, _write
-from commitstore._commit import Committer, check_flag
+from commitstore._background import BackgroundCommits, CommitFuture, check_inflight
+from commitstore._commit import Committer, check_flag, check_new
 from commitstore._stage import Stage
 from commitstore._storemirrors import MirrorMethods
 from commitstore.backends import Backend
@@ -36,6 +38,7 @@ __all__ = ["CommitStore"]
 log = logging.getLogger("commitstore")
 
 Progress = Callable[[int], None]
+S = TypeVar("S")
 
 
 class CommitStore(MirrorMethods):
@@ -61,6 +64,7 @@ class CommitStore(MirrorMethods):
         mirror_policy: str = "best_effort",
         mirror_queue: int = 8,
         retention: Retention | None = None,
+        async_inflight: int = 1,
     ) -> None:
         self.backend = backend
         self.url = redact_url(url)
@@ -81,6 +85,9 @@ class CommitStore(MirrorMethods):
         self.retention = retention
         """Applied after every successful commit, when set."""
         self._quiet_when_missing = False
+        self._async_inflight = check_inflight(async_inflight)
+        self._background: BackgroundCommits | None = None
+        self._background_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"CommitStore({self.url!r}, strategy={self.backend.strategy!r})"
@@ -160,6 +167,70 @@ class CommitStore(MirrorMethods):
             alias=alias,
             after=self._after_commit,
         )
+
+    def commit_async(
+        self,
+        name: str,
+        snapshot: Callable[[], S],
+        write: Callable[[S, Stage], object],
+        *,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        alias: bool = False,
+    ) -> CommitFuture:
+        """Commit ``name`` in the background: returns once ``snapshot()`` returned, with a
+        :class:`concurrent.futures.Future` of the :class:`Record`.
+
+        ``snapshot()`` runs now, on the caller's thread, and must return what the commit needs
+        as memory the commit owns (a copy: later changes to the caller's objects must not reach
+        it); ``write(snap, f)`` then streams it into a staged write of ``name`` on a worker
+        thread, through the same versioned commit as :meth:`stage` (old or new, never neither).
+
+        Guarantees: commits land in submission order; at most ``async_inflight``
+        (``open_store``) snapshots exist at once, and a further call waits for a slot before it
+        takes its snapshot; ``list``/``latest`` never show an in-flight commit; replication and
+        automatic retention run only after the commit landed. A failure is set on the future,
+        logged, and, until observed (``result()``/``exception()``), raised again by the next
+        ``commit_async``, :meth:`flush` or :meth:`close`. :meth:`flush`/:meth:`close` wait for
+        every in-flight commit (then for its mirror copies); at interpreter exit they are
+        finished within ``COMMITSTORE_EXIT_FLUSH_SECONDS`` and a warning names what did not land.
+
+        Raises:
+            InvalidNameError, ConfigurationError: bad arguments, before any I/O or snapshot.
+            CommitStoreError: an earlier asynchronous commit's unobserved failure.
+        """
+        check_new(name, step, metadata)
+        check_flag(overwrite, "overwrite")
+        check_flag(alias, "alias")
+        engine = self._engine()
+        release = engine.acquire()
+        try:
+            snap = snapshot()
+        except BaseException:
+            release()
+            raise
+
+        def run() -> Record:
+            with self.stage(
+                name, step=step, metadata=metadata, overwrite=overwrite, alias=alias
+            ) as st:
+                write(snap, st)
+            assert st.record is not None
+            return st.record
+
+        return engine.submit(name, run, release)
+
+    def _engine(self) -> BackgroundCommits:
+        with self._background_lock:
+            if self._background is None:
+                rep = self.replicator
+                self._background = BackgroundCommits(
+                    self.url,
+                    self._async_inflight,
+                    after_exit=(lambda d: rep.exit_flush(d, warn=False)) if rep else None,
+                )
+            return self._background
 
     @contextlib.contextmanager
     def stage_dir(

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import logging
 import os
@@ -31,12 +32,13 @@ except ModuleNotFoundError as _exc:
 from commitstore import _fetch, _read
 from commitstore._commit import check_flag
 from commitstore._fetch import check_cache_dir
+from commitstore._snapshot import snapshot
 from commitstore.errors import CommitStoreError, ConfigurationError, IntegrityError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import Record
 from commitstore.store import CommitStore
 
-__all__ = ["TorchLoadError", "load", "load_with_record", "save"]
+__all__ = ["TorchLoadError", "load", "load_with_record", "save", "save_async"]
 
 log = logging.getLogger("commitstore")
 
@@ -62,14 +64,68 @@ def save(
     """
     _check_store(store)
     with store.stage(name, step=step, metadata=metadata, overwrite=overwrite, alias=alias) as st:
-        try:
-            torch.save(obj, st)
-        except CommitStoreError:
-            raise
-        except Exception as exc:
-            raise ConfigurationError(f"{name}: torch.save failed: {exc}") from exc
+        _torch_save(name, obj, st)
     assert st.record is not None
     return st.record
+
+
+def save_async(
+    obj: object,
+    store: CommitStore,
+    name: str,
+    *,
+    step: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    alias: bool = False,
+) -> concurrent.futures.Future[Record]:
+    """:func:`save` in the background: returns once ``obj`` is snapshotted, with a future of
+    the record.
+
+    The snapshot is a copy that shares no tensor memory with ``obj`` (accelerator tensors are
+    copied to host memory), so changing ``obj``'s tensors after the call returns does not change
+    what is committed. Then ``torch.save`` of the snapshot streams into one commit of ``name``
+    on the store's worker thread, through the same versioned commit as :func:`save`.
+    Guarantees (``CommitStore.commit_async``): commits land in submission order; at most
+    ``open_store(..., async_inflight=N)`` snapshots exist at once (default 1: a call made while
+    the previous commit still runs waits for it before taking its snapshot); ``list``/``latest``
+    never show an in-flight commit; mirrors and automatic retention act only after it landed; a
+    failure is raised by the future and, until observed, by the next ``save_async``,
+    ``store.flush()`` or ``store.close()``; at interpreter exit pending commits finish within
+    ``COMMITSTORE_EXIT_FLUSH_SECONDS``, and a warning names any that did not.
+
+    Raises:
+        InvalidNameError, ConfigurationError: bad arguments (before the snapshot and any I/O);
+            an object that cannot be copied.
+        CommitStoreError: an earlier asynchronous commit's unobserved failure.
+    """
+    _check_store(store)
+
+    def take() -> object:
+        try:
+            return snapshot(obj)
+        except Exception as exc:
+            raise ConfigurationError(f"{name}: the object cannot be snapshotted: {exc}") from exc
+
+    return store.commit_async(
+        name,
+        take,
+        lambda snap, f: _torch_save(name, snap, f),
+        step=step,
+        metadata=metadata,
+        overwrite=overwrite,
+        alias=alias,
+    )
+
+
+def _torch_save(name: str, obj: object, f: Any) -> None:
+    """``torch.save(obj, f)``; a failure of torch's own a ConfigurationError."""
+    try:
+        torch.save(obj, f)
+    except CommitStoreError:
+        raise
+    except Exception as exc:
+        raise ConfigurationError(f"{name}: torch.save failed: {exc}") from exc
 
 
 def load(

@@ -146,12 +146,20 @@ def _exit_flush_all(*, final: bool) -> None:
     quietly. The second runs among ``atexit``'s hooks, for copies submitted after the first (a
     non-daemon thread still committing), with what is left of the bound, and warns about every
     artifact that did not reach its mirror."""
+    deadline = exit_deadline()
+    for rep in _live_replicators():
+        with contextlib.suppress(Exception):  # exit must go on
+            rep.exit_flush(deadline, warn=final)
+
+
+def exit_deadline() -> float:
+    """The monotonic time the process's exit flush ends: set by the first caller (the first
+    exit hook that runs, of mirrors or of asynchronous commits), ``COMMITSTORE_EXIT_FLUSH_SECONDS``
+    from then; one bound for all of them."""
     if not _exit_deadline:
         _exit_deadline.append(time.monotonic() + exit_flush_seconds())
         _exit_deadline.append(time.monotonic())  # when the exit flush began (its warning says)
-    for rep in _live_replicators():
-        with contextlib.suppress(Exception):  # exit must go on
-            rep.exit_flush(_exit_deadline[0], warn=final)
+    return _exit_deadline[0]
 
 
 def _register_exit_hooks() -> None:
