@@ -324,3 +324,30 @@ def test_commits_that_miss_the_exit_bound_are_named_and_nothing_half_is_left(
     store = open_store(primary)
     assert store.verify().ok  # whatever landed is whole; the rest has no public name
     assert "step_2.pt" not in [r.name for r in store.list()]
+
+
+def test_reused_snapshot_buffers_never_mix_two_steps(tmp_path: Path) -> None:
+    """Buffers are reused across saves (no fresh allocation per save), yet each commit holds the
+    state as it was at its own call, with two commits in flight and the state changed between."""
+    store = open_store(tmp_path / "s", async_inflight=2)
+    w = torch.zeros(50_000)
+    futures = []
+    gates = [Gate() for _ in range(6)]
+    for step, gate in enumerate(gates):
+        w.fill_(float(step))
+        futures.append(cs_torch.save_async({"w": w, "g": gate}, store, f"s{step}.pt", step=step))
+        if step >= 1:  # two in flight: open the older one's gate
+            gates[step - 1].release.set()
+    gates[-1].release.set()
+    for step, fut in enumerate(futures):
+        assert fut.result(timeout=60).step == step
+        loaded = cs_torch.load(store, f"s{step}.pt", weights_only=False)
+        assert torch.equal(loaded["w"], torch.full((50_000,), float(step))), step
+    from commitstore.torch import _pools
+
+    pool = _pools[store]
+    assert 1 <= len(pool._free) <= 2  # at most async_inflight sets, reused
+    ptrs = {b.tensors[0].data_ptr() for b in pool._free}
+    cs_torch.save_async({"w": w}, store, "again.pt").result(timeout=60)
+    assert {b.tensors[0].data_ptr() for b in pool._free} == ptrs  # no new buffer was made
+    store.close()

@@ -7,6 +7,7 @@ mirrors to ``mirrors/``, pruning, gc and adoption to ``maintenance/``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -18,7 +19,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from commitstore import _check, _fetch, _folder, _read, _scan, _write
-from commitstore._background import BackgroundCommits, CommitFuture, check_inflight
+from commitstore._background import BackgroundCommits, check_inflight
 from commitstore._commit import Committer, check_flag, check_new
 from commitstore._stage import Stage
 from commitstore._storemirrors import MirrorMethods
@@ -178,7 +179,7 @@ class CommitStore(MirrorMethods):
         metadata: Mapping[str, Any] | None = None,
         overwrite: bool = False,
         alias: bool = False,
-    ) -> CommitFuture:
+    ) -> concurrent.futures.Future[Record]:
         """Commit ``name`` in the background: returns once ``snapshot()`` returned, with a
         :class:`concurrent.futures.Future` of the :class:`Record`.
 

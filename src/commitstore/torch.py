@@ -18,6 +18,8 @@ import concurrent.futures
 import io
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ except ModuleNotFoundError as _exc:
 from commitstore import _fetch, _read
 from commitstore._commit import check_flag
 from commitstore._fetch import check_cache_dir
-from commitstore._snapshot import snapshot
+from commitstore._snapshot import BufferPool, Buffers, snapshot
 from commitstore.errors import CommitStoreError, ConfigurationError, IntegrityError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import Record
@@ -84,8 +86,11 @@ def save_async(
 
     The snapshot is a copy that shares no tensor memory with ``obj`` (accelerator tensors are
     copied to host memory), so changing ``obj``'s tensors after the call returns does not change
-    what is committed. Then ``torch.save`` of the snapshot streams into one commit of ``name``
-    on the store's worker thread, through the same versioned commit as :func:`save`.
+    what is committed. Its tensors go into buffers reused from the previous snapshot of the
+    same shapes (kept per store, at most ``async_inflight`` sets, freed with the store), so a
+    save after the first costs one memory copy of the state. Then ``torch.save`` of the
+    snapshot streams into one commit of ``name`` on the store's worker thread, through the
+    same versioned commit as :func:`save`.
     Guarantees (``CommitStore.commit_async``): commits land in submission order; at most
     ``open_store(..., async_inflight=N)`` snapshots exist at once (default 1: a call made while
     the previous commit still runs waits for it before taking its snapshot); ``list``/``latest``
@@ -100,22 +105,38 @@ def save_async(
         CommitStoreError: an earlier asynchronous commit's unobserved failure.
     """
     _check_store(store)
+    with _pools_lock:
+        pool = _pools.setdefault(store, BufferPool())
 
-    def take() -> object:
+    def take() -> tuple[object, Buffers]:
+        buffers = pool.take()
         try:
-            return snapshot(obj)
+            return snapshot(obj, buffers), buffers
         except Exception as exc:
+            pool.give(buffers)
             raise ConfigurationError(f"{name}: the object cannot be snapshotted: {exc}") from exc
+
+    def write(snap: tuple[object, Buffers], f: Any) -> None:
+        try:
+            _torch_save(name, snap[0], f)
+        finally:
+            pool.give(snap[1])  # written (or failed): its buffers serve a later snapshot
 
     return store.commit_async(
         name,
         take,
-        lambda snap, f: _torch_save(name, snap, f),
+        write,
         step=step,
         metadata=metadata,
         overwrite=overwrite,
         alias=alias,
     )
+
+
+_pools: weakref.WeakKeyDictionary[CommitStore, BufferPool] = weakref.WeakKeyDictionary()
+"""Per store: the snapshot buffers of ``save_async`` kept for reuse (at most ``async_inflight``
+sets, each one state's size), freed with the store."""
+_pools_lock = threading.Lock()
 
 
 def _torch_save(name: str, obj: object, f: Any) -> None:
