@@ -64,6 +64,11 @@ def _pairs(doc: dict[str, Any]) -> str:
     for name, r in doc["measurements"].items():
         target = "reported" if r.get("target") is None else f"<= {r['target']:.3g}"
         verdict = {True: " (meets)", False: " (**misses**)", None: ""}[r.get("meets")]
+        if r.get("within_noise"):
+            verdict = " (within noise)"
+        if "ratio_interval_95" in r:
+            lo, hi = r["ratio_interval_95"]
+            verdict += f" [95%: {lo:.3f}-{hi:.3f}]"
         runs = " ".join(f"{x:.3g}" for x in r["ours_runs_s"]) + " / "
         runs += " ".join(f"{x:.3g}" for x in r["baseline_runs_s"])
         extra = ""
@@ -142,12 +147,30 @@ def _bytes(doc: dict[str, Any]) -> str:
     for name, r in doc["measurements"].items():
         target = "reported" if r.get("target") is None else f"<= {r['target']:.3g}"
         verdict = {True: " (meets)", False: " (**misses**)", None: ""}[r.get("meets")]
+        if r.get("within_noise"):
+            verdict = " (within noise)"
+        if "ratio_interval_95" in r:
+            lo, hi = r["ratio_interval_95"]
+            verdict += f" [95%: {lo:.3f}-{hi:.3f}]"
         rows.append(
             f"| {name} | `{r['ours']}` | `{r['baseline']}` | {r['artifact_bytes']} | "
             f"{r['ours_bytes']} | {r['baseline_bytes']} | **{r['ratio']:.4f}**{verdict} | "
             f"{target} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def _memory(doc: dict[str, Any]) -> str:
+    m = doc.get("memory")
+    if not m:
+        return ""
+    return (
+        f"\nPeak RSS: {m['peak_before_saving_mib']:.0f} MiB with the state alone, "
+        f"{m['peak_after_4_saves_mib']:.0f} MiB after 4 asynchronous saves of it "
+        f"(`async_inflight=1`): an overhead of {m['overhead_mib']:.0f} MiB, "
+        f"{m['overhead_in_states']:.2f} states (bound: {m['bound']}; "
+        f"{'within' if m['within_bound'] else '**over**'}).\n"
+    )
 
 
 def render_suite(suite: str) -> str:
@@ -162,7 +185,7 @@ def render_suite(suite: str) -> str:
     elif "ours_bytes" in first:
         table = _bytes(doc)
     else:
-        table = _pairs(doc) + _sweeps(doc)
+        table = _pairs(doc) + _sweeps(doc) + _memory(doc)
     notes = f"\n{doc['notes']}\n" if doc.get("notes") else ""
     stat = f"\nStatistic: {doc['statistic']}.\n" if doc.get("statistic") else ""
     return _header(doc) + stat + "\n" + table + notes
