@@ -3,6 +3,7 @@
 - The example record in docs/format.md parses with the real decoder and round-trips.
 - Every public name of ``commitstore`` is mentioned in the README or docs.
 - The layout paths in docs/format.md match what the code computes.
+- The layout block of docs/backends.md lists every module as the code has it (``docs/layout.py``).
 - docs/benchmarks.md's tables are what ``benchmarks/results/*.json`` renders to, and no measured
   figure appears on that page outside them.
 - Every ```python block after a ``<!-- run -->`` marker in docs/*.md runs without error, each in a
@@ -35,6 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import render as bench_render  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "docs"))
+import layout as docs_layout  # noqa: E402
+
 
 def main() -> int:
     problems: list[str] = []
@@ -56,6 +60,10 @@ def main() -> int:
         if name != "__version__" and name not in text:
             problems.append(f"public name {name} is not documented")
     problems += bench_render.problems()  # fixed by ``python -m benchmarks.render``
+    if docs_layout.stale((ROOT / "docs" / "backends.md").read_text()):
+        problems.append(
+            "backends.md: the layout block differs from the code (python docs/layout.py)"
+        )
     problems += run_examples()
     for p in problems:
         print(f"docs: {p}", file=sys.stderr)
