@@ -39,7 +39,6 @@ modules, ``commitstore._cli*``, count as part of them)."""
 
 KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset({"commitstore.store", "commitstore._storemirrors"}),
-    frozenset({"commitstore.backends.object.s3", "commitstore.backends.object.s3read"}),
 }
 KNOWN_REACH_INS: set[tuple[str, str]] = {
     ("commitstore._cli_commands", "commitstore._order"),

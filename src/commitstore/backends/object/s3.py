@@ -223,7 +223,8 @@ class S3Backend(ObjectBackend):
         if found is None:
             raise NotFoundError(f"{self.shown(parts)} does not exist")
         reader = S3RangedReader(
-            self,
+            self.fs,
+            self.bucket,
             self.key(parts),
             self.shown(parts),
             size=found.size,

@@ -29,14 +29,11 @@ import collections
 import concurrent.futures
 import errno
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from commitstore.backends.object._s3errors import translate
 from commitstore.backends.object.bodies import SeekableBody
 from commitstore.errors import BackendUnavailableError, CommitError, CommitStoreError, NotFoundError
-
-if TYPE_CHECKING:
-    from commitstore.backends.object.s3 import S3Backend
 
 
 class _Replaced(Exception):
@@ -48,7 +45,8 @@ class S3RangedReader(SeekableBody):
 
     def __init__(
         self,
-        backend: S3Backend,
+        fs: Any,
+        bucket: str,
         key: str,
         shown: str,
         *,
@@ -58,7 +56,7 @@ class S3RangedReader(SeekableBody):
         depth: int,
     ) -> None:
         super().__init__()
-        self._fs, self._bucket, self._key, self._shown = backend.fs, backend.bucket, key, shown
+        self._fs, self._bucket, self._key, self._shown = fs, bucket, key, shown
         self.size, self.etag = size, etag
         self._part, self._max_depth = block, max(1, depth)
         self._budget = (self._max_depth + 1) * block
