@@ -33,11 +33,9 @@ from .helpers.serverfixture import module_server
 
 MIN_AGE = 0.5
 """gc's ``min_age`` here; object-store writers beat every :data:`HEARTBEAT` seconds."""
-WHOLE_SECONDS_MIN_AGE = 1.5
-"""gc's ``min_age`` on stores whose modification times are whole seconds (S3 and ``rclone serve
-s3``, Azure): a heartbeat written at 10.9 s shows 10 s, so ``min_age`` must exceed the
-heartbeat interval by more than a second there."""
 WHOLE_SECONDS = {"s3", "rclone", "azure"}
+"""Stores whose modification times are whole seconds: a heartbeat written at 10.9 s shows 10 s.
+gc allows for it (``Capabilities.mtime_resolution``), so the same ``min_age`` holds there."""
 HEARTBEAT = 0.1
 GC_RUNS = 3
 """gc runs during one pause, each after sleeping ``MIN_AGE``: the writer's staging is older
@@ -149,7 +147,7 @@ def check_committed(t: Target, plan: Plan) -> None:
 
 def pause_through_gc(kind: str, how: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     t = make_target(kind, request, tmp_path)
-    min_age = WHOLE_SECONDS_MIN_AGE if kind in WHOLE_SECONDS else MIN_AGE
+    min_age = MIN_AGE
     for rnd in range(ROUNDS if "soak" not in request.keywords else SOAK_ROUNDS):
         plan = plan_for(kind, how, rnd)
         writer = start(t, plan)

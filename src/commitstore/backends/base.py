@@ -77,6 +77,11 @@ class Capabilities:
     """``free_space`` answers with a number."""
     empty_folders: bool = True
     """An empty folder artifact is visible as a folder (object stores have no folders)."""
+    mtime_resolution: float = 0.0
+    """Seconds by which a modification time the store reports may lag the write it dates (S3
+    and Azure listings, SFTP and WebDAV: whole seconds). gc counts every entry that much
+    younger, so a writer whose heartbeat is within ``min_age`` is never judged dead by a
+    truncated time."""
 
 
 @dataclass(slots=True)

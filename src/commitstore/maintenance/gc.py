@@ -112,15 +112,18 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
     committed folder artifact (checked against the records), and only uploads under this store's
     root, are candidates; committed artifacts and records can never match. A staging file is
     aged by its mtime; a staging folder by the newest mtime and ctime of itself and of
-    everything in it (an empty one by its own). Anything younger than ``min_age`` (a live
-    writer may own it) or of unknown age is kept.
+    everything in it (an empty one by its own), less the store's ``mtime_resolution`` (whole
+    seconds on S3, Azure, SFTP, WebDAV: a time truncated to the second never makes an entry
+    look older than it is). Anything younger than ``min_age`` (a live writer may own it) or
+    of unknown age is kept.
     """
     now = time.time()
     removed: list[GcItem] = []
     kept: list[GcItem] = []
+    lag = backend.capabilities.mtime_resolution  # a truncated time makes an entry look older
 
     def judge(path: str, kind: str, mtime: float | None) -> bool:
-        age = None if mtime is None else max(0.0, now - mtime)
+        age = None if mtime is None else max(0.0, now - mtime - lag)
         if age is None:
             kept.append(GcItem(path, kind, None, "unknown mtime"))
             return False

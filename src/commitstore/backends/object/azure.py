@@ -47,6 +47,7 @@ class AzureBackend(ObjectBackend):
     """A prefix in an Azure Blob container."""
 
     strategy = "azure-blocklist"
+    mtime_resolution = 1.0  # Last-Modified: an HTTP date, whole seconds
     scheme = "az"
 
     def __init__(

@@ -53,6 +53,9 @@ class ObjectBackend(Backend):
         self._conditional = conditional_writes
         self.reason = reason
 
+    mtime_resolution = 0.0
+    """Precision of the store's modification times (``Capabilities.mtime_resolution``)."""
+
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
         return Capabilities(
@@ -62,6 +65,7 @@ class ObjectBackend(Backend):
             atomic_dir_publish=False,
             free_space=False,
             empty_folders=False,
+            mtime_resolution=self.mtime_resolution,
         )
 
     def __repr__(self) -> str:

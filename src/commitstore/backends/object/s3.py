@@ -50,6 +50,7 @@ class S3Backend(ObjectBackend):
     """A prefix in an S3 bucket (AWS or any S3-compatible endpoint)."""
 
     strategy = "s3-multipart"
+    mtime_resolution = 1.0  # LastModified: whole seconds
     scheme = "s3"
     md5_bodies = True
     """Each body's Content-MD5 is computed by the sink while the body fills (the writer's

@@ -143,6 +143,7 @@ class FsspecBackend(RenameBackend[str, Any]):
             dir_fsync=False,
             atomic_dir_publish=True,
             free_space=mover.free_space(self._nearest_folder(self.root)) is not None,
+            mtime_resolution=1.0,  # SFTP attributes and WebDAV dates: whole seconds
         )
 
     def __repr__(self) -> str:
