@@ -4,8 +4,8 @@ forked by the test), FSDP2-sharded model and optimizer state, on a local store, 
 coordinator before ``finish`` of an ``async_save``, flipped bytes in a shard. ``dcp.async_save``
 under both ``AsyncCheckpointerType.THREAD`` and ``PROCESS`` (the writer pickled into torch's
 checkpoint process) with torch's ``DefaultStager`` (pinned memory where CUDA is there), 2 ranks on
-a local store, 4 on S3 (THREAD) and local (PROCESS); a rank killed from its background writer thread leaves the previous
-step as ``latest()``."""
+a local store, 4 on S3 (THREAD) and local (PROCESS); a rank killed from its background writer
+thread leaves the previous step as ``latest()``."""
 
 from __future__ import annotations
 

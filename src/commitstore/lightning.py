@@ -15,8 +15,9 @@ relative to it; any other path is refused with InvalidNameError before any I/O.
 - ``remove_checkpoint`` deletes the artifact, record first (``save_top_k`` keeps working).
 
 ``asynchronous=True``: ``save_checkpoint`` returns once the checkpoint is snapshotted
-(``commitstore.torch.save_async``: a copy sharing no tensor memory, accelerator tensors copied to
-host memory); the commit runs on the store's worker thread, in submission order, at most
+(every tensor cloned, accelerator tensors copied to host memory, as Lightning's
+``AsyncCheckpointIO`` does; the rest deep-copied); the commit runs on the store's worker
+thread, in submission order, at most
 ``open_store(..., async_inflight=N)`` snapshots at once. ``remove_checkpoint`` of an old
 checkpoint is deferred until every save submitted before it landed, and is skipped (the old
 checkpoint kept, a warning logged) if one of them failed: ``save_top_k`` and ``save_last`` never
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import logging
 import os
 import re
@@ -44,7 +46,7 @@ from typing import Any
 from commitstore._extras import missing_extra
 
 try:
-    import torch  # noqa: F401
+    import torch
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
     from lightning.pytorch.callbacks import Callback
 except ModuleNotFoundError as _exc:
@@ -161,8 +163,21 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
                 checkpoint, self.store, name, step=step, metadata=meta, overwrite=True, alias=alias
             )
             return
-        future = cs_torch.save_async(
-            checkpoint, self.store, name, step=step, metadata=meta, overwrite=True, alias=alias
+
+        def take() -> object:
+            try:
+                return _snapshot(checkpoint)
+            except Exception as exc:
+                raise ConfigurationError(f"{name}: the checkpoint cannot be copied: {exc}") from exc
+
+        future = self.store.commit_async(
+            name,
+            take,
+            lambda snap, f: cs_torch._torch_save(name, snap, f),
+            step=step,
+            metadata=meta,
+            overwrite=True,
+            alias=alias,
         )
         with self._lock:
             self._saves = [f for f in self._saves if not f.done() or _peek(f) is not None]
@@ -256,6 +271,30 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
         """The end of ``fit``/``validate``: :meth:`wait` (with ``asynchronous=True``)."""
         if self.asynchronous:
             self.wait()
+
+
+def _snapshot(checkpoint: object) -> object:
+    """A copy of ``checkpoint`` sharing no memory with it: every tensor in its dicts, lists and
+    tuples cloned (``detach().clone()``, accelerator tensors copied to host memory), then a deep
+    copy of the rest. Cloning is what Lightning's ``AsyncCheckpointIO`` does."""
+    memo: dict[int, Any] = {}
+
+    def clone(obj: object, depth: int) -> None:
+        if depth > 1000:
+            return
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in memo:
+                t = obj.detach()
+                memo[id(obj)] = t.clone() if t.device.type == "cpu" else t.to("cpu", copy=True)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                clone(value, depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                clone(value, depth + 1)
+
+    clone(checkpoint, 0)
+    return copy.deepcopy(checkpoint, memo)
 
 
 def _peek(future: concurrent.futures.Future[Record]) -> BaseException | None:
