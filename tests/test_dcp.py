@@ -1,27 +1,35 @@
 """``commitstore.dcp`` with real ``torch.distributed`` gloo groups on CPU (2 and 4 processes,
 forked by the test), FSDP2-sharded model and optimizer state, on a local store, on Samba and on S3
 (moto): one folder record per save, resharded loads, SIGKILL of a rank mid-save and of the
-coordinator before ``finish`` of an ``async_save``, flipped bytes in a shard."""
+coordinator before ``finish`` of an ``async_save``, flipped bytes in a shard. ``dcp.async_save``
+under both ``AsyncCheckpointerType.THREAD`` and ``PROCESS`` (the writer pickled into torch's
+checkpoint process) with torch's ``DefaultStager`` (pinned memory where CUDA is there), 2 ranks on
+a local store, 4 on S3 (THREAD) and local (PROCESS); a rank killed from its background writer
+thread leaves the previous step as ``latest()``."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 import commitstore.dcp as cdcp
 from commitstore import (
@@ -123,6 +131,85 @@ def _async_then_crash(rank: int, world: int, job: tuple[str, dict[str, Any]]) ->
         _state(model, opt), storage_writer=cdcp.StorageWriter(store, "ck/step_1")
     ).result()
     dcp.async_save(_state(model, opt), storage_writer=_DieInFinish(store, "ck/step_2")).result()
+
+
+def _stager(kind: str) -> DefaultStager:
+    """torch's staging: host copies made on the caller's thread before the background save;
+    pinned (and copied without blocking) where CUDA is there; shared memory for PROCESS."""
+    cuda = torch.cuda.is_available()
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=kind == "PROCESS",
+            use_async_staging=cuda,
+            use_non_blocking_copy=cuda,
+        )
+    )
+
+
+def _async_save(rank: int, world: int, job: tuple[str, dict[str, Any], str, str]) -> None:
+    url, opts, kind, ref = job
+    model, opt = sharded_model(world)
+    store = open_store(url, **opts)
+    stager = _stager(kind)
+    # the background save's collectives get a group of their own (torch's advice for THREAD:
+    # the training thread's collectives go on meanwhile)
+    group = dist.new_group(backend="gloo")
+    try:
+        for step in (1, 2):
+            if step == 2:
+                full = _state(model, opt, options=FULL)  # a collective: before the save
+                if rank == 0:
+                    torch.save(full, ref)
+            got = dcp.async_save(
+                _state(model, opt),
+                storage_writer=cdcp.StorageWriter(store, f"ck/step_{step}", step=step),
+                async_checkpointer_type=AsyncCheckpointerType[kind],
+                async_stager=stager,
+                process_group=group,
+            )
+            upload = getattr(got, "upload_completion", got)
+            # the state is staged: the next optimizer step (in place) must not reach the save
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+            upload.result()
+    finally:
+        stager.close()
+
+
+class _DieOnBackgroundThread(DefaultSavePlanner):  # type: ignore[misc]
+    """Kills its own process (SIGKILL) at the third item it writes, if on a thread other than
+    the main one (the async_save writer thread); says which thread in ``where``."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.items, self.where = 0, where
+
+    def resolve_data(self, item: Any) -> Any:
+        self.items += 1
+        if self.items == 3:
+            Path(self.where).write_text(threading.current_thread().name)
+            if threading.current_thread() is not threading.main_thread():
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().resolve_data(item)
+
+
+def _async_killed_in_background(rank: int, world: int, job: tuple[str, str]) -> None:
+    url, where = job
+    model, opt = sharded_model(world)
+    store = open_store(url)
+    dcp.async_save(
+        _state(model, opt), storage_writer=cdcp.StorageWriter(store, "ck/step_1")
+    ).result()
+    planner = _DieOnBackgroundThread(where) if rank == 1 else DefaultSavePlanner()
+    dcp.async_save(
+        _state(model, opt),
+        storage_writer=cdcp.StorageWriter(store, "ck/step_2"),
+        planner=planner,
+        async_stager=_stager("THREAD"),
+        process_group=dist.new_group(backend="gloo"),
+    ).result()
 
 
 # -- fixtures ----------------------------------------------------------------------------------
@@ -291,3 +378,56 @@ def test_single_process_overwrite_and_bad_arguments(tmp_path: Path) -> None:
     store.put_bytes("plain.bin", b"x")
     with pytest.raises(ConfigurationError, match="not a DCP folder"):
         cdcp.load(_state(model, opt), store, "plain.bin")
+
+
+@pytest.mark.parametrize(
+    ("kind", "world", "where"),
+    [("THREAD", 2, "local"), ("PROCESS", 2, "local"), ("THREAD", 4, "s3"), ("PROCESS", 4, "local")],
+)
+def test_async_save_thread_and_process_with_staging(
+    kind: str, world: int, where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    moto: MotoServer | None = request.getfixturevalue("moto") if where == "s3" else None
+    url = moto.url(f"async-{kind.lower()}") if moto else str(tmp_path / "store")
+    opts = moto.options() if moto else {}
+    ref = tmp_path / "ref.pt"
+    run_group(tmp_path / "g", world, _async_save, (url, opts, kind, str(ref)))
+    store = open_store(url, **opts)
+    recs = store.list()
+    assert [(r.name, r.step) for r in recs] == [("ck/step_1", 1), ("ck/step_2", 2)]
+    assert [f.path for f in recs[1].files] == [".metadata"] + [
+        f"__{r}_0.distcp" for r in range(world)
+    ]
+    assert store.verify(level="full").ok
+    # what was staged before the in-place change is what was committed
+    _assert_same(_load_one_rank(store, "ck/step_2"), torch.load(ref, weights_only=False))
+
+
+def test_async_save_refuses_to_send_a_mirrored_store_to_another_process(tmp_path: Path) -> None:
+    import pickle
+
+    writer = cdcp.StorageWriter(open_store(str(tmp_path / "a")), "ck/step_1")
+    again = pickle.loads(pickle.dumps(writer))
+    assert again.store.url == writer.store.url and again.name == "ck/step_1"
+    mirrored = open_store(str(tmp_path / "b"), mirrors=[str(tmp_path / "m")])
+    with pytest.raises(ConfigurationError, match="mirrors"):
+        pickle.dumps(cdcp.StorageWriter(mirrored, "ck/step_1"))
+    mirrored.close()
+
+
+def test_async_save_rank_killed_in_its_background_writer_keeps_the_previous_step(
+    tmp_path: Path,
+) -> None:
+    root, where = tmp_path / "store", tmp_path / "killed-on.txt"
+    codes = run_group(
+        tmp_path / "g", 2, _async_killed_in_background, (str(root), str(where)), crash_ok=True
+    )
+    assert codes[1] == -signal.SIGKILL
+    assert where.read_text() != threading.main_thread().name  # the background writer thread
+    store = open_store(str(root))
+    assert [r.name for r in store.list()] == ["ck/step_1"]
+    latest = store.latest()
+    assert latest is not None and latest.name == "ck/step_1"
+    assert store.verify(level="full").ok
+    assert store.gc(min_age=0).removed  # the staged shards of step 2
+    assert _leftovers("", root, None) == []

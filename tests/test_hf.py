@@ -1,7 +1,11 @@
 """``commitstore.hf`` with a real ``transformers.Trainer`` on a tiny GPT-2 built from a config (no
 download): every kept ``checkpoint-N`` is a committed folder that verifies, ``save_total_limit``
 goes through prune, the folder is moved into the store (same inode, no copy), and training
-resumes from the newest verified checkpoint after the newest one is damaged."""
+resumes from the newest verified checkpoint after the newest one is damaged. The callback never
+waits on the training thread: with the store's worker thread held at a gate, every ``on_save``
+returns with nothing committed, the folder already out of the Trainer's reach; commits, mirror
+copies and the ``save_total_limit`` prune land afterwards; a failed background commit puts the
+folder back and is raised by ``on_train_end``."""
 
 from __future__ import annotations
 
@@ -13,8 +17,11 @@ import pytest
 import torch
 import transformers
 
-from commitstore import ConfigurationError, open_store
+import commitstore.torch as cs_torch
+from commitstore import AlreadyExistsError, ConfigurationError, open_store
 from commitstore.hf import CommitStoreCallback, commit_folder, latest_checkpoint
+
+from .helpers.gate import Gate
 
 
 class _Data(torch.utils.data.Dataset):  # type: ignore[misc]
@@ -42,7 +49,7 @@ class _Seen(transformers.TrainerCallback):  # type: ignore[misc]
             self.first_step = state.global_step
 
 
-def _trainer(out: Path, store: Any, max_steps: int, seen: _Seen) -> Any:
+def _trainer(out: Path, store: Any, max_steps: int, seen: _Seen, *after: Any, **kw: Any) -> Any:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
     args = transformers.TrainingArguments(
@@ -61,7 +68,7 @@ def _trainer(out: Path, store: Any, max_steps: int, seen: _Seen) -> Any:
         model=transformers.GPT2LMHeadModel(config),
         args=args,
         train_dataset=_Data(),
-        callbacks=[seen, CommitStoreCallback(store)],
+        callbacks=[seen, CommitStoreCallback(store, **kw), *after],
     )
 
 
@@ -126,3 +133,69 @@ def test_commit_folder_copies_across_stores_and_checks_arguments(tmp_path: Path,
         latest_checkpoint(s3)
     with pytest.raises(ConfigurationError):
         CommitStoreCallback("nope")  # type: ignore[arg-type]
+
+
+class _Probe(transformers.TrainerCallback):  # type: ignore[misc]
+    """Placed after the store's callback: what is committed and what ``output_dir`` holds when
+    ``on_save`` returned; opens ``gate`` at the save of step ``last``."""
+
+    def __init__(self, store: Any, gate: Gate, last: int) -> None:
+        self.store, self.gate, self.last = store, gate, last
+        self.listed: dict[int, list[str]] = {}
+        self.local: dict[int, list[str]] = {}
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        step = state.global_step
+        self.listed[step] = [r.name for r in self.store.list()]
+        self.local[step] = sorted(p.name for p in Path(args.output_dir).iterdir())
+        if step == self.last:
+            self.gate.release.set()
+
+
+def test_on_save_never_waits_for_the_commit_mirrors_or_prune(tmp_path: Path) -> None:
+    root, out, mirror = tmp_path / "store", tmp_path / "out", tmp_path / "mirror"
+    store = open_store(str(root), mirrors=[str(mirror)], async_inflight=8)
+    gate = Gate()
+    held = cs_torch.save_async({"g": gate}, store, "held.pt")  # holds the worker thread
+    assert gate.entered.wait(60)
+    probe = _Probe(store, gate, last=6)
+    trainer = _trainer(out, store, 6, _Seen(), probe)
+    trainer.train()  # on_train_end waited for every commit
+    # every on_save returned with nothing of it committed: the worker was held all along
+    assert probe.listed == {2: [], 4: [], 6: []}
+    for step, names in probe.local.items():
+        assert f"checkpoint-{step}" not in names  # taken out of the Trainer's reach
+        assert any(n.startswith(f".commitstore-pending.checkpoint-{step}.") for n in names)
+    assert held.result(timeout=60).name == "held.pt"
+    assert sorted(r.name for r in store.list()) == ["checkpoint-4", "checkpoint-6", "held.pt"]
+    assert store.verify(level="full").ok
+    assert not list(out.iterdir())  # nothing left in output_dir
+    store.flush()
+    copy = open_store(str(mirror))
+    assert "checkpoint-6" in [r.name for r in copy.list()]
+    assert copy.verify("checkpoint-6", level="full").ok
+    store.close()
+
+
+def test_a_failed_background_commit_puts_the_folder_back_and_is_raised(tmp_path: Path) -> None:
+    root, out = tmp_path / "store", tmp_path / "out"
+    store = open_store(str(root))
+    store.put_bytes("checkpoint-2", b"taken")  # the name is committed: overwrite=False fails
+    before = store.record("checkpoint-2")
+    trainer = _trainer(out, store, 2, _Seen(), overwrite=False)
+    with pytest.raises(AlreadyExistsError, match="checkpoint-2"):
+        trainer.train()  # raised by on_train_end
+    assert store.record("checkpoint-2") == before
+    assert (out / "checkpoint-2" / "model.safetensors").is_file()  # back, under its name
+    assert not [p for p in out.iterdir() if p.name.startswith(".commitstore-pending.")]
+    assert trainer.args.save_total_limit == 2
+
+
+def test_synchronous_mode_commits_in_on_save(tmp_path: Path) -> None:
+    root, out = tmp_path / "store", tmp_path / "out"
+    store = open_store(str(root))
+    probe = _Probe(store, Gate(), last=4)
+    _trainer(out, store, 4, _Seen(), probe, asynchronous=False).train()
+    assert probe.listed == {2: ["checkpoint-2"], 4: ["checkpoint-2", "checkpoint-4"]}
+    with pytest.raises(ConfigurationError):
+        CommitStoreCallback(store, asynchronous=1)  # type: ignore[arg-type]

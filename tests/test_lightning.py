@@ -2,7 +2,12 @@
 model, a few steps): ``ModelCheckpoint(save_top_k=2, save_last=True)`` leaves exactly the expected
 committed checkpoints, all verifying; a fit SIGKILLed in the middle of a save (a forked child of
 this warm process kills itself from inside the write) is resumed by a new
-``Trainer(...).fit(ckpt_path="last")`` from a whole checkpoint."""
+``Trainer(...).fit(ckpt_path="last")`` from a whole checkpoint.
+
+``asynchronous=True``: the same Trainer outcome; the removal of an old checkpoint waits until the
+new one landed (a gate blocks the background pickling to look at the state in between) and is
+skipped when the new one failed; ``teardown`` waits and raises the failure; a fit SIGKILLed while
+the worker thread writes ``last.ckpt`` resumes from a whole step."""
 
 from __future__ import annotations
 
@@ -17,9 +22,16 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from commitstore import CommitStore, InvalidNameError, open_store
+from commitstore import (
+    CommitStore,
+    ConfigurationError,
+    InvalidNameError,
+    open_store,
+)
 from commitstore._stage import Stage
 from commitstore.lightning import CommitStoreCheckpointIO
+
+from .helpers.gate import Gate
 
 torch.set_num_threads(1)
 
@@ -55,7 +67,9 @@ def _data() -> DataLoader[Any]:
     return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
 
 
-def _trainer(store: CommitStore, root: Path, max_steps: int, *extra: Any) -> Any:
+def _trainer(
+    store: CommitStore, root: Path, max_steps: int, *extra: Any, asynchronous: bool = False
+) -> Any:
     ckpt = pl.callbacks.ModelCheckpoint(
         dirpath=root / "ckpts",
         save_top_k=2,
@@ -72,14 +86,16 @@ def _trainer(store: CommitStore, root: Path, max_steps: int, *extra: Any) -> Any
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        plugins=[CommitStoreCheckpointIO(store)],
+        plugins=[CommitStoreCheckpointIO(store, asynchronous=asynchronous)],
         callbacks=[ckpt, *extra],
     )
 
 
-def test_trainer_keeps_top_k_and_last_all_committed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_trainer_keeps_top_k_and_last_all_committed(tmp_path: Path, asynchronous: bool) -> None:
     store = open_store(tmp_path)
-    _trainer(store, tmp_path, 8).fit(Tiny(), _data())
+    _trainer(store, tmp_path, 8, asynchronous=asynchronous).fit(Tiny(), _data())
+    # fit returned: teardown waited for every background save and deferred removal
     names = [r.name for r in store.list()]
     assert sorted(names) == [
         "ckpts/epoch=1-step=6.ckpt",
@@ -178,3 +194,115 @@ def _kill_inside_last_save_at_step(step: int) -> None:
 
 
 _saving_step = [-1]
+
+
+def _ckpt(step: int, **extra: Any) -> dict[str, Any]:
+    return {"global_step": step, "epoch": 0, "w": torch.full((1000,), float(step)), **extra}
+
+
+def test_async_removal_waits_until_the_new_checkpoint_landed(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    io = CommitStoreCheckpointIO(store, asynchronous=True)
+    old, new = tmp_path / "ckpts" / "step=2.ckpt", tmp_path / "ckpts" / "step=4.ckpt"
+    io.save_checkpoint(_ckpt(2), old)
+    io.wait()
+    gate = Gate()
+    io.save_checkpoint(_ckpt(4, gate=gate), new)  # returns once snapshotted
+    assert gate.entered.wait(60)
+    assert gate.thread is not None and gate.thread.startswith("commitstore-async")
+    io.remove_checkpoint(old)  # what ModelCheckpoint(save_top_k) does right after the save
+    # in between: the new one is still being written, so the old one stays, whole
+    assert [r.name for r in store.list()] == ["ckpts/step=2.ckpt"]
+    assert store.verify().ok and old.exists()
+    gate.release.set()
+    io.teardown()
+    assert [r.name for r in store.list()] == ["ckpts/step=4.ckpt"]
+    assert not old.exists()
+    assert io.load_checkpoint(new, weights_only=False)["global_step"] == 4
+    # nothing pending: a removal runs at once
+    io.remove_checkpoint(new)
+    assert store.list() == []
+
+
+def test_async_failed_save_keeps_the_old_checkpoint_and_teardown_raises(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    io = CommitStoreCheckpointIO(store, asynchronous=True)
+    old, new = tmp_path / "ckpts" / "step=2.ckpt", tmp_path / "ckpts" / "step=4.ckpt"
+    io.save_checkpoint(_ckpt(2), old)
+    gate = Gate()
+    # the gate holds the worker, then pickling fails on the lambda: the new one never lands
+    io.save_checkpoint(_ckpt(4, gate=gate, bad=lambda: 1), new)
+    assert gate.entered.wait(60)
+    io.remove_checkpoint(old)
+    gate.release.set()
+    with pytest.raises(ConfigurationError, match=r"step=4\.ckpt"):
+        io.teardown()
+    assert [r.name for r in store.list()] == ["ckpts/step=2.ckpt"]  # kept: the new one failed
+    assert store.verify().ok and not new.exists()
+    io.teardown()  # raised once
+    # a removal while nothing is pending and no save failed goes through
+    io.remove_checkpoint(old)
+    assert store.list() == []
+
+
+def test_async_failure_is_raised_by_the_next_save(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    io = CommitStoreCheckpointIO(store, asynchronous=True)
+    io.save_checkpoint(_ckpt(2, bad=lambda: 1), tmp_path / "a.ckpt")
+    with pytest.raises(ConfigurationError, match=r"a\.ckpt"):
+        for step in range(4, 400, 2):  # the failure is raised by a save once it ended
+            io.save_checkpoint(_ckpt(step), tmp_path / f"s{step}.ckpt")
+    io.teardown()  # raised once, by the save
+    assert "a.ckpt" not in [r.name for r in store.list()]
+    with pytest.raises(ConfigurationError):
+        CommitStoreCheckpointIO(store, asynchronous="yes")  # type: ignore[arg-type]
+
+
+def test_async_fit_killed_mid_background_write_resumes_from_a_whole_step(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    where = tmp_path / "killed-on.txt"
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child dies by SIGKILL
+        try:
+            _kill_inside_third_last_save(where)
+            _trainer(open_store(tmp_path), tmp_path, 8, asynchronous=True).fit(Tiny(), _data())
+        except BaseException:
+            (tmp_path / "child-error.txt").write_text(traceback.format_exc())
+        finally:
+            os._exit(3)  # reached only if the kill did not happen
+    _, status = os.waitpid(pid, 0)
+    error = tmp_path / "child-error.txt"
+    assert not error.exists(), error.read_text()
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    # killed by the worker thread, inside the background write of last.ckpt at step 6
+    assert where.read_text().startswith("commitstore-async")
+    assert store.verify().ok
+    assert store.record("ckpts/last.ckpt").step == 4
+    started = StartStep()
+    trainer = _trainer(store, tmp_path, 8, started, asynchronous=True)
+    trainer.fit(Tiny(), _data(), ckpt_path="last")
+    assert started.start == 4 and trainer.global_step == 8
+    assert store.verify().ok
+    assert store.record("ckpts/last.ckpt").step == 8
+    assert "ckpts/epoch=1-step=8.ckpt" in [r.name for r in store.list()]
+
+
+def _kill_inside_third_last_save(where: Path) -> None:
+    """In this (child) process: SIGKILL once 1000 bytes of the third ``last.ckpt`` (step 6) are
+    staged; the killing thread's name is written to ``where`` first."""
+    import threading
+
+    original = Stage.write
+    stages: list[Stage] = []  # held: an id is never reused for another stage
+
+    def write(self: Stage, b: Any) -> int:
+        n = original(self, b)
+        if self.name.endswith("last.ckpt"):
+            if not any(s is self for s in stages):
+                stages.append(self)
+            if len(stages) == 3 and self.tell() > 1000:
+                where.write_text(threading.current_thread().name)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return n
+
+    Stage.write = write  # type: ignore[method-assign]

@@ -121,6 +121,39 @@ class StorageWriter(dcp.StorageWriter):  # type: ignore[misc]
         self.save_id = uuid.uuid4().hex
         self._folder: FolderWrite | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """For ``dcp.async_save(..., async_checkpointer_type=PROCESS)``, which pickles the writer
+        into torch's checkpoint process: the store travels as its backend, URL and retention
+        and is opened again there (the same root, the same commit protocol; automatic retention
+        still runs after the commit).
+
+        Raises:
+            ConfigurationError: the store has mirrors (the other process could not replicate
+                through this store's mirror queues: use the THREAD checkpointer, or
+                ``store.sync()`` afterwards), or its backend cannot be pickled.
+        """
+        store = self.store
+        if store.mirrors:
+            raise ConfigurationError(
+                f"{store.url}: a StorageWriter whose store has mirrors cannot go to another "
+                "process (AsyncCheckpointerType.PROCESS); use THREAD, or store.sync() after"
+            )
+        try:
+            pickle.dumps(store.backend)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"{store.url}: this store cannot be handed to another process: {exc}"
+            ) from exc
+        state = dict(self.__dict__)
+        state["store"] = (store.backend, store.url, store.retention)
+        state["_folder"] = None  # each process joins the folder by its token
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        backend, url, retention = state["store"]
+        state["store"] = CommitStore(backend, url=url, retention=retention)
+        self.__dict__.update(state)
+
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id:
             name = str(checkpoint_id)

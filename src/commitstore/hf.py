@@ -22,13 +22,31 @@ that verifies is never deleted).
 starts from scratch). ``resume_from_checkpoint=True`` looks in ``output_dir``, which keeps no
 checkpoint folder once they are committed: pass ``latest_checkpoint(store)`` instead.
 
+**Nothing waits on the training thread** (``asynchronous=True``, the default): ``on_save`` only
+takes the folder out of the Trainer's hands with one rename, to a hidden sibling in
+``output_dir`` (``.commitstore-pending.checkpoint-N.<hex>``: the Trainer's rotation and
+``get_last_checkpoint`` match ``checkpoint-*`` only, so neither sees, nor deletes, nor writes into
+it); where ``output_dir`` is inside a local store the folder stays at its own path (the Trainer's
+rotation is off there). The folder is then immutable, and the commit (hashing every file),
+mirror replication, the store's automatic retention and the ``save_total_limit`` prune run on
+the store's worker thread (``CommitStore.commit_async``'s engine: submission order, at most
+``open_store(..., async_inflight=N)`` checkpoints in flight; a save made while N are in flight
+waits for a slot). A failed commit leaves the folder back at ``output_dir/checkpoint-N`` (when
+that name is free) and is raised by the next ``on_save`` or by ``on_train_end``, which waits for
+every pending commit. A process killed in between leaves the hidden folder in ``output_dir``
+(never deleted by commitstore) and the previous committed checkpoints whole.
+``asynchronous=False`` commits and prunes in ``on_save``, as before.
+
 Importing this module imports transformers; importing ``commitstore`` does not.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import os
 import re
+import secrets
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +61,7 @@ try:
 except ModuleNotFoundError as _exc:
     raise missing_extra("hf", "hf", _exc) from _exc
 
+from commitstore._commit import check_flag
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.errors import CommitStoreError, ConfigurationError
 from commitstore.layout import validate_name
@@ -120,7 +139,11 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
     prune (``min_age`` seconds, default 0: the callback prunes only folders it committed).
 
     ``overwrite`` (default True): a run resumed from an earlier step saves the later steps again
-    and replaces them (atomically: readers see the old or the new folder).
+    and replaces them (atomically: readers see the old or the new folder). ``asynchronous``
+    (default True): commit and prune on the store's worker thread (module docstring).
+
+    Raises:
+        ConfigurationError: ``store`` is not a CommitStore, a flag is not a bool.
     """
 
     def __init__(
@@ -131,8 +154,10 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
         overwrite: bool = True,
         min_age: float = 0.0,
         keep_local: bool = False,
+        asynchronous: bool = True,
     ) -> None:
         self.store = _check_store(store)
+        self.asynchronous = check_flag(asynchronous, "asynchronous")
         if prefix:
             validate_name(prefix.rstrip("/") + "/checkpoint-0")
         self.prefix = prefix
@@ -145,6 +170,8 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
         """Every record this callback committed, oldest first."""
         self._switched_off: tuple[Any, int] | None = None
         """The arguments whose ``save_total_limit`` is off while the Trainer trains, and it."""
+        self._pending: list[concurrent.futures.Future[Record]] = []
+        """Background commits not yet waited for, in submission order."""
 
     def _take_limit(self, args: Any) -> None:
         limit = getattr(args, "save_total_limit", None)
@@ -174,11 +201,27 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
             args.save_total_limit = None
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        if self._switched_off is not None:
-            owner, limit = self._switched_off
-            self._switched_off = None
-            if owner.save_total_limit is None:
-                owner.save_total_limit = limit
+        try:
+            self.wait()
+        finally:
+            if self._switched_off is not None:
+                owner, limit = self._switched_off
+                self._switched_off = None
+                if owner.save_total_limit is None:
+                    owner.save_total_limit = limit
+
+    def wait(self) -> None:
+        """Wait for every background commit (and its prune); raise the first failure not
+        raised yet (the next ``on_save`` would have raised it)."""
+        pending, self._pending = self._pending, []
+        first: BaseException | None = None
+        for fut in pending:
+            seen = bool(getattr(fut, "observed", False))
+            exc = fut.exception()
+            if exc is not None and not seen and first is None:
+                first = exc
+        if first is not None:
+            raise first
 
     def _ours(self, name: str) -> bool:
         return name.startswith(self.prefix) and bool(
@@ -191,28 +234,72 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
         step = int(state.global_step)
         folder = Path(args.output_dir) / f"checkpoint-{step}"
         name = f"{self.prefix}checkpoint-{step}"
-        record = commit_folder(
-            self.store,
-            folder,
-            name,
-            step=step,
-            metadata={"global_step": step},
-            overwrite=self.overwrite,
-            keep_local=self.keep_local,
-        )
+        best = getattr(state, "best_model_checkpoint", None)
+        if not self.asynchronous:
+            self._commit(folder, folder, name, step, best)
+            return
+        engine = self.store._engine()
+        release = engine.acquire()  # raises an earlier failure; waits while N are in flight
+        try:
+            src = self._set_aside(folder, name)
+        except BaseException:
+            release()
+            raise
+
+        def run() -> Record:
+            return self._commit(src, folder, name, step, best)
+
+        self._pending = [f for f in self._pending if not f.done() or _peek(f) is not None]
+        self._pending.append(engine.submit(name, run, release))
+
+    def _set_aside(self, folder: Path, name: str) -> Path:
+        """On the training thread: the folder, out of the Trainer's reach, with one rename (or
+        where it is, when it already is the artifact's own path in a local store)."""
+        if not folder.is_dir():
+            raise ConfigurationError(f"{folder} is not a folder")
+        own = _store_path(self.store, name)
+        if own is not None and own.exists() and own.samefile(folder):
+            return folder
+        hidden = folder.with_name(f".commitstore-pending.{folder.name}.{secrets.token_hex(4)}")
+        os.rename(folder, hidden)
+        return hidden
+
+    def _commit(self, src: Path, folder: Path, name: str, step: int, best: Any) -> Record:
+        """Commit ``src`` as ``name``, then prune; a failure puts ``src`` back at ``folder``."""
+        try:
+            record = commit_folder(
+                self.store,
+                src,
+                name,
+                step=step,
+                metadata={"global_step": step},
+                overwrite=self.overwrite,
+                keep_local=self.keep_local,
+            )
+        except BaseException:
+            if src != folder and src.exists() and not folder.exists():
+                os.rename(src, folder)  # back where the Trainer wrote it: nothing hidden
+            raise
+        if src != folder and src.exists() and not folder.exists():
+            os.rename(src, folder)  # keep_local: the local copy back under its name
         self.committed.append(record)
         if self.keep_last is not None:
-            self._prune(state)
+            self._prune(step, best)
+        return record
 
-    def _prune(self, state: Any) -> None:
+    def _prune(self, step: int, best: Any) -> None:
         keep = [r.name for r in self.store.list() if not self._ours(r.name)]
-        best = getattr(state, "best_model_checkpoint", None)
         if best:
             keep.append(self.prefix + Path(best).name)
         try:
             self.store.prune(keep_last=self.keep_last, keep=keep, min_age=self.min_age)
         except CommitStoreError as exc:  # the checkpoint is committed; prune retries next time
-            log.warning("pruning after %s failed: %s", state.global_step, exc)
+            log.warning("pruning after %s failed: %s", step, exc)
+
+
+def _peek(future: concurrent.futures.Future[Record]) -> BaseException | None:
+    """The exception of the ended ``future``, without counting as observing it."""
+    return concurrent.futures.Future.exception(future, 0)
 
 
 def latest_checkpoint(

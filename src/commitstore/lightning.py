@@ -14,6 +14,19 @@ relative to it; any other path is refused with InvalidNameError before any I/O.
   bytes (``IntegrityError`` otherwise).
 - ``remove_checkpoint`` deletes the artifact, record first (``save_top_k`` keeps working).
 
+``asynchronous=True``: ``save_checkpoint`` returns once the checkpoint is snapshotted
+(every tensor cloned, accelerator tensors copied to host memory, as Lightning's
+``AsyncCheckpointIO`` does; the rest deep-copied); the commit runs on the store's worker
+thread, in submission order, at most
+``open_store(..., async_inflight=N)`` snapshots at once. ``remove_checkpoint`` of an old
+checkpoint is deferred until every save submitted before it landed, and is skipped (the old
+checkpoint kept, a warning logged) if one of them failed: ``save_top_k`` and ``save_last`` never
+leave fewer whole checkpoints than before a save. ``load_checkpoint`` first waits for pending
+saves. ``teardown`` (the end of ``fit``) waits for every pending save and deferred removal and
+raises the first save failure not yet raised; a save failure is also raised by the next
+``save_checkpoint``. A process killed during a background write leaves the previous version of
+the name whole.
+
 Lightning's ``ModelCheckpoint`` lists and tests the folder with fsspec (``ckpt_path="last"``
 finds ``last*.ckpt``); on a local store committed artifacts are plain files at their names, and
 staging files (``.commitstore.tmp.*``) never match its patterns.
@@ -21,27 +34,35 @@ staging files (``.commitstore.tmp.*``) never match its patterns.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import copy
+import logging
 import os
 import re
+import threading
 from typing import Any
 
 from commitstore._extras import missing_extra
 
 try:
-    import torch  # noqa: F401
+    import torch
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
     from lightning.pytorch.callbacks import Callback
 except ModuleNotFoundError as _exc:
     raise missing_extra("lightning", "lightning", _exc) from _exc
 
 from commitstore import torch as cs_torch
+from commitstore._commit import check_flag
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.errors import ConfigurationError, InvalidNameError, NotFoundError
 from commitstore.layout import validate_name
+from commitstore.records import Record
 from commitstore.store import CommitStore
 
 __all__ = ["LAST_PATTERN", "CommitStoreCheckpointIO"]
+
+log = logging.getLogger("commitstore")
 
 LAST_PATTERN = re.compile(r"^last(-v\d+)?\.ckpt$")
 """The file names ``ModelCheckpoint(save_last=True)`` writes (``last.ckpt``, ``last-v1.ckpt``):
@@ -51,16 +72,31 @@ committed as aliases."""
 class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning: untyped for mypy
     """Lightning ``CheckpointIO`` over a :class:`~commitstore.CommitStore` (module docstring).
 
-    ``alias``: the file-name pattern of moving names committed as aliases (default
-    :data:`LAST_PATTERN`).
+    ``asynchronous``: commit in the background (module docstring). ``alias``: the file-name
+    pattern of moving names committed as aliases (default :data:`LAST_PATTERN`).
+
+    Raises:
+        ConfigurationError: ``store`` is not a CommitStore, ``asynchronous`` not a bool.
     """
 
-    def __init__(self, store: CommitStore, *, alias: re.Pattern[str] | None = None) -> None:
+    def __init__(
+        self,
+        store: CommitStore,
+        *,
+        asynchronous: bool = False,
+        alias: re.Pattern[str] | None = None,
+    ) -> None:
         if not isinstance(store, CommitStore):
             raise ConfigurationError(
                 f"store must be a CommitStore (open_store(...)), not {store!r}"
             )
         self.store = store
+        self.asynchronous = check_flag(asynchronous, "asynchronous")
+        self._lock = threading.Lock()
+        self._saves: list[concurrent.futures.Future[Record]] = []
+        """Background saves not yet waited for by :meth:`teardown`, in submission order."""
+        self._removals: list[concurrent.futures.Future[None]] = []
+        """Deferred removals, done once they ran (or were skipped)."""
         self.alias = LAST_PATTERN if alias is None else alias
         self._prefixes = [store.url.rstrip("/") + "/"]
         if isinstance(store.backend, LocalBackend):
@@ -68,7 +104,8 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
             self._prefixes += [root, os.path.realpath(root).rstrip(os.sep) + os.sep]
 
     def __repr__(self) -> str:
-        return f"CommitStoreCheckpointIO({self.store.url!r})"
+        mode = ", asynchronous=True" if self.asynchronous else ""
+        return f"CommitStoreCheckpointIO({self.store.url!r}{mode})"
 
     def name_of(self, path: Any) -> str:
         """The artifact name of ``path`` (absolute, under the store's root).
@@ -109,7 +146,8 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        """Commit ``checkpoint`` as the artifact at ``path`` (replacing a previous version)."""
+        """Commit ``checkpoint`` as the artifact at ``path`` (replacing a previous version);
+        with ``asynchronous=True``, return once it is snapshotted (module docstring)."""
         name = self.name_of(path)
         if storage_options is not None:
             raise ConfigurationError(
@@ -119,21 +157,40 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
         step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
         epoch = checkpoint.get("epoch")
         meta = {"global_step": step, "epoch": epoch if isinstance(epoch, int) else None}
-        cs_torch.save(
-            checkpoint,
-            self.store,
+        alias = bool(self.alias.match(name.rsplit("/", 1)[-1]))
+        if not self.asynchronous:
+            cs_torch.save(
+                checkpoint, self.store, name, step=step, metadata=meta, overwrite=True, alias=alias
+            )
+            return
+
+        def take() -> object:
+            try:
+                return _snapshot(checkpoint)
+            except Exception as exc:
+                raise ConfigurationError(f"{name}: the checkpoint cannot be copied: {exc}") from exc
+
+        future = self.store.commit_async(
             name,
+            take,
+            lambda snap, f: cs_torch._torch_save(name, snap, f),
             step=step,
             metadata=meta,
             overwrite=True,
-            alias=bool(self.alias.match(name.rsplit("/", 1)[-1])),
+            alias=alias,
         )
+        with self._lock:
+            self._saves = [f for f in self._saves if not f.done() or _peek(f) is not None]
+            self._saves.append(future)
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """The checkpoint at ``path``, from bytes that matched its record (read once)."""
+        """The checkpoint at ``path``, from bytes that matched its record (read once); with
+        ``asynchronous=True``, after pending saves landed."""
         name = self.name_of(path)
+        if self.asynchronous:
+            self.wait()
         loaded = cs_torch.load(
             self.store,
             name,
@@ -145,10 +202,112 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
         return loaded
 
     def remove_checkpoint(self, path: Any) -> None:
-        """Delete the artifact at ``path`` (record first); nothing there is not an error."""
+        """Delete the artifact at ``path`` (record first); nothing there is not an error.
+
+        With ``asynchronous=True`` the deletion waits (off the caller's thread) until every save
+        submitted before it landed, and is skipped, keeping the old checkpoint, if one failed."""
         name = self.name_of(path)
+        if self.asynchronous:
+            with self._lock:
+                pending = [f for f in self._saves if not f.done()]
+                before = list(self._saves)
+            if pending:
+                done: concurrent.futures.Future[None] = concurrent.futures.Future()
+                with self._lock:
+                    self._removals.append(done)
+                # commits land in order: once the newest one ended, every earlier one had
+                pending[-1].add_done_callback(lambda _f: self._remove_after(name, before, done))
+                return
+            if any(_peek(f) is not None for f in before):
+                self._skip(name)
+                return
         with contextlib.suppress(NotFoundError):
             self.store.delete(name)
+
+    def _remove_after(
+        self,
+        name: str,
+        before: list[concurrent.futures.Future[Record]],
+        done: concurrent.futures.Future[None],
+    ) -> None:
+        """On the worker thread, once the saves ``before`` ended: delete ``name`` if all of them
+        landed, else keep it. Never raises (a failure is logged)."""
+        try:
+            if any(_peek(f) is not None for f in before):
+                self._skip(name)
+            else:
+                with contextlib.suppress(NotFoundError):
+                    self.store.delete(name)
+        except Exception as exc:  # the checkpoint stays: more kept, nothing lost
+            log.warning("removing %s after the new checkpoint landed failed: %s", name, exc)
+        finally:
+            done.set_result(None)
+
+    def _skip(self, name: str) -> None:
+        log.warning(
+            "%s kept: a checkpoint saved before its removal did not land (the error is raised "
+            "by the next save or by teardown)",
+            name,
+        )
+
+    def wait(self) -> None:
+        """Wait for every background save and deferred removal of this plugin; raise the first
+        save failure not raised yet (the next ``save_checkpoint`` would have raised it)."""
+        with self._lock:
+            saves, self._saves = self._saves, []
+        first: BaseException | None = None
+        for fut in saves:
+            exc = _unobserved_failure(fut)
+            if exc is not None and first is None:
+                first = exc
+        with self._lock:
+            removals, self._removals = self._removals, []
+        for removal in removals:
+            removal.result()
+        if first is not None:
+            raise first
+
+    def teardown(self) -> None:
+        """The end of ``fit``/``validate``: :meth:`wait` (with ``asynchronous=True``)."""
+        if self.asynchronous:
+            self.wait()
+
+
+def _snapshot(checkpoint: object) -> object:
+    """A copy of ``checkpoint`` sharing no memory with it: every tensor in its dicts, lists and
+    tuples cloned (``detach().clone()``, accelerator tensors copied to host memory), then a deep
+    copy of the rest. Cloning is what Lightning's ``AsyncCheckpointIO`` does."""
+    memo: dict[int, Any] = {}
+
+    def clone(obj: object, depth: int) -> None:
+        if depth > 1000:
+            return
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in memo:
+                t = obj.detach()
+                memo[id(obj)] = t.clone() if t.device.type == "cpu" else t.to("cpu", copy=True)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                clone(value, depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                clone(value, depth + 1)
+
+    clone(checkpoint, 0)
+    return copy.deepcopy(checkpoint, memo)
+
+
+def _peek(future: concurrent.futures.Future[Record]) -> BaseException | None:
+    """The exception of the ended ``future``, without counting as the caller observing it (an
+    unobserved failure is still raised by the next save)."""
+    return concurrent.futures.Future.exception(future, 0)
+
+
+def _unobserved_failure(future: concurrent.futures.Future[Record]) -> BaseException | None:
+    """Wait for ``future``; its exception if the caller has not seen it yet (then it has)."""
+    seen = bool(getattr(future, "observed", False))
+    exc = future.exception()
+    return None if seen else exc
 
 
 class _DirpathCheck(Callback):  # type: ignore[misc]  # lightning: untyped for mypy
