@@ -10,6 +10,7 @@ folder back and is raised by ``on_train_end``."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,25 @@ def test_synchronous_mode_commits_in_on_save(tmp_path: Path) -> None:
     assert probe.listed == {2: ["checkpoint-2"], 4: ["checkpoint-2", "checkpoint-4"]}
     with pytest.raises(ConfigurationError):
         CommitStoreCallback(store, asynchronous=1)  # type: ignore[arg-type]
+
+
+def test_a_folder_set_aside_by_a_killed_run_is_put_back_and_committed(tmp_path: Path) -> None:
+    """What a run killed between on_save and its commit leaves: a whole checkpoint folder under
+    its hidden name. The next run's callback puts it back and commits it."""
+    root, out = tmp_path / "store", tmp_path / "out"
+    store = open_store(str(root))
+    seen = _Seen()
+    _trainer(out, store, 2, seen, asynchronous=False).train()
+    assert [r.name for r in store.list()] == ["checkpoint-2"]
+    hidden = out / ".commitstore-pending.checkpoint-2.0a1b2c3d"
+    shutil.copytree(root / "checkpoint-2", hidden)  # the Trainer's whole folder, set aside
+    store.delete("checkpoint-2")  # as if its commit never happened
+    files = sorted(p.name for p in hidden.iterdir())
+    trainer = _trainer(out, store, 2, _Seen())
+    cb = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CommitStoreCallback))
+    cb.on_train_begin(trainer.args, trainer.state, trainer.control)
+    cb.wait()
+    assert not hidden.exists()
+    assert [r.name for r in store.list()] == ["checkpoint-2"]
+    assert sorted(f.path for f in store.record("checkpoint-2").files) == files
+    assert store.verify("checkpoint-2", level="full").ok

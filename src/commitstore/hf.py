@@ -61,7 +61,6 @@ try:
 except ModuleNotFoundError as _exc:
     raise missing_extra("hf", "hf", _exc) from _exc
 
-from commitstore._commit import check_flag
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.errors import CommitStoreError, ConfigurationError
 from commitstore.layout import validate_name
@@ -72,6 +71,8 @@ __all__ = ["CommitStoreCallback", "commit_folder", "latest_checkpoint"]
 
 log = logging.getLogger("commitstore")
 
+_HIDDEN = re.compile(r"\.commitstore-pending\.(checkpoint-(\d+))\.[0-9a-f]+")
+"""A folder ``on_save`` set aside (``_set_aside``)."""
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
@@ -157,7 +158,9 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
         asynchronous: bool = True,
     ) -> None:
         self.store = _check_store(store)
-        self.asynchronous = check_flag(asynchronous, "asynchronous")
+        if not isinstance(asynchronous, bool):
+            raise ConfigurationError(f"asynchronous must be True or False, not {asynchronous!r}")
+        self.asynchronous = asynchronous
         if prefix:
             validate_name(prefix.rstrip("/") + "/checkpoint-0")
         self.prefix = prefix
@@ -193,6 +196,8 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._take_limit(args)
+        if getattr(state, "is_world_process_zero", True):
+            self._recover(Path(args.output_dir))
         if getattr(args, "save_total_limit", None) is not None and self._writes_into_store(args):
             # The Trainer's rotation would delete committed folders: it is off while it
             # trains, and the caller's value comes back at on_train_end. Elsewhere it rotates
@@ -238,19 +243,44 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
         if not self.asynchronous:
             self._commit(folder, folder, name, step, best)
             return
-        engine = self.store._engine()
-        release = engine.acquire()  # raises an earlier failure; waits while N are in flight
-        try:
-            src = self._set_aside(folder, name)
-        except BaseException:
-            release()
-            raise
-
-        def run() -> Record:
-            return self._commit(src, folder, name, step, best)
-
         self._pending = [f for f in self._pending if not f.done() or _peek(f) is not None]
-        self._pending.append(engine.submit(name, run, release))
+        self._queue(folder, name, step, best)
+
+    def _queue(self, folder: Path, name: str, step: int, best: Any) -> None:
+        """Set ``folder`` aside now, commit it on the store's worker thread (raises an earlier
+        failure; waits while ``async_inflight`` commits are in flight)."""
+        future = self.store.run_async(
+            name,
+            lambda: self._set_aside(folder, name),
+            lambda src: self._commit(src, folder, name, step, best),
+        )
+        self._pending.append(future)
+
+    def _recover(self, out: Path) -> None:
+        """Folders an earlier run set aside and did not commit (killed in between): each goes
+        back under its ``checkpoint-N`` name where that name is free, so the Trainer sees it
+        again, and is committed (in the background with ``asynchronous=True``) unless the store
+        already has a record of that step. Never deletes a folder."""
+        if not out.is_dir():
+            return
+        for hidden in sorted(out.iterdir()):
+            m = _HIDDEN.fullmatch(hidden.name)
+            if m is None or not hidden.is_dir():
+                continue
+            folder = out / m.group(1)
+            if folder.exists():
+                log.warning("%s: left as it is (%s exists)", hidden, folder.name)
+                continue
+            os.rename(hidden, folder)
+            name, step = f"{self.prefix}{folder.name}", int(m.group(2))
+            if name in {r.name for r in self.store.list()}:
+                log.warning("%s: set aside by an earlier run; the store has that step", folder)
+                continue
+            log.warning("%s: set aside by an earlier run and not committed: committing it", folder)
+            if not self.asynchronous:
+                self._commit(folder, folder, name, step, None)
+                continue
+            self._queue(folder, name, step, None)
 
     def _set_aside(self, folder: Path, name: str) -> Path:
         """On the training thread: the folder, out of the Trainer's reach, with one rename (or

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import copy
 import logging
 import os
 import re
@@ -46,14 +45,12 @@ from typing import Any
 from commitstore._extras import missing_extra
 
 try:
-    import torch
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
     from lightning.pytorch.callbacks import Callback
 except ModuleNotFoundError as _exc:
     raise missing_extra("lightning", "lightning", _exc) from _exc
 
 from commitstore import torch as cs_torch
-from commitstore._commit import check_flag
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.errors import ConfigurationError, InvalidNameError, NotFoundError
 from commitstore.layout import validate_name
@@ -91,7 +88,9 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
                 f"store must be a CommitStore (open_store(...)), not {store!r}"
             )
         self.store = store
-        self.asynchronous = check_flag(asynchronous, "asynchronous")
+        if not isinstance(asynchronous, bool):
+            raise ConfigurationError(f"asynchronous must be True or False, not {asynchronous!r}")
+        self.asynchronous = asynchronous
         self._lock = threading.Lock()
         self._saves: list[concurrent.futures.Future[Record]] = []
         """Background saves not yet waited for by :meth:`teardown`, in submission order."""
@@ -164,20 +163,8 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
             )
             return
 
-        def take() -> object:
-            try:
-                return _snapshot(checkpoint)
-            except Exception as exc:
-                raise ConfigurationError(f"{name}: the checkpoint cannot be copied: {exc}") from exc
-
-        future = self.store.commit_async(
-            name,
-            take,
-            lambda snap, f: cs_torch._torch_save(name, snap, f),
-            step=step,
-            metadata=meta,
-            overwrite=True,
-            alias=alias,
+        future = cs_torch.save_async(
+            checkpoint, self.store, name, step=step, metadata=meta, overwrite=True, alias=alias
         )
         with self._lock:
             self._saves = [f for f in self._saves if not f.done() or _peek(f) is not None]
@@ -271,30 +258,6 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
         """The end of ``fit``/``validate``: :meth:`wait` (with ``asynchronous=True``)."""
         if self.asynchronous:
             self.wait()
-
-
-def _snapshot(checkpoint: object) -> object:
-    """A copy of ``checkpoint`` sharing no memory with it: every tensor in its dicts, lists and
-    tuples cloned (``detach().clone()``, accelerator tensors copied to host memory), then a deep
-    copy of the rest. Cloning is what Lightning's ``AsyncCheckpointIO`` does."""
-    memo: dict[int, Any] = {}
-
-    def clone(obj: object, depth: int) -> None:
-        if depth > 1000:
-            return
-        if isinstance(obj, torch.Tensor):
-            if id(obj) not in memo:
-                t = obj.detach()
-                memo[id(obj)] = t.clone() if t.device.type == "cpu" else t.to("cpu", copy=True)
-        elif isinstance(obj, dict):
-            for value in obj.values():
-                clone(value, depth + 1)
-        elif isinstance(obj, (list, tuple)):
-            for value in obj:
-                clone(value, depth + 1)
-
-    clone(checkpoint, 0)
-    return copy.deepcopy(checkpoint, memo)
 
 
 def _peek(future: concurrent.futures.Future[Record]) -> BaseException | None:

@@ -204,15 +204,8 @@ class CommitStore(MirrorMethods):
         check_new(name, step, metadata)
         check_flag(overwrite, "overwrite")
         check_flag(alias, "alias")
-        engine = self._engine()
-        release = engine.acquire()
-        try:
-            snap = snapshot()
-        except BaseException:
-            release()
-            raise
 
-        def run() -> Record:
+        def run(snap: S) -> Record:
             with self.stage(
                 name, step=step, metadata=metadata, overwrite=overwrite, alias=alias
             ) as st:
@@ -220,7 +213,31 @@ class CommitStore(MirrorMethods):
             assert st.record is not None
             return st.record
 
-        return engine.submit(name, run, release)
+        return self.run_async(name, snapshot, run)
+
+    def run_async(
+        self, name: str, prepare: Callable[[], S], job: Callable[[S], Record]
+    ) -> concurrent.futures.Future[Record]:
+        """The engine under :meth:`commit_async`, for a commit that is not one staged file (a
+        folder the caller already wrote, say): waits for a free slot (``async_inflight``),
+        runs ``prepare()`` on the caller's thread, then ``job(prepared)`` on the store's worker
+        thread, in submission order with every other asynchronous commit of the store. The slot
+        is held until ``job`` ended. ``name`` names the job in logs and exit warnings; the job
+        commits through this store (so replication and retention follow it). Failures are
+        handled as :meth:`commit_async`'s.
+
+        Raises:
+            CommitStoreError: an earlier asynchronous commit's unobserved failure.
+            whatever ``prepare()`` raises (the slot is released, nothing is queued).
+        """
+        engine = self._engine()
+        release = engine.acquire()
+        try:
+            prepared = prepare()
+        except BaseException:
+            release()
+            raise
+        return engine.submit(name, lambda: job(prepared), release)
 
     def _engine(self) -> BackgroundCommits:
         with self._background_lock:
