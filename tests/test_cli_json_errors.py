@@ -76,17 +76,20 @@ def both(*args: str, cwd: Path) -> tuple[int, dict[str, Any], str]:
 def test_usage_errors_are_json_with_exit_2(tmp_path: Path) -> None:
     code, error, text = both("verify", cwd=tmp_path)  # no URL
     assert code == 2 and error["type"] == "UsageError" and "URL" in error["message"]
+    assert error["usage"] is True
     assert "usage:" in text
     code, error, _ = both("prune", str(tmp_path), "--keep-last", "x", cwd=tmp_path)
-    assert code == 2 and error["type"] == "UsageError"
+    assert code == 2 and error["type"] == "UsageError" and error["usage"] is True
 
 
 def test_a_missing_store_and_a_bad_option_are_json_with_exit_2(tmp_path: Path) -> None:
     code, error, _ = both("ls", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert code == 2 and error["type"] == "ConfigurationError"
     code, error, text = both("ls", str(tmp_path), "-o", "readback=maybe", cwd=tmp_path)
-    assert code == 2 and error["type"] == "ConfigurationError"
+    assert code == 2 and error["type"] == "ConfigurationError" and error["usage"] is True
     assert "readback" in error["message"] and "readback" in text
+    code, error, _ = both("get", str(tmp_path), "../x", str(tmp_path / "d"), cwd=tmp_path)
+    assert code == 2 and error["type"] == "InvalidNameError" and error["usage"] is True
     code, error, _ = both("ls", str(tmp_path), "-o", "strategy=fast", cwd=tmp_path)
     assert code == 2 and "strategy" in error["message"]
     # valid values of the same options are taken

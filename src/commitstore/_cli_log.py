@@ -121,9 +121,12 @@ def message_of(exc: BaseException) -> str:
 
 
 def error_doc(kind: str, message: str, code: int, exc: BaseException | None = None) -> Any:
-    """``{"error": {...}}``: the error's type and message, the exit status, and its ``errno``
-    and integrity ``status`` where it has them."""
+    """``{"error": {...}}``: the error's type and message, the exit status, ``"usage": true``
+    for a usage error (exit status 2), and its ``errno`` and integrity ``status`` where it has
+    them."""
     doc: dict[str, Any] = {"type": kind, "message": message, "exit_code": code}
+    if code == 2:  # a usage error, whatever raised it: argparse, or a bad name or option
+        doc["usage"] = True
     if isinstance(exc, OSError) and exc.errno is not None:
         doc["errno"] = errno.errorcode.get(exc.errno, exc.errno)
     status = getattr(exc, "status", None)

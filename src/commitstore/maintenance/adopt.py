@@ -13,17 +13,27 @@ with its path in the reason), and the listing must be the same after hashing as 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import struct
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from commitstore._check import check_exact
 from commitstore._commit import Committer
 from commitstore._scan import scan_records, unrecorded
+from commitstore._slots import read_slots
+from commitstore._small import put_small
+from commitstore.backends import PutMode
 from commitstore.digest import hash_stream, manifest_digest
-from commitstore.errors import CommitStoreError
-from commitstore.layout import FOLDERS_DIR, META_DIR, Parts, infer_step, validate_name
+from commitstore.errors import (
+    AlreadyExistsError,
+    CommitStoreError,
+    IntegrityError,
+    NotFoundError,
+)
+from commitstore.layout import FOLDERS_DIR, META_DIR, Parts, infer_step, record_parts, validate_name
 from commitstore.records import FileRecord, Record, encode_record
 
 ZIP_SUFFIXES = (".pt", ".pth", ".ckpt", ".zip", ".bin")
@@ -289,8 +299,32 @@ def _folder_record(store: Committer, name: str, parts: Parts, *, trust: bool) ->
     )
 
 
+def _own_record_restored(store: Committer, parts: Parts) -> bool:
+    """True when ``parts`` has a record now because an interrupted commit of it (stopped
+    between its data and its record) left a pending record that its data matches in full:
+    that record, with its step, metadata and alias flag, is made the record, as gc would do,
+    never one made up by adopt. Checks the name's pending record (under the publish lock) and,
+    on object stores, every writer's slot."""
+    backend = store.backend
+    with backend.publish_lock():
+        store.promote_earlier(parts)
+    if backend.stat(record_parts(parts)) is not None:
+        return True
+    for slot in read_slots(backend, parts):
+        if check_exact(backend, slot.stored.record, "full").status == "ok":
+            with contextlib.suppress(AlreadyExistsError):
+                put_small(backend, record_parts(parts), slot.stored.raw, PutMode.CREATE)
+            return backend.stat(record_parts(parts)) is not None
+    return False
+
+
 def adopt(store: Committer, name: str | None, *, trust: bool) -> AdoptReport:
-    """Write records for unrecorded files and folders that pass their structural check."""
+    """Write records for unrecorded files and folders that pass their structural check.
+
+    A name whose data matches a pending record its own interrupted commit left gets that
+    record (:func:`_own_record_restored`), never a made-up one. A name that cannot be read as a
+    regular file (a symlink, FIFO or device: never followed) is rejected with the reason; the
+    other names are still adopted."""
     records, bad = scan_records(store.backend)
     busy = _in_progress(store)
     names = [name] if name is not None else _group(unrecorded(store.backend, records, bad))
@@ -300,6 +334,12 @@ def adopt(store: Committer, name: str | None, *, trust: bool) -> AdoptReport:
         parts = validate_name(n)
         if any(n == b or n.startswith(b + "/") for b in busy):
             rejected[n] = "a folder commit is writing it (not adopted)"
+            continue
+        if _own_record_restored(store, parts):
+            rejected[n] = (
+                "an interrupted commit of it left its own record, which the data matches: that "
+                "record was made the record (not adopted)"
+            )
             continue
         seen = store.backend.stat(parts)  # compared again under the lock, before the record
         if seen is not None and seen.is_dir:
@@ -313,11 +353,14 @@ def adopt(store: Committer, name: str | None, *, trust: bool) -> AdoptReport:
             else:
                 adopted.append(n)
             continue
-        with store.backend.open_read(parts) as f:
-            problem = structure_problem(n, f, trust=trust)
-            if problem is None:
-                f.seek(0)
-                size, digest = hash_stream(f)
+        try:
+            with store.backend.open_read(parts) as f:
+                problem = structure_problem(n, f, trust=trust)
+                if problem is None:
+                    f.seek(0)
+                    size, digest = hash_stream(f)
+        except (IntegrityError, NotFoundError) as exc:  # a symlink, FIFO...; or gone meanwhile
+            problem = str(exc)
         if problem is not None:
             rejected[n] = problem
             continue

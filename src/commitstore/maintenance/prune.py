@@ -18,7 +18,7 @@ from commitstore._commit import Committer
 from commitstore._order import OrderKey, arrange, sort_key
 from commitstore._scan import read_record, scan_entries
 from commitstore.backends import Backend, FileInfo
-from commitstore.errors import NotFoundError
+from commitstore.errors import NameConflictError, NotFoundError
 from commitstore.layout import (
     META_DIR,
     PENDING_DIR,
@@ -333,7 +333,9 @@ def prune(
     for store, listed, plan in zip(targets, per_target, plans, strict=True):
         records = {item.record.name: item.record for item in listed}
         deleted, skipped = [], dict(plan.skipped)
-        for name in plan.delete:
+        # deepest names first: a folder artifact whose path holds another artifact planned for
+        # deletion is deleted after it, not refused for it
+        for name in sorted(plan.delete, key=lambda n: -n.count("/")):
             if dry_run:
                 deleted.append(name)
                 continue
@@ -342,6 +344,8 @@ def prune(
                 reason = store.delete_if(name, recheck)
             except NotFoundError:  # another prune got there first
                 reason = None
+            except NameConflictError as exc:  # a name path that holds kept artifacts: refused
+                reason = f"refused: {exc}"
             if reason is None or reason == "gone":
                 deleted.append(name)
                 log.info("prune: deleted %s on %s", name, store.url)
