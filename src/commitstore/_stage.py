@@ -13,7 +13,7 @@ from commitstore.errors import CommitError
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from commitstore.backends import CommitInfo, FileSink
+    from commitstore.backends import FileSink
     from commitstore.records import Record
 
 WRITE_CHUNK = 4 * 1024 * 1024
@@ -33,7 +33,7 @@ class Stage(io.RawIOBase):
         self,
         name: str,
         sink: FileSink,
-        finish: Callable[[FileSink, int, str], tuple[Record, CommitInfo]],
+        finish: Callable[[FileSink, int, str], Record],
         *,
         after: Callable[[Record], None] | None = None,
     ) -> None:
@@ -118,8 +118,9 @@ class Stage(io.RawIOBase):
                     f"{self._hasher.count} were hashed"
                 )
             sink.prepare()  # e.g. the data's fsync, while the pending record is written
-            self.record, info = self._finish(sink, self._hasher.count, self._hasher.digest())
-            self.durable, self.notes = info.durable, tuple(info.notes)
+            self.record = self._finish(sink, self._hasher.count, self._hasher.digest())
+            if self.record.outcome is not None:
+                self.durable, self.notes = self.record.outcome.durable, self.record.outcome.notes
         except BaseException:
             self.abort()
             raise

@@ -160,15 +160,21 @@ def cmd_put(args: argparse.Namespace) -> int:
     if os.path.isdir(args.local):
         import shutil
 
-        with store.stage_dir(name, step=args.step, overwrite=args.overwrite) as d:
+        got: list[Record] = []
+        with store._stage_dir(name, got, step=args.step, overwrite=args.overwrite) as d:
             shutil.copytree(args.local, d, dirs_exist_ok=True)
-        rec = store.record(name)
+        rec = got[0]
     else:
         bar = ProgressBar(f"put {name}", os.path.getsize(args.local))
         rec = store.put_file(
             name, args.local, step=args.step, overwrite=args.overwrite, progress=bar
         )
-    _emit(args, record_json(rec), f"committed {rec.name} ({rec.size} bytes, {rec.digest})")
+    doc, text = record_json(rec), f"committed {rec.name} ({rec.size} bytes, {rec.digest})"
+    if rec.outcome is not None:
+        doc["durable"], doc["notes"] = rec.outcome.durable, list(rec.outcome.notes)
+        if not rec.outcome.durable:
+            text += f"; durability unconfirmed: {'; '.join(rec.outcome.notes)}"
+    _emit(args, doc, text)
     return EXIT_OK
 
 

@@ -177,13 +177,28 @@ class CommitStore(MirrorMethods):
         naming rules: CommitError). Same checks of ``name``, ``step`` and ``metadata`` as
         :meth:`stage`, before any I/O.
         """
+        with self._stage_dir(name, [], step=step, metadata=metadata, overwrite=overwrite) as path:
+            yield path
+
+    @contextlib.contextmanager
+    def _stage_dir(
+        self,
+        name: str,
+        got: list[Record],
+        *,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> Iterator[Path]:
+        """:meth:`stage_dir`, appending the committed record (with its outcome) to ``got``
+        (the integrations return it: the record may exist only as the pending record)."""
+
+        def after(record: Record) -> None:
+            got.append(record)
+            self._after_commit(record)
+
         with _write.stage_dir(
-            self.committer,
-            name,
-            step=step,
-            metadata=metadata,
-            overwrite=overwrite,
-            after=self._after_commit,
+            self.committer, name, step=step, metadata=metadata, overwrite=overwrite, after=after
         ) as path:
             yield path
 
