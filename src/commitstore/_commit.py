@@ -323,8 +323,8 @@ class Committer:
                     record, info = intent, None
                     notes.append(f"data: {exc} (the new data is in place and verifies)")
                     durable = False
-                if info is not None and not info.durable:
-                    durable = False
+                if info is not None:  # retries, refusals: said even when durable
+                    durable = durable and info.durable
                     notes += info.notes
                 body = body if body is not None else encode_record(record)
                 published: CommitInfo | None = None
@@ -338,8 +338,8 @@ class Committer:
                         f"record: {exc} (the new data is published; its pending record makes "
                         "it verify as the new version, and gc makes that the record)"
                     )
-                if published is not None and not published.durable:
-                    durable = False
+                if published is not None:
+                    durable = durable and published.durable
                     notes += (f"record: {n}" for n in published.notes)
             if published is None:
                 pass  # the pending record stays: it is what makes the name verify
