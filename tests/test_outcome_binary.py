@@ -34,7 +34,7 @@ from commitstore import _commit as commit_module
 from commitstore.testing import Backdoor, LocalBackdoor, S3Backdoor, record_path
 
 from .faultshim.check import chain, chain_of, leftovers, state
-from .faultshim.ops import GONE, NEW, OLD, OPS
+from .faultshim.ops import GONE, NEW, OLD, OPS, Version
 from .faultshim.runner import Worker, build_shim
 from .helpers.requestproxy import RequestProxy
 from .helpers.s3servers import BUCKET, MotoServer
@@ -198,7 +198,7 @@ def is_pending_put(call: str) -> bool:
     return call.startswith("PUT ") and ".commitstore.new.w.bin" in unquote(call)
 
 
-VERSIONS = {"old": OLD, "new": NEW}
+VERSIONS: dict[str, Version] = {"old": OLD, "new": NEW}
 
 
 @pytest.mark.parametrize("new_name", [False, True], ids=["overwrite", "new"])
@@ -284,6 +284,7 @@ def _stage(store: CommitStore, name: str, tmp: Path) -> Any:
     st = store.stage(name, overwrite=True)
     st.write(NEW)
     rec = st.commit()
+    assert rec.outcome is not None
     assert st.durable is False and st.notes == rec.outcome.notes  # Stage reads the outcome
     return rec
 
@@ -301,7 +302,7 @@ def _folder(store: CommitStore, name: str, tmp: Path) -> Any:
     folder = store.begin_folder(name, overwrite=True)
     with folder.open_file("model.bin") as f:
         f.write(NEW)
-    return folder.commit([f.record])
+    return folder.commit([f.finish()])
 
 
 def _fsspec(store: CommitStore, name: str, tmp: Path) -> Any:
@@ -371,7 +372,7 @@ def test_a_mirror_copy_whose_record_write_fails_is_delivered(
     assert report.mirrors[0].failed == {}, report
     assert "ckpt" in report.mirrors[0].repaired
     door = LocalBackdoor(tmp_path / "m")
-    assert state(door, "ckpt", {"old": OLD, "new": NEW}) == "new"
+    assert state(door, "ckpt", VERSIONS) == "new"
 
 
 def test_a_failure_before_the_data_raises_and_the_old_version_stays(
@@ -389,7 +390,7 @@ def test_a_failure_before_the_data_raises_and_the_old_version_stays(
     monkeypatch.setattr(commit_module, "put_small", refuse_pending)
     with pytest.raises(CommitStoreError):
         store.put_bytes("ckpt", NEW, overwrite=True)
-    assert state(LocalBackdoor(tmp_path / "store"), "ckpt", {"old": OLD, "new": NEW}) == "old"
+    assert state(LocalBackdoor(tmp_path / "store"), "ckpt", VERSIONS) == "old"
 
 
 def test_records_read_from_storage_carry_no_outcome(tmp_path: Path) -> None:

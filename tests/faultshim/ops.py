@@ -306,8 +306,8 @@ OPS: dict[str, Op] = {
     )
 }
 
-WRITES = ("put_new", "put_overwrite", "put_overwrite_direct", "put_overwrite_bridge", "dir_new")
-WRITES += ("dir_overwrite",)
+WRITES: tuple[str, ...] = ("put_new", "put_overwrite", "put_overwrite_direct")
+WRITES += ("put_overwrite_bridge", "dir_new", "dir_overwrite")
 """The write calls, whose outcome is binary: raised, every name holds what it held before."""
 for _name in WRITES:
     _op = OPS[_name]
