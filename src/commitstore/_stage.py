@@ -47,8 +47,9 @@ class Stage(io.RawIOBase):
         self.record: Record | None = None
         """The committed record, after :meth:`commit`."""
         self.durable: bool | None = None
-        """After commit: False when the storage could not confirm durability (a directory fsync
-        refused on a network bridge); the commit itself succeeded."""
+        """After commit: ``record.outcome.durable``: False when a step after the data's publish
+        failed or could not be confirmed (a directory fsync refused on a network bridge, the
+        record's write); the commit itself succeeded (the name verifies as the new version)."""
         self.notes: tuple[str, ...] = ()
         """After commit: what the commit strategy had to work around (retries, refusals)."""
 
@@ -99,6 +100,11 @@ class Stage(io.RawIOBase):
 
     def commit(self) -> Record:
         """Publish the artifact and its record; return the record. Idempotent after success.
+
+        The outcome is binary: a raise means the name holds what it held before; once the new
+        data is published and verifies, a later failure (the record's write, a folder sync) is
+        returned, not raised: ``record.outcome.durable`` (and :attr:`durable`) False, the step
+        in the notes, a warning logged.
 
         Raises:
             AlreadyExistsError: the name was committed meanwhile and ``overwrite=False``.

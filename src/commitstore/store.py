@@ -144,6 +144,12 @@ class CommitStore(MirrorMethods):
         atomic for readers. ``alias=True`` records a moving name (``last.ckpt``): never pruned,
         not counted by ``keep_last`` (``Record.alias``).
 
+        Every write call's outcome is binary (here and in :meth:`stage_dir`, :meth:`put_bytes`,
+        :meth:`put_file`, folder commits): if it raises, the name holds what it held before; if
+        it returns, the name verifies as the new version, and a step after the data's publish
+        that failed (the record's write, a folder sync) is reported on the returned record's
+        ``outcome`` (``durable`` False, a note) and logged as a warning, never raised.
+
         Raises:
             InvalidNameError: a bad name, before any I/O.
             ConfigurationError: ``step`` or ``metadata`` cannot be recorded (not an int in
@@ -231,7 +237,9 @@ class CommitStore(MirrorMethods):
         return _folder.join(self.committer, token, after=self._after_commit)
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
-        """Commit ``data`` as ``name`` (same protocol as :meth:`stage`); checks free space first."""
+        """Commit ``data`` as ``name`` (same protocol and binary outcome as :meth:`stage`);
+        checks free space first. The record returned carries ``outcome``
+        (:class:`~commitstore.CommitOutcome`)."""
         return _write.put_bytes(self.committer, self.stage, name, data, kw)
 
     def put_file(
