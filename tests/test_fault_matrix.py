@@ -136,6 +136,7 @@ def test_fault_matrix(
             OPS[op],
             reply,
             err,
+            binary=err != "SIGKILL",
         )
         if problems:
             failures.append(f"[{op} call {k} {call!r} {err}] {chain_of(reply)}: {problems}")

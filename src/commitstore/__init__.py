@@ -30,7 +30,7 @@ from commitstore.maintenance.prune import PruneReport, TargetPrune
 from commitstore.maintenance.retention import Retention
 from commitstore.mirrors.replicator import MirrorState
 from commitstore.mirrors.sync import MirrorSync, SyncReport
-from commitstore.records import FileRecord, Record, VerifyReport, VerifyResult
+from commitstore.records import CommitOutcome, FileRecord, Record, VerifyReport, VerifyResult
 from commitstore.store import CommitStore
 
 __version__ = "0.1.0"
@@ -40,6 +40,7 @@ __all__ = [
     "AlreadyExistsError",
     "BackendUnavailableError",
     "CommitError",
+    "CommitOutcome",
     "CommitStore",
     "CommitStoreError",
     "ConfigurationError",

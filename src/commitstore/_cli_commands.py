@@ -158,10 +158,11 @@ def cmd_put(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if os.path.isdir(args.local):
         bar = _bar(args, f"put {name}", _folder_bytes(args.local))
-        with store.stage_dir(name, step=args.step, overwrite=args.overwrite) as d:
+        got: list[Record] = []  # the commit's own record (readable even before its record is)
+        with store._stage_dir(name, got, step=args.step, overwrite=args.overwrite) as d:
             _copy_into(args.local, d, bar)
             bar(bar.total)
-        rec = store.record(name)
+        rec = got[0]
     else:
         bar = _bar(args, f"put {name}", os.path.getsize(args.local))
         rec = store.put_file(
@@ -172,7 +173,12 @@ def cmd_put(args: argparse.Namespace) -> int:
         f"committed {rec.name} to {store.url} ({rec.size} bytes, {rec.digest}, "
         f"{figures['seconds']:.2f} s, {figures['mb_per_s']:.1f} MB/s)"
     )
-    _emit(args, {**record_json(rec), "url": store.url, **figures}, text)
+    doc = {**record_json(rec), "url": store.url, **figures}
+    if rec.outcome is not None:
+        doc["durable"], doc["notes"] = rec.outcome.durable, list(rec.outcome.notes)
+        if not rec.outcome.durable:
+            text += f"; durability unconfirmed: {'; '.join(rec.outcome.notes)}"
+    _emit(args, doc, text)
     return EXIT_OK
 
 

@@ -10,7 +10,9 @@ absence of both record and data is checked under the backend's publish lock.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -22,7 +24,6 @@ from commitstore._small import put_small as put_small  # noqa: PLC0414 (re-expor
 from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
 from commitstore.errors import (
     AlreadyExistsError,
-    CommitError,
     CommitStoreError,
     ConfigurationError,
     InsufficientSpaceError,
@@ -37,7 +38,14 @@ from commitstore.layout import (
     record_parts,
     validate_name,
 )
-from commitstore.records import Record, RecordFormatError, decode_record, encode_record, new_fields
+from commitstore.records import (
+    CommitOutcome,
+    Record,
+    RecordFormatError,
+    decode_record,
+    encode_record,
+    new_fields,
+)
 
 log = logging.getLogger("commitstore")
 
@@ -230,14 +238,18 @@ class Committer:
         self,
         parts: Parts,
         mode: PutMode,
-        publish_data: Callable[[], Record],
+        publish_data: Callable[[], tuple[Record, CommitInfo | None]],
         *,
         intent: Record | None = None,
         body: bytes | None = None,
         data_in_place: bool = False,
+        started: float | None = None,
     ) -> Record:
-        """Under the publish lock: publish the data (``publish_data`` returns its record), then
-        the record with the same mode (``body``: the exact record bytes, for mirror copies).
+        """Under the publish lock: publish the data (``publish_data`` returns its record and what
+        the data's publish did, None if nothing was published there), then the record with the
+        same mode (``body``: the exact record bytes, for mirror copies). Returns the record with
+        its :class:`~commitstore.records.CommitOutcome` (``started``: ``time.monotonic()`` when
+        the caller's write began, for ``seconds``; default now).
 
         ``intent``: the record the data will have, when it is known before the data is
         published. It is then written first, as the name's pending record (``intent_parts``):
@@ -254,10 +266,25 @@ class Committer:
         is this commit's own (a multi-writer folder on an object store, ``_folder``), so only
         the record's absence is checked.
 
+        The outcome is binary. Until the new data is published under the name, a failure is
+        raised and the name holds what it held before. Once it is, and the name verifies as
+        the new version (the data matches the pending record), nothing after raises: a failed
+        data-step confirmation (a stat or folder sync after the rename: the data is checked in
+        full against the pending record, and the record is then written as usual), a failed
+        record write (the pending record makes the name verify as the new version; gc makes it
+        the record), a failed removal of the pending record: each is a note of the returned
+        record's outcome, with ``durable`` False and a warning in the log.
+
         Raises:
-            CommitError: the data was published but its record could not be (the message says
-                so; the pending record makes the name verify as the new version).
+            AlreadyExistsError: the name is taken (``CREATE``); nothing of this commit stands.
+            CommitError, StorageError, InsufficientSpaceError, BackendUnavailableError: a
+                failure before the new data was published (or one after it that leaves a name
+                not verifying as the new version: without a pending record, or a folder whose
+                files changed meanwhile); the name holds what it held before.
         """
+        t0 = time.monotonic() if started is None else started
+        notes: list[str] = []
+        durable = True
         slot = (
             _slots.new_slot(parts)
             if intent is not None and _slots.uses_slots(self.backend)
@@ -284,36 +311,88 @@ class Committer:
             )
             with beat:
                 try:
-                    record = publish_data()
+                    record, info = publish_data()
                 except AlreadyExistsError:
                     if pending is not None:  # nothing of ours was published: drop our intent
                         with contextlib.suppress(CommitStoreError):
                             self.backend.remove(slot or intent_parts(parts))
                     raise
+                except CommitStoreError as exc:
+                    if intent is None or not self._stands(intent):
+                        raise
+                    record, info = intent, None
+                    notes.append(f"data: {exc} (the new data is in place and verifies)")
+                    durable = False
+                if info is not None:  # retries, refusals: said even when durable
+                    durable = durable and info.durable
+                    notes += info.notes
                 body = body if body is not None else encode_record(record)
+                published: CommitInfo | None = None
                 try:
                     published = put_small(self.backend, record_parts(parts), body, mode)
-                    self.note(published, record.name)
                 except CommitStoreError as exc:
                     if pending is None or pending != body:
                         raise
-                    raise CommitError(
-                        f"{record.name}: the new data is published but its record could not be "
-                        f"written ({exc}); its pending record makes it verify as the new version"
-                    ) from exc
-            if slot is not None:  # kept if another writer of the name may need it (_slots)
+                    durable = False
+                    notes.append(
+                        f"record: {exc} (the new data is published; its pending record makes "
+                        "it verify as the new version, and gc makes that the record)"
+                    )
+                if published is not None:
+                    durable = durable and published.durable
+                    notes += (f"record: {n}" for n in published.notes)
+            if published is None:
+                pass  # the pending record stays: it is what makes the name verify
+            elif slot is not None:  # kept if another writer of the name may need it (_slots)
                 self._settle_slot(parts, slot, body, record)
             elif pending is not None:
                 # a leftover only costs a lookup (it equals the durable record), so the removal
                 # need not be durable: no folder sync for it
-                with contextlib.suppress(CommitStoreError):
+                try:
                     self.backend.remove_leftover(intent_parts(parts))
-        if published.tag is not None:  # object stores: keep the record cache whole (best effort)
-            _recordcache.note(self.backend, "/".join(record_parts(parts)[2:]), published.tag, body)
-        log.info(
-            "committed %s to %s (%d bytes, %s)", record.name, self.url, record.size, record.digest
+                except CommitStoreError as exc:
+                    durable = False
+                    notes.append(f"pending record: not removed ({exc}); gc removes it")
+        if published is not None and published.tag is not None:
+            # object stores: keep the record cache whole (best effort)
+            with contextlib.suppress(CommitStoreError):
+                _recordcache.note(
+                    self.backend, "/".join(record_parts(parts)[2:]), published.tag, body
+                )
+        outcome = CommitOutcome(
+            durable=durable,
+            notes=tuple(notes),
+            target=self.url,
+            bytes=record.size,
+            seconds=time.monotonic() - t0,
         )
-        return record
+        if durable:
+            log.info(
+                "committed %s to %s (%d bytes, %s)",
+                record.name,
+                self.url,
+                record.size,
+                record.digest,
+            )
+        else:
+            log.warning(
+                "%s: committed to %s (%d bytes, %s), durability unconfirmed: %s",
+                record.name,
+                self.url,
+                record.size,
+                record.digest,
+                "; ".join(notes),
+            )
+        return dataclasses.replace(record, outcome=outcome)
+
+    def _stands(self, intent: Record) -> bool:
+        """After the data step raised: whether the name verifies as ``intent`` all the same (the
+        data was published and a later step of its publish failed). Checked in full; a check
+        the storage fails counts as no."""
+        try:
+            return check_exact(self.backend, intent, "full").status == "ok"
+        except CommitStoreError:
+            return False
 
     def _settle_slot(self, parts: Parts, slot: Parts, body: bytes, record: Record) -> None:
         """Step 4 of ``_slots``: drop this writer's slot when no one may need it; when the
@@ -375,13 +454,6 @@ class Committer:
             except AlreadyExistsError:
                 return "already has a record"
         return None
-
-    def note(self, info: CommitInfo, name: str) -> None:
-        """Log what a publish could not confirm (durability refused by the storage)."""
-        if not info.durable:
-            log.warning(
-                "%s on %s: durability unconfirmed: %s", name, self.url, "; ".join(info.notes)
-            )
 
     def delete_if(self, name: str, still: Callable[[], str | None]) -> str | None:
         """Like :meth:`delete`, but only if ``still()``, called under the publish lock just

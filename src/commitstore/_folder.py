@@ -42,6 +42,7 @@ import json
 import os
 import re
 import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,7 @@ from commitstore import _slots
 from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._folderfile import FolderFile
 from commitstore._small import put_small
-from commitstore.backends import Backend, PutMode
+from commitstore.backends import Backend, CommitInfo, PutMode
 from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.digest import hash_stream, manifest_digest
@@ -272,6 +273,7 @@ class FolderWrite:
                 digest), or an unexpected file is there; nothing is published.
             AlreadyExistsError: the name was committed meanwhile (``overwrite=False``).
         """
+        started = time.monotonic()
         if check not in ("size", "full"):
             raise ConfigurationError(f"check must be 'size' or 'full', not {check!r}")
         files = _unique(expected)
@@ -290,13 +292,18 @@ class FolderWrite:
         )
         mode = mode_of(self._t.overwrite)
 
-        def publish_data() -> Record:
-            if not _in_place(backend):
-                self._c.note(backend.publish_folder(area, self._parts, mode=mode), self.name)
-            return record
+        def publish_data() -> tuple[Record, CommitInfo | None]:
+            if _in_place(backend):  # already under the name: the record is the commit
+                return record, None
+            return record, backend.publish_folder(area, self._parts, mode=mode)
 
         self.record = self._c.commit(
-            self._parts, mode, publish_data, intent=record, data_in_place=_in_place(backend)
+            self._parts,
+            mode,
+            publish_data,
+            intent=record,
+            data_in_place=_in_place(backend),
+            started=started,
         )
         self._release()
         if _in_place(backend):

@@ -13,7 +13,7 @@ from commitstore.errors import CommitError
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from commitstore.backends import CommitInfo, FileSink
+    from commitstore.backends import FileSink
     from commitstore.records import Record
 
 WRITE_CHUNK = 4 * 1024 * 1024
@@ -33,7 +33,7 @@ class Stage(io.RawIOBase):
         self,
         name: str,
         sink: FileSink,
-        finish: Callable[[FileSink, int, str], tuple[Record, CommitInfo]],
+        finish: Callable[[FileSink, int, str], Record],
         *,
         after: Callable[[Record], None] | None = None,
     ) -> None:
@@ -47,8 +47,9 @@ class Stage(io.RawIOBase):
         self.record: Record | None = None
         """The committed record, after :meth:`commit`."""
         self.durable: bool | None = None
-        """After commit: False when the storage could not confirm durability (a directory fsync
-        refused on a network bridge); the commit itself succeeded."""
+        """After commit: ``record.outcome.durable``: False when a step after the data's publish
+        failed or could not be confirmed (a directory fsync refused on a network bridge, the
+        record's write); the commit itself succeeded (the name verifies as the new version)."""
         self.notes: tuple[str, ...] = ()
         """After commit: what the commit strategy had to work around (retries, refusals)."""
 
@@ -100,6 +101,11 @@ class Stage(io.RawIOBase):
     def commit(self) -> Record:
         """Publish the artifact and its record; return the record. Idempotent after success.
 
+        The outcome is binary: a raise means the name holds what it held before; once the new
+        data is published and verifies, a later failure (the record's write, a folder sync) is
+        returned, not raised: ``record.outcome.durable`` (and :attr:`durable`) False, the step
+        in the notes, a warning logged.
+
         Raises:
             AlreadyExistsError: the name was committed meanwhile and ``overwrite=False``.
             InsufficientSpaceError, CommitError: nothing was published.
@@ -118,8 +124,9 @@ class Stage(io.RawIOBase):
                     f"{self._hasher.count} were hashed"
                 )
             sink.prepare()  # e.g. the data's fsync, while the pending record is written
-            self.record, info = self._finish(sink, self._hasher.count, self._hasher.digest())
-            self.durable, self.notes = info.durable, tuple(info.notes)
+            self.record = self._finish(sink, self._hasher.count, self._hasher.digest())
+            if self.record.outcome is not None:
+                self.durable, self.notes = self.record.outcome.durable, self.record.outcome.notes
         except BaseException:
             self.abort()
             raise

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import stat
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -46,18 +47,16 @@ def open_stage(
     parts, step, meta = check_new(name, step, metadata)
     check_flag(alias, "alias")
     mode = mode_of(overwrite)
+    started = time.monotonic()
     sink = committer.open_file(parts, mode)
 
-    def finish(s: FileSink, size: int, digest: str) -> tuple[Record, CommitInfo]:
+    def finish(s: FileSink, size: int, digest: str) -> Record:
         record = make_record(name, step, meta, size=size, digest=digest, alias=alias)
-        infos: list[CommitInfo] = []
 
-        def publish_data() -> Record:
-            infos.append(s.publish(size=size, digest=digest))
-            committer.note(infos[0], name)
-            return record
+        def publish_data() -> tuple[Record, CommitInfo]:
+            return record, s.publish(size=size, digest=digest)
 
-        return committer.commit(parts, mode, publish_data, intent=record), infos[0]
+        return committer.commit(parts, mode, publish_data, intent=record, started=started)
 
     return Stage(name, sink, finish, after=after)
 
@@ -75,6 +74,7 @@ def stage_dir(
     """A local folder to fill, published whole on a clean exit (see ``CommitStore.stage_dir``)."""
     parts, step, meta = check_new(name, step, metadata)
     mode = mode_of(overwrite)
+    started = time.monotonic()
     sink = committer.open_dir(parts, mode)
     try:
         yield sink.local_path
@@ -99,16 +99,12 @@ def stage_dir(
         # commit's pending record); the sink hashes again as it publishes.
         intent = dir_record(hash_and_sync_tree(sink.local_path))
 
-        def publish_data() -> Record:
+        def publish_data() -> tuple[Record, CommitInfo]:
             info = sink.publish()
-            committer.note(info, name)
-            return (
-                intent
-                if sorted(info.files) == sorted((f.path, f.size, f.digest) for f in intent.files)
-                else dir_record(info.files)
-            )
+            same = sorted(info.files) == sorted((f.path, f.size, f.digest) for f in intent.files)
+            return (intent if same else dir_record(info.files)), info
 
-        record = committer.commit(parts, mode, publish_data, intent=intent)
+        record = committer.commit(parts, mode, publish_data, intent=intent, started=started)
     except BaseException:
         sink.abort()
         raise

@@ -126,9 +126,10 @@ def commit_folder(
                     area.rename(src)  # back where the Trainer put it
                 raise
         folder.abort()
-    with store.stage_dir(name, step=step, metadata=metadata, overwrite=overwrite) as out:
+    got: list[Record] = []
+    with store._stage_dir(name, got, step=step, metadata=metadata, overwrite=overwrite) as out:
         shutil.copytree(src, out, dirs_exist_ok=True)
-    record = store.record(name)
+    record = got[0]
     if not keep_local:
         shutil.rmtree(src, ignore_errors=True)
     return record

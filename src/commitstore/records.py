@@ -26,6 +26,7 @@ from commitstore.layout import validate_name
 __all__ = [
     "MAX_DEPTH",
     "MAX_RECORD_BYTES",
+    "CommitOutcome",
     "FileRecord",
     "Record",
     "RecordFormatError",
@@ -67,6 +68,34 @@ class FileRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class CommitOutcome:
+    """How the commit call that returned a record went: carried by that record only
+    (:attr:`Record.outcome`), never stored.
+
+    A write call's outcome is binary: if it raises, the name holds what it held before; if it
+    returns, the name verifies as the new version. What the commit could not confirm after the
+    new data was published under the name (a folder sync the storage refused or that failed, a
+    record write that failed while the pending record makes the name verify as the new version,
+    a pending record that could not be removed) makes ``durable`` False, is said in ``notes``
+    and logged as a warning; it never turns the call into an exception.
+    """
+
+    durable: bool
+    """False when a step after the data's publish failed or could not be confirmed: the new
+    version stands and is served (a missing record is completed by ``gc``), but the commit may
+    not survive a power loss as it is, or left something for ``gc`` to settle."""
+    notes: tuple[str, ...] = ()
+    """What the commit had to work around, one entry per step (``"record: ..."``)."""
+    target: str = ""
+    """The URL of the store committed to (without credentials)."""
+    bytes: int = 0
+    """Bytes of the artifact (the record's ``size``)."""
+    seconds: float = 0.0
+    """Wall time of the commit call: from the start of the write (``stage()``, ``put_*``,
+    ``stage_dir()`` entered, ``FolderWrite.commit``; a mirror copy's publish) to its return."""
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
     """What was committed under ``name``: the reference every check compares against."""
 
@@ -92,6 +121,10 @@ class Record:
     """A moving name (``last.ckpt``) committed again and again with ``overwrite=True``: never
     pruned and not counted by ``keep_last``. Stored as ``"alias": true`` only when set, so other
     records keep their bytes (and older readers, which ignore unknown keys, read it)."""
+    outcome: CommitOutcome | None = field(default=None, compare=False, repr=False)
+    """On a record a write call returned: how that commit went (:class:`CommitOutcome`:
+    durability, notes, target, bytes, seconds). None on records read from storage; never
+    encoded into the stored record, and not compared."""
 
 
 def _fmt_time(value: datetime) -> str:

@@ -152,6 +152,12 @@ class CommitStore(MirrorMethods):
         atomic for readers. ``alias=True`` records a moving name (``last.ckpt``): never pruned,
         not counted by ``keep_last`` (``Record.alias``).
 
+        Every write call's outcome is binary (here and in :meth:`stage_dir`, :meth:`put_bytes`,
+        :meth:`put_file`, folder commits): if it raises, the name holds what it held before; if
+        it returns, the name verifies as the new version, and a step after the data's publish
+        that failed (the record's write, a folder sync) is reported on the returned record's
+        ``outcome`` (``durable`` False, a note) and logged as a warning, never raised.
+
         Raises:
             InvalidNameError: a bad name, before any I/O.
             ConfigurationError: ``step`` or ``metadata`` cannot be recorded (not an int in
@@ -266,13 +272,28 @@ class CommitStore(MirrorMethods):
         naming rules: CommitError). Same checks of ``name``, ``step`` and ``metadata`` as
         :meth:`stage`, before any I/O.
         """
+        with self._stage_dir(name, [], step=step, metadata=metadata, overwrite=overwrite) as path:
+            yield path
+
+    @contextlib.contextmanager
+    def _stage_dir(
+        self,
+        name: str,
+        got: list[Record],
+        *,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> Iterator[Path]:
+        """:meth:`stage_dir`, appending the committed record (with its outcome) to ``got``
+        (the integrations return it: the record may exist only as the pending record)."""
+
+        def after(record: Record) -> None:
+            got.append(record)
+            self._after_commit(record)
+
         with _write.stage_dir(
-            self.committer,
-            name,
-            step=step,
-            metadata=metadata,
-            overwrite=overwrite,
-            after=self._after_commit,
+            self.committer, name, step=step, metadata=metadata, overwrite=overwrite, after=after
         ) as path:
             yield path
 
@@ -305,7 +326,9 @@ class CommitStore(MirrorMethods):
         return _folder.join(self.committer, token, after=self._after_commit)
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
-        """Commit ``data`` as ``name`` (same protocol as :meth:`stage`); checks free space first."""
+        """Commit ``data`` as ``name`` (same protocol and binary outcome as :meth:`stage`);
+        checks free space first. The record returned carries ``outcome``
+        (:class:`~commitstore.CommitOutcome`)."""
         return _write.put_bytes(self.committer, self.stage, name, data, kw)
 
     def put_file(

@@ -181,9 +181,25 @@ def check_outcome(reply: dict[str, Any], err: str) -> list[str]:
     return problems
 
 
-def check_states(door: Backdoor, op: Op, reply: dict[str, Any], *, settled: bool) -> list[str]:
+def check_returned(reply: dict[str, Any]) -> list[str]:
+    """A write call that returned: a commit it reports as not durable says why, and warned."""
+    summary = reply.get("summary") or {}
+    if reply.get("outcome") != "ok" or reply.get("killed") or summary.get("durable", True):
+        return []
+    if not summary.get("notes") or not summary.get("warned"):
+        return [f"durable=False without a note and a warning: {summary}"]
+    return []
+
+
+def check_states(
+    door: Backdoor, op: Op, reply: dict[str, Any], *, settled: bool, binary: bool = False
+) -> list[str]:
+    """Every name verifies as a version ``op`` allows; ``binary``: a write call that raised left
+    every name as it was (the fault was one failed step, which the commit could survive)."""
     problems = []
     expect = op.allowed
+    if binary and op.on_raise is not None and reply.get("outcome") == "raised":
+        expect = op.on_raise
     if reply.get("outcome") == "ok" and not reply.get("killed"):
         if op.on_success is not None:
             expect = op.on_success
@@ -204,19 +220,22 @@ def check_case(
     op: Op,
     reply: dict[str, Any],
     err: str,
+    *,
+    binary: bool = False,
 ) -> list[str]:
     """Every check of one case (``door``: the store's storage; ``reopen``: a fresh store on it);
-    an empty list when all hold."""
+    an empty list when all hold. ``binary``: see :func:`check_states`."""
     problems = check_outcome(reply, err)
     if problems and reply.get("outcome") == "setup failed":
         return problems
-    problems += check_states(door, op, reply, settled=False)
+    problems += check_returned(reply)
+    problems += check_states(door, op, reply, settled=False, binary=binary)
     try:
         fresh = reopen()
         fresh.gc(min_age=0)
     except Exception as exc:
         return [*problems, f"reopen + gc raised {type(exc).__name__}: {exc}"]
-    problems += check_states(door, op, reply, settled=True)
+    problems += check_states(door, op, reply, settled=True, binary=binary)
     left = leftovers(door)
     if left:
         problems.append(f"left after gc: {left}")

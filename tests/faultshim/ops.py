@@ -7,14 +7,15 @@ A version is a file's bytes, or a folder's ``{relative path: bytes}``.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from commitstore import CommitStore, open_store
+from commitstore import CommitStore, Record, open_store
 
 Version = bytes | dict[str, bytes]
 
@@ -70,6 +71,9 @@ class Op:
     allowed: dict[str, set[str]]
     on_success: dict[str, set[str]] | None = None
     new_name: set[str] = field(default_factory=set)
+    on_raise: dict[str, set[str]] | None = None
+    """A write call: the labels each name may verify as when the call raised (an exception
+    means nothing changed: the old version, or none for a new name)."""
     strategy: str = "auto"
     """``open_store(strategy=)``: "bridge" runs the mounted-network recipe on a local folder
     (fresh stat, read-back, size check after the rename, rename retries)."""
@@ -91,10 +95,39 @@ def _store(store: CommitStore, *files: tuple[str, Version]) -> None:
 Run = Callable[[CommitStore, Callable[[bool], None]], dict[str, Any]]
 
 
+class Warnings(logging.Handler):
+    """The warnings commitstore logs while an operation runs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def __enter__(self) -> Warnings:
+        logging.getLogger("commitstore").addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("commitstore").removeHandler(self)
+
+
+def outcome(record: Record, warned: Warnings) -> dict[str, Any]:
+    """What a write call returned about its commit (``Record.outcome``), and the warnings."""
+    got = getattr(record, "outcome", None)  # (absent before commits reported their outcome)
+    return {
+        "durable": True if got is None else got.durable,
+        "notes": [] if got is None else list(got.notes),
+        "warned": warned.messages,
+    }
+
+
 def _put(name: str, overwrite: bool) -> Run:
     def run(store: CommitStore, pause: Callable[[bool], None]) -> dict[str, Any]:
-        store.put_bytes(name, NEW, overwrite=overwrite)
-        return {}
+        with Warnings() as warned:
+            record = store.put_bytes(name, NEW, overwrite=overwrite)
+        return outcome(record, warned)
 
     return run
 
@@ -131,11 +164,12 @@ def _gc(store: CommitStore, pause: Callable[[bool], None]) -> dict[str, Any]:
 
 def _stage_dir(name: str, files: dict[str, bytes], overwrite: bool) -> Run:
     def run(store: CommitStore, pause: Callable[[bool], None]) -> dict[str, Any]:
-        with store.stage_dir(name, overwrite=overwrite) as d:
+        got: list[Record] = []
+        with Warnings() as warned, store._stage_dir(name, got, overwrite=overwrite) as d:
             pause(True)
             fill(d, files)
             pause(False)
-        return {}
+        return outcome(got[0], warned)
 
     return run
 
@@ -271,3 +305,12 @@ OPS: dict[str, Op] = {
         ),
     )
 }
+
+WRITES: tuple[str, ...] = ("put_new", "put_overwrite", "put_overwrite_direct")
+WRITES += ("put_overwrite_bridge", "dir_new", "dir_overwrite")
+"""The write calls, whose outcome is binary: raised, every name holds what it held before."""
+for _name in WRITES:
+    _op = OPS[_name]
+    OPS[_name] = replace(
+        _op, on_raise={n: {GONE} if n in _op.new_name else {"old"} for n in _op.versions}
+    )

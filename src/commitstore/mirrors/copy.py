@@ -21,7 +21,7 @@ from typing import BinaryIO, cast
 from commitstore._check import compare, pending_version, record_of
 from commitstore._commit import Committer
 from commitstore._scan import StoredRecord, read_record
-from commitstore.backends import PutMode
+from commitstore.backends import CommitInfo, PutMode
 from commitstore.backends.base import Rereadable
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.digest import copy_hashed
@@ -150,7 +150,7 @@ def _copy(
     guard: Callable[[], None] | None,
 ) -> Record:
     parts, rec = validate_name(name), stored.record
-    publish_data: Callable[[], Record]
+    publish_data: Callable[[], tuple[Record, CommitInfo]]
     if rec.kind == "file":
         sink = dst.open_file(parts, PutMode.REPLACE)
         try:
@@ -169,9 +169,8 @@ def _copy(
             raise
         abort = sink.abort
 
-        def publish_file() -> Record:
-            dst.note(sink.publish(size=rec.size, digest=rec.digest), name)
-            return rec
+        def publish_file() -> tuple[Record, CommitInfo]:
+            return rec, sink.publish(size=rec.size, digest=rec.digest)
 
         publish_data = publish_file
     else:
@@ -191,18 +190,18 @@ def _copy(
             raise
         abort = dsink.abort
 
-        def publish_dir() -> Record:
+        def publish_dir() -> tuple[Record, CommitInfo]:
             info = dsink.publish()
             sent = sorted((f.path, f.size, f.digest) for f in rec.files)
             if sorted(info.files) != sent:
                 raise IntegrityError(f"{name}: folder changed while copied", name=name)
-            return rec
+            return rec, info
 
         publish_data = publish_dir
 
     started = False
 
-    def publish() -> Record:
+    def publish() -> tuple[Record, CommitInfo]:
         nonlocal started
         if guard is not None:
             guard()
