@@ -259,3 +259,48 @@ def test_maintenance_leaves_the_journal_alone(tmp_path: Path) -> None:
     assert not any("owed" in item.path for item in (*gc.removed, *gc.kept))
     store.prune(keep_last=3, min_age=0)
     assert _entries(root) == before
+
+
+EXITING = """
+import sys, threading
+import commitstore.mirrors.copy as c
+from commitstore import open_store
+
+def stuck(src, dst, name, **kw):  # the mirror never takes a copy
+    threading.Event().wait()
+c.copy_artifact = stuck
+
+store = open_store(sys.argv[1], mirrors=[sys.argv[2]])
+for i in range(3):
+    store.put_bytes(f"step_{i}.pt", bytes([i + 1]) * 100)
+print("committed", flush=True)
+# no close(): the exit flush runs out of its bound with every copy still owed
+"""
+
+
+def test_copies_the_exit_flush_could_not_make_are_journaled(tmp_path: Path) -> None:
+    root, mirror = tmp_path / "p", str(tmp_path / "m")
+    env = {
+        **os.environ,
+        "COMMITSTORE_EXIT_FLUSH_SECONDS": "0.5",
+        "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT_DIR / "src")),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING, str(root), mirror],
+        env=env,
+        cwd=ROOT_DIR,
+        capture_output=True,
+        timeout=BOUND,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert b"owed" in done.stderr  # the exit warning says where they are
+    names = [f"step_{i}.pt" for i in range(3)]
+    assert sorted(json.loads(p.read_bytes())["name"] for p in _entries(root)) == names
+    with pytest.warns(RuntimeWarning, match="3 copies owed"):
+        store = open_store(root, mirrors=[mirror])
+    store.flush()
+    door = LocalBackdoor(tmp_path / "m")
+    assert [door.read(n) for n in names] == [bytes([i + 1]) * 100 for i in range(3)]
+    assert _entries(root) == []
+    store.close()

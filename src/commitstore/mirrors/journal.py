@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from commitstore._scan import list_records
 from commitstore._small import put_small
 from commitstore.backends import PutMode
 from commitstore.errors import CommitStoreError, InvalidNameError, NotFoundError
@@ -174,4 +175,28 @@ def read(backend: Backend, url: str) -> list[Entry]:
     if len(listed) > MAX_ENTRIES:
         log.warning("the owed journal for %s holds more than %d entries", url, MAX_ENTRIES)
     out.sort(key=lambda e: e.since)
+    return out
+
+
+def owed_at_start(backend: Backend, urls: list[str]) -> dict[str, list[tuple[str, int]]]:
+    """Per mirror URL, the names (and their sizes by the primary's records, 0 when unknown) an
+    earlier run owed it, oldest first. Entries of names the primary no longer holds are
+    removed (nothing is left to copy). Lists the journal of each mirror once, and the primary's
+    records once when there is any entry; never raises for the storage's state."""
+    entries = {url: read(backend, url) for url in urls}
+    if not any(entries.values()):
+        return {url: [] for url in urls}
+    try:
+        held: dict[str, int] | None = {r.name: r.size for r in list_records(backend)}
+    except Exception as exc:  # the copies themselves will say what is wrong
+        log.warning("owed copies: the primary's records could not be listed: %s", exc)
+        held = None
+    out: dict[str, list[tuple[str, int]]] = {}
+    for url, found in entries.items():
+        out[url] = []
+        for e in found:
+            if held is not None and e.name not in held:
+                remove(backend, url, e.name)
+            else:
+                out[url].append((e.name, held[e.name] if held is not None else 0))
     return out

@@ -268,29 +268,16 @@ class Replicator:
         """Take up the copies the journal says an earlier run owed to each mirror: queued (as
         handed off) in background mode, failed in sync mode; entries of names the primary no
         longer holds are removed. Never raises (an unreadable journal or primary: a warning)."""
-        owed = {
-            w.mirror.url: journal.read(self.primary.backend, w.mirror.url) for w in self.workers
-        }
-        if not any(owed.values()):
-            return
-        try:
-            held = {r.name: r for r in list_records(self.primary.backend)}
-        except Exception as exc:  # the copies themselves will say what is wrong
-            log.warning("owed copies: the primary's records could not be listed: %s", exc)
-            held = None
+        owed = journal.owed_at_start(self.primary.backend, [w.mirror.url for w in self.workers])
         now = time.monotonic()
         for w in self.workers:
-            entries = owed[w.mirror.url]
-            gone = [e for e in entries if held is not None and e.name not in held]
-            for e in gone:  # nothing left to copy
-                journal.remove(self.primary.backend, w.mirror.url, e.name)
-            names = [e.name for e in entries if e not in gone]
+            names = [name for name, _size in owed[w.mirror.url]]
             if not names:
                 continue
+            sizes = dict(owed[w.mirror.url])
             with self._lock:
                 for name in names:
-                    size = held[name].size if held is not None else 0
-                    w.since.setdefault(name, (now, size))
+                    w.since.setdefault(name, (now, sizes[name]))
                     w.journaled[name] = next(self._generation)
                     if self.mode == "background":
                         w.pending.append(name)
@@ -569,7 +556,7 @@ class Replicator:
                 "commitstore: the store was not closed and these artifacts did not reach their "
                 f"mirror before exit (the exit flush waited {time.monotonic() - started:.1f}s, "
                 f"bounded by COMMITSTORE_EXIT_FLUSH_SECONDS={exit_flush_seconds():g}; they are "
-                "owed in the primary's journal: the next start with these mirrors, or sync(), "
+                "journaled as owed on the primary: the next start with these mirrors, or sync(), "
                 "completes them): " + "; ".join(lines)
             )
             log.warning("%s", msg)
