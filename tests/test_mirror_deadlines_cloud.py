@@ -1,4 +1,4 @@
-"""Deadlines of GCS and Azure stores: an endpoint that accepts TCP and never answers
+"""Deadlines of GCS, Azure (and SMB) stores: an endpoint that accepts TCP and never answers
 (``helpers.blackhole``) fails every request within the store's ``connect_timeout``,
 ``read_timeout`` and ``retries``, as a primary (always a typed error) and as a mirror (commits on
 the primary return, ``mirror_status`` reports the mirror unreachable).
@@ -163,3 +163,15 @@ def test_a_blackholed_mirror_never_blocks_commits(
     assert state.owed == len(names)  # failed copies are still owed (sync repairs)
     _within(store.close)
     assert hole.accepted >= len(names)
+
+
+# -- a blackholed SMB server -----------------------------------------------------------------------
+def test_a_blackholed_smb_server_fails_typed_within_its_timeout(hole: Blackhole) -> None:
+    """SMB's ``timeout`` bounds the negotiate of each connection: a server that accepts and never
+    answers is unreachable (``BackendUnavailableError``, after the bounded reconnects), not a
+    ``CommitError`` about a generic SMB failure. Opening an SMB store connects, so that is where
+    it fails."""
+    url = f"smb://user@127.0.0.1:{hole.port}/share/p"
+    with pytest.raises(BackendUnavailableError, match="unreachable"):
+        _within(lambda: open_store(url, password="pw", timeout=1))
+    assert hole.accepted >= 1
