@@ -204,8 +204,8 @@ class Replicator:
     could not make get an entry in the owed journal on the primary (``journal.py``), removed once
     the copy is made (or ``sync`` made it). A replicator reads the journal of each of its mirrors
     when it is created (one listing per mirror, no copy) and, with a warning, queues those
-    copies (background: made before any other queued copy is waited on, counted by ``flush``)
-    or reports them failed (sync mode: ``sync()`` makes them).
+    copies (background: as handed-off copies, made whenever the worker's queue is empty, counted
+    by ``flush``) or reports them failed (sync mode: ``sync()`` makes them).
     """
 
     def __init__(
