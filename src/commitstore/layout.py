@@ -30,6 +30,8 @@ without staging names (object stores), so gc can find what a dead writer uploade
 PENDING_DIR = "pending"
 """Below ``.commitstore/``: the pending records of commits in progress on storage whose publish
 lock holds nothing (object stores), one per writer (``slot_parts``)."""
+OWED_DIR = "owed"
+"""Below ``.commitstore/``: the owed journal, copies a mirror is owed (``mirrors/journal.py``)."""
 STAGED_DIR = "staged"
 STAGED_PREFIX = ".commitstore.stg."
 STAGED_HASHED_PREFIX = ".commitstore.stgh."

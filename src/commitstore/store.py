@@ -108,7 +108,7 @@ class CommitStore(MirrorMethods):
     def _after_commit(self, record: Record) -> None:
         """After a successful (durable) commit: replicate, then apply automatic retention."""
         if self.replicator is not None:
-            self.replicator.submit(record.name, record.size)
+            self.replicator.submit(record.name, record.size, record.digest)
         if self.retention is not None:
             try:
                 self._prune(self.retention, dry_run=False)

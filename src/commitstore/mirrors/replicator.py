@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -16,7 +17,14 @@ from dataclasses import dataclass, field
 
 from commitstore._commit import Committer
 from commitstore._scan import list_records
-from commitstore.errors import BackendUnavailableError, CommitError, ConfigurationError, MirrorError
+from commitstore.errors import (
+    BackendUnavailableError,
+    CommitError,
+    ConfigurationError,
+    MirrorError,
+    NotFoundError,
+)
+from commitstore.mirrors import journal
 from commitstore.mirrors.copy import copy_with_retries
 from commitstore.mirrors.status import owed as owed_by_records
 from commitstore.mirrors.status import probe
@@ -86,6 +94,11 @@ class _Worker:
     thread: threading.Thread | None = None
     died: str | None = None
     """Why the worker thread ended without being stopped (None while it runs)."""
+    journaled: dict[str, int] = field(default_factory=dict)
+    """Names with an entry in the owed journal on the primary, each with the generation of its
+    last write (a copy that started before a newer write never removes the entry)."""
+    jlock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while the journal of this mirror is written or an entry removed."""
 
     def dead(self) -> bool:
         return self.thread is not None and not self.thread.is_alive()
@@ -194,6 +207,13 @@ class Replicator:
     once its queue is empty. At interpreter exit, the replicators never closed wait, all within
     ``COMMITSTORE_EXIT_FLUSH_SECONDS`` (default 60), for their copies, then warn (log and
     ``warnings.warn``) which artifacts did not reach which mirror (``_exit_flush_all``).
+
+    Owed copies outlive the process: a copy handed off, one that failed, and one the exit flush
+    could not make get an entry in the owed journal on the primary (``journal.py``), removed once
+    the copy is made (or ``sync`` made it). A replicator reads the journal of each of its mirrors
+    when it is created (one listing per mirror, no copy) and, with a warning, queues those
+    copies (background: as handed-off copies, made whenever the worker's queue is empty, counted
+    by ``flush``) or reports them failed (sync mode: ``sync()`` makes them).
     """
 
     def __init__(
@@ -215,6 +235,8 @@ class Replicator:
         self.handoff = handoff_seconds()
         """The longest a background commit waits for room in a mirror's queue."""
         self.workers = [_Worker(m, queue.Queue(maxsize=queue_size)) for m in mirrors]
+        self._generation = itertools.count(1)
+        self._resume()
         if mode == "background":
             for w in self.workers:
                 w.thread = threading.Thread(
@@ -227,6 +249,65 @@ class Replicator:
             _hooks[self] = True
             _register_exit_hooks()
 
+    # -- the owed journal ---------------------------------------------------------------------
+    def _journal(self, w: _Worker, name: str, digest: str | None, *, again: bool) -> None:
+        """Write ``name``'s entry for ``w``'s mirror (``again``: even if it has one already)."""
+        with w.jlock:
+            with self._lock:
+                if name in w.journaled and not again:
+                    return
+            if journal.write(self.primary.backend, w.mirror.url, name, digest):
+                with self._lock:
+                    w.journaled[name] = next(self._generation)
+
+    def _unjournal(self, w: _Worker, name: str, generation: int | None) -> None:
+        """The copy of ``name`` that started at journal ``generation`` reached the mirror: its
+        entry goes, unless it was written again meanwhile (a newer version handed off)."""
+        if generation is None:
+            return
+        with w.jlock:
+            with self._lock:
+                if w.journaled.get(name) != generation:
+                    return
+                del w.journaled[name]
+            journal.remove(self.primary.backend, w.mirror.url, name)
+
+    def _resume(self) -> None:
+        """Take up the copies the journal says an earlier run owed to each mirror: queued (as
+        handed off) in background mode, failed in sync mode; entries of names the primary no
+        longer holds are removed. Never raises (an unreadable journal or primary: a warning)."""
+        owed = journal.owed_at_start(self.primary.backend, [w.mirror.url for w in self.workers])
+        now = time.monotonic()
+        for w in self.workers:
+            names = [name for name, _size in owed[w.mirror.url]]
+            if not names:
+                continue
+            sizes = dict(owed[w.mirror.url])
+            with self._lock:
+                for name in names:
+                    w.since.setdefault(name, (now, sizes[name]))
+                    w.journaled[name] = next(self._generation)
+                    if self.mode == "background":
+                        w.pending.append(name)
+                        w.handed[name] = None
+                    else:
+                        w.failed[name] = "owed from an earlier run: sync() makes the copy"
+            then = "are being completed" if self.mode == "background" else "wait for sync()"
+            msg = (
+                f"commitstore: {len(names)} copies owed to {w.mirror.url} from an earlier run "
+                f"{then}: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
+            )
+            log.warning("%s", msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+    def _journal_unsent(self) -> None:
+        """Journal every copy still pending or failed (the exit flush ran out of time)."""
+        for w in self.workers:
+            with self._lock:
+                unsent = list(dict.fromkeys([*w.pending, *w.failed]))
+            for name in unsent:
+                self._journal(w, name, None, again=False)
+
     # -- replication ------------------------------------------------------------------------
     def _fail(self, w: _Worker, name: str, exc: Exception) -> None:
         """Record that ``name`` did not reach ``w``'s mirror (caller holds no lock)."""
@@ -237,20 +318,40 @@ class Replicator:
             if isinstance(exc, BackendUnavailableError):
                 w.reachable = False
         log.warning("mirror %s: %s not replicated: %s", w.mirror.url, name, exc)
+        self._journal(w, name, None, again=False)
 
     def _copy(self, w: _Worker, name: str) -> None:
-        """Copy with bounded retries; record the outcome in the worker's state."""
+        """Copy with bounded retries; record the outcome in the worker's state (and in the
+        owed journal: an entry written for the name goes once a copy reached the mirror)."""
+        with self._lock:
+            generation = w.journaled.get(name)
         try:
             copy_with_retries(self.primary, w.mirror, name)
+        except NotFoundError as exc:
+            if generation is not None and self._gone(name):  # nothing left to owe
+                self._unjournal(w, name, generation)
+                with self._lock:
+                    w.failed.pop(name, None)
+                return
+            self._fail(w, name, exc)
+            return
         except Exception as exc:  # any failure is this artifact's, never the thread's
             self._fail(w, name, exc)
             return
+        self._unjournal(w, name, generation)
         with self._lock:
             w.failed.pop(name, None)
             w.reachable = True
             w.stalled = False
             if name not in w.pending:
                 w.since.pop(name, None)
+
+    def _gone(self, name: str) -> bool:
+        """Whether the primary holds no record of ``name`` (False when it cannot tell)."""
+        try:
+            return not any(r.name == name for r in list_records(self.primary.backend))
+        except Exception:  # cannot tell: still owed
+            return False
 
     def _done(self, w: _Worker, name: str) -> None:
         with self._lock:
@@ -343,8 +444,9 @@ class Replicator:
         if errors and self.policy == "required":
             raise MirrorError("replication to a required mirror failed", errors)
 
-    def submit(self, name: str, size: int = 0) -> None:
-        """Replicate a just-committed artifact (``size``: its bytes, for the status).
+    def submit(self, name: str, size: int = 0, digest: str | None = None) -> None:
+        """Replicate a just-committed artifact (``size``: its bytes, for the status; ``digest``:
+        its record's, for the owed journal). A copy handed off is journaled first.
         Background: enqueue, waiting while a mirror's queue is full (back-pressure) for at most
         :attr:`handoff` seconds, then hand the copy off: it is owed (``mirror_status``), the
         worker takes it as soon as its queue is empty, and a warning says so once per stall.
@@ -359,9 +461,9 @@ class Replicator:
             return
         self._raise_unreported()
         for w in self.workers:
-            self._enqueue(w, name, size)
+            self._enqueue(w, name, size, digest)
 
-    def _enqueue(self, w: _Worker, name: str, size: int) -> None:
+    def _enqueue(self, w: _Worker, name: str, size: int, digest: str | None = None) -> None:
         with self._lock:
             w.pending.append(name)
             w.since.setdefault(name, (time.monotonic(), size))
@@ -381,6 +483,8 @@ class Replicator:
                     continue
             else:
                 return
+            # journaled before the worker can take it: its removal never precedes its write
+            self._journal(w, name, digest, again=True)
             with self._lock:
                 w.handed[name] = None
                 warn, w.stalled = not w.stalled, True
@@ -439,6 +543,10 @@ class Replicator:
             pass
         except Exception as exc:  # exit must go on
             log.warning("mirror flush at exit failed: %s", exc)
+        try:  # what is still owed outlives the process
+            self._journal_unsent()
+        except Exception as exc:  # exit must go on
+            log.warning("owed copies not journaled at exit: %s", exc)
         if not warn:
             return
         with self._lock:
@@ -455,8 +563,9 @@ class Replicator:
             msg = (
                 "the store was not closed and these artifacts did not reach their "
                 f"mirror before exit (the exit flush waited {time.monotonic() - started:.1f}s, "
-                f"bounded by COMMITSTORE_EXIT_FLUSH_SECONDS={exit_flush_seconds():g}; run sync() "
-                "to complete them): " + "; ".join(lines)
+                f"bounded by COMMITSTORE_EXIT_FLUSH_SECONDS={exit_flush_seconds():g}; they are "
+                "journaled as owed on the primary: the next start with these mirrors, or sync(), "
+                "completes them): " + "; ".join(lines)
             )
             log.warning("%s", msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=1)
@@ -477,6 +586,13 @@ class Replicator:
                     del w.failed[name]
                     if name not in w.pending:
                         w.since.pop(name, None)
+        for w in self.workers:  # their journal entries go too
+            if w.mirror.url != url:
+                continue
+            with self._lock:
+                done = {n: w.journaled[n] for n in names & set(w.journaled) if n not in w.pending}
+            for name, generation in done.items():
+                self._unjournal(w, name, generation)
 
     def owed(self, w: _Worker) -> tuple[tuple[str, ...], float | None, int]:
         """What ``w``'s mirror is owed (pending and failed copies), oldest first, the age of

@@ -26,32 +26,48 @@ UNAVAILABLE_WORDS = (
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+")
 
 CONNECT_TIMEOUT = 10.0
-"""Default ``connect_timeout`` (seconds) of an S3 store: to open a connection to the endpoint."""
+"""Default ``connect_timeout`` (seconds) of an object store (S3, GCS, Azure): to open a
+connection to the endpoint."""
 READ_TIMEOUT = 60.0
-"""Default ``read_timeout`` (seconds) of an S3 store: the longest wait for the next bytes of an
-answer (a server that accepted a request and never answers fails after this long)."""
+"""Default ``read_timeout`` (seconds) of an object store: the longest wait for the next bytes of
+an answer (a server that accepted a request and never answers fails after this long)."""
 ATTEMPTS = 5
-"""Default ``retries`` of an S3 store: attempts per request in all (the SDK's own default, in
-its "legacy" retry mode: transport failures, 5xx, throttling, S3's ``RequestTimeout`` and
-``BadDigest`` (a body garbled in transit) are tried again, with exponential backoff). No layer
-retries on top of it (s3fs's own retries are off)."""
+"""Default ``retries`` of an object store: attempts per request in all. S3: the SDK's own
+default, in its "legacy" retry mode (transport failures, 5xx, throttling, S3's
+``RequestTimeout`` and ``BadDigest`` (a body garbled in transit) are tried again, with
+exponential backoff); no layer retries on top of it (s3fs's own retries are off). GCS: gcsfs's
+retryable failures, with its backoff (``gcs.py``). Azure: the SDK's retry policy, given
+``retries - 1`` retries (``azure.py``)."""
 
 
-def request_deadline(connect: Any, read: Any, attempts: Any) -> dict[str, Any]:
-    """The SDK configuration that bounds every request: at most ``attempts`` tries of at most
-    ``connect`` + ``read`` seconds of silence each (a body being sent is not silence). Raises
-    ConfigurationError for values that are not positive numbers (attempts: an integer >= 1)."""
+def check_deadlines(connect: Any, read: Any, attempts: Any) -> tuple[float, float, int]:
+    """``connect_timeout``, ``read_timeout`` and ``retries`` checked (before any I/O): positive
+    numbers of seconds and an integer >= 1.
+
+    Raises:
+        ConfigurationError: naming the option and the value given.
+    """
     from commitstore.errors import ConfigurationError
 
     for name, value in (("connect_timeout", connect), ("read_timeout", read)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ConfigurationError(f"{name} must be a positive number of seconds, not {value!r}")
+        if value == float("inf"):
+            raise ConfigurationError(f"{name} must be finite, not {value!r}")
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ConfigurationError(f"retries must be an integer >= 1, not {attempts!r}")
+    return float(connect), float(read), attempts
+
+
+def request_deadline(connect: Any, read: Any, attempts: Any) -> dict[str, Any]:
+    """The botocore configuration that bounds every S3 request: at most ``attempts`` tries of at
+    most ``connect`` + ``read`` seconds of silence each (a body being sent is not silence).
+    Raises ConfigurationError for bad values (:func:`check_deadlines`)."""
+    connect_s, read_s, tries = check_deadlines(connect, read, attempts)
     return {
-        "connect_timeout": float(connect),
-        "read_timeout": float(read),
-        "retries": {"total_max_attempts": attempts, "mode": "legacy"},
+        "connect_timeout": connect_s,
+        "read_timeout": read_s,
+        "retries": {"total_max_attempts": tries, "mode": "legacy"},
     }
 
 

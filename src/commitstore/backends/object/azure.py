@@ -24,6 +24,12 @@ from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import MAX_SMALL_BYTES, take_options, too_large
 from commitstore.backends.object._azureerrors import translate
+from commitstore.backends.object._transport import (
+    ATTEMPTS,
+    CONNECT_TIMEOUT,
+    READ_TIMEOUT,
+    check_deadlines,
+)
 from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.upload import ObjectStat, Upload, Written
 from commitstore.digest import READ_CHUNK
@@ -309,6 +315,35 @@ def _ts(item: Any) -> float | None:
     return ts if ts > 0 else None
 
 
+SDK_DEADLINES = {
+    "connect_timeout": "connection_timeout",
+    "read_timeout": "read_timeout",
+    "retries": "retry_total",
+}
+"""Each deadline option and the ``BlobServiceClient`` keyword it sets (``retries`` attempts in
+all are ``retries - 1`` retries of the SDK's retry policy)."""
+
+
+def sdk_deadlines(options: dict[str, Any], client_options: dict[str, Any]) -> dict[str, Any]:
+    """The SDK keywords that bound every request: ``connection_timeout``, ``read_timeout`` and
+    ``retry_total`` from the store's ``connect_timeout``, ``read_timeout`` and ``retries``
+    (checked: :func:`check_deadlines`). A keyword also in ``client_options`` is the caller's
+    (it wins over the default), unless the store's option was given too: then which one is
+    meant is unclear, a ConfigurationError."""
+    for ours, theirs in SDK_DEADLINES.items():
+        if theirs in client_options and ours in options:
+            raise ConfigurationError(
+                f"{ours}= and client_options[{theirs!r}] both set the same deadline; give one"
+            )
+    connect, read, attempts = check_deadlines(
+        options.get("connect_timeout", CONNECT_TIMEOUT),
+        options.get("read_timeout", READ_TIMEOUT),
+        options.get("retries", ATTEMPTS),
+    )
+    kw = {"connection_timeout": connect, "read_timeout": read, "retry_total": attempts - 1}
+    return {**kw, **client_options}
+
+
 def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
     opts = take_options(
         options,
@@ -321,10 +356,14 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "conditional_writes": None,
             "client_options": {},
             "heartbeat": ObjectBackend.heartbeat,
+            "connect_timeout": CONNECT_TIMEOUT,
+            "read_timeout": READ_TIMEOUT,
+            "retries": ATTEMPTS,
         },
         kinds={"conditional_writes": (bool, None)},
     )
-    client_options = dict(opts["client_options"])  # e.g. retry_total, initial_backoff
+    # e.g. initial_backoff; deadlines from the store's own options unless given here
+    client_options = sdk_deadlines(options, dict(opts["client_options"]))
     parsed = urlsplit(url)
     if not parsed.netloc:
         raise ConfigurationError("Azure URLs look like az://container[/prefix]")

@@ -27,7 +27,13 @@ from fsspec.asyn import sync
 from commitstore._secrets import leaks, redact, secret_values, stand_in
 from commitstore.backends.base import MAX_SMALL_BYTES, take_options, too_large
 from commitstore.backends.object._gcserrors import translate
-from commitstore.backends.object._transport import TranslatedReader
+from commitstore.backends.object._transport import (
+    ATTEMPTS,
+    CONNECT_TIMEOUT,
+    READ_TIMEOUT,
+    TranslatedReader,
+    check_deadlines,
+)
 from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.bodies import ViewReader
 from commitstore.backends.object.upload import ObjectStat, Upload, Written, done
@@ -374,18 +380,27 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             "chunk_size": 64 * 1024 * 1024,
             "conditional_writes": None,
             "heartbeat": ObjectBackend.heartbeat,
+            "connect_timeout": CONNECT_TIMEOUT,
+            "read_timeout": READ_TIMEOUT,
+            "retries": ATTEMPTS,
         },
         kinds={"conditional_writes": (bool, None), "endpoint_url": (str, None)},
+    )
+    connect, read, attempts = check_deadlines(
+        opts["connect_timeout"], opts["read_timeout"], opts["retries"]
     )
     parsed = urlsplit(url)
     if not parsed.netloc:
         raise ConfigurationError("GCS URLs look like gs://bucket[/prefix]")
     # gcsfs otherwise probes every bucket over gRPC/TLS first (hangs against plain-HTTP servers)
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    import gcsfs
+    from commitstore.backends.object._gcsfs import TimedGCSFileSystem, client_timeout
 
     endpoint = opts["endpoint_url"] or os.environ.get("STORAGE_EMULATOR_HOST")
-    kw: dict[str, Any] = {"skip_instance_cache": True}
+    kw: dict[str, Any] = {
+        "skip_instance_cache": True,
+        "requests_timeout": client_timeout(connect, read),
+    }
     if endpoint:
         kw["endpoint_url"] = endpoint
     if opts["token"] is not None:
@@ -395,7 +410,8 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
     secrets = secret_values(opts["token"])
     failure: Exception | None = None
     try:
-        fs = gcsfs.GCSFileSystem(**kw)
+        fs = TimedGCSFileSystem(**kw)
+        fs.attempts = attempts
     except Exception as exc:  # google-auth checks a token here (and quotes it when that fails)
         failure = exc
     if failure is not None:  # raised outside the handler: the original is not even __context__

@@ -90,9 +90,21 @@ class SmbConnection:
         if found is not None and found.transport.connected:
             return
         from smbprotocol.connection import Connection
+        from smbprotocol.exceptions import SMBConnectionClosed, SMBException
 
         made = Connection(uuid.uuid4(), self.host, self.port, require_signing=True)
-        made.connect(timeout=self.timeout)
+        try:
+            made.connect(timeout=self.timeout)
+        except SMBConnectionClosed:
+            raise
+        except SMBException as exc:  # a server that accepts and never answers the negotiate
+            if "timeout" not in str(exc).lower():
+                raise
+            with contextlib.suppress(Exception):
+                made.disconnect(close=False)
+            raise TimeoutError(
+                f"SMB server {self.host}:{self.port} did not answer within {self.timeout:g}s"
+            ) from exc
         cache[key] = made
 
     def reset(self) -> None:
