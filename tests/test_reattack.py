@@ -6,7 +6,9 @@
 - a prune plan with a folder artifact and an artifact inside its path (possible on object stores,
   where the checks run when staging starts): prune deletes what it may and reports the refusal,
   instead of raising and deleting nothing (automatic retention stopped for good);
-- ``adopt`` with a symlink among the unrecorded names rejects the link and adopts the rest.
+- ``adopt`` with a symlink among the unrecorded names rejects the link and adopts the rest;
+- a create-only commit over an interrupted commit's data first makes that commit's own pending
+  record the record, then refuses ("already committed"), never advising an overwrite.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import io
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from commitstore import open_store
@@ -97,3 +100,16 @@ def test_adopt_rejects_a_symlink_and_adopts_the_rest(tmp_path: Path) -> None:
     report = store.adopt()
     assert set(report.adopted) == {"aa.pt", "zz.pt"}
     assert "mm_link.pt" in report.rejected
+
+
+def test_a_create_over_an_interrupted_commit_restores_its_record_first(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    store = open_store(root)
+    data = _torch_bytes(7.0)
+    store.put_bytes("step_7.pt", data, metadata={"loss": 0.5})
+    _interrupt_after_data(root, "step_7.pt")
+    with pytest.raises(AlreadyExistsError, match="already committed"):
+        store.put_bytes("step_7.pt", b"another version")
+    rec = store.record("step_7.pt")  # the interrupted commit's own record, made the record
+    assert rec.metadata == {"loss": 0.5} and rec.digest == digest_bytes(data)
+    assert (root / "step_7.pt").read_bytes() == data

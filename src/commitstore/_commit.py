@@ -146,6 +146,19 @@ class Committer:
                 name=name,
             )
 
+    def check_name_free(self, parts: Parts) -> None:
+        """:meth:`check_absent` for a create-only commit starting (outside the publish lock):
+        data without a record that an interrupted commit of the name left, matching its pending
+        record, is first made a commit (:meth:`promote_earlier`, under the lock), so the refusal
+        says "already committed" rather than advising to overwrite a whole version."""
+        if (
+            self.backend.stat(record_parts(parts)) is None
+            and self.backend.stat(parts) is not None
+        ):
+            with self.backend.publish_lock():
+                self.promote_earlier(parts)
+        self.check_absent(parts)
+
     def check_nothing_below(self, parts: Parts, what: str) -> None:
         """Raise NameConflictError if committed artifacts (or commits in flight) sit below the
         folder path ``parts``: ``what`` (a delete, a replace) would reach into them. One listing
@@ -223,14 +236,14 @@ class Committer:
         folder path that holds committed artifacts (:meth:`check_place`)."""
         self.check_place(parts)
         if mode is PutMode.CREATE:
-            self.check_absent(parts)
+            self.check_name_free(parts)
         return self.backend.open_sink(parts, mode=mode)
 
     def open_dir(self, parts: Parts, mode: PutMode) -> DirSink:
         """Start staging a folder artifact (same early checks as :meth:`open_file`)."""
         self.check_place(parts)
         if mode is PutMode.CREATE:
-            self.check_absent(parts)
+            self.check_name_free(parts)
         return self.backend.open_dir_sink(parts, mode=mode)
 
     # -- publishing ----------------------------------------------------------------------------

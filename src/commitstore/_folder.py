@@ -410,7 +410,7 @@ def begin(
         )
     committer.check_place(parts)
     if not overwrite:
-        committer.check_absent(parts)
+        committer.check_name_free(parts)
     token = _Token(secrets.token_hex(8), name, overwrite, checked, meta, committer.url)
     if _in_place(backend):
         body = json.dumps({"name": name, "id": token.id, "files": []}).encode()
