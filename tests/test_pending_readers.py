@@ -260,16 +260,19 @@ def test_sync_copies_the_pending_version_as_a_normal_record(
     with p.open(open_store(stale_root)) as both:
         assert both.sync().ok  # this mirror holds the old version
     crash(p, tmp_path)
-    with p.open(open_store(stale_root), open_store(empty_root)) as both:
+    on_s3 = make("s3", tmp_path, moto, "mirror")  # an object store's sink (reread bodies)
+    with p.open(open_store(stale_root), open_store(empty_root), on_s3.t.store) as both:
         report = both.sync()
         assert report.ok, report
-        stale, empty = report.mirrors
-        assert NAME in stale.repaired and NAME in empty.copied
+        stale, empty, s3 = report.mirrors
+        assert NAME in stale.repaired and NAME in empty.copied and NAME in s3.copied
         again = both.sync()  # settled: nothing more to copy
         assert again.ok and all(NAME in m.ok for m in again.mirrors)
     for root in (stale_root, empty_root):
         assert_mirror_holds_new(LocalBackdoor(root))
         assert open_store(root).verify().ok
+    assert_mirror_holds_new(on_s3.t.door)
+    assert on_s3.t.reopen().verify().ok
 
 
 @pytest.mark.crash

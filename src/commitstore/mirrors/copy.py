@@ -15,6 +15,7 @@ each against the MD5 of the bytes hashed here, so a copy holds one read buffer w
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -83,6 +84,16 @@ def _rereadable(src: Committer, reader: object) -> Rereadable | None:
         return None
     raw = getattr(reader, "raw", reader)
     return raw if isinstance(raw, Rereadable) else None
+
+
+def _size_of(source: Rereadable, recorded: int) -> int:
+    """The size of the local file ``source`` (its bytes may be a pending version of another
+    size than the record's), else ``recorded``."""
+    fileno = getattr(source, "fileno", None)
+    if callable(fileno):
+        with contextlib.suppress(OSError, ValueError):
+            return os.fstat(fileno()).st_size
+    return recorded
 
 
 def held_in_memory(src: Committer, dst: Committer, rec: Record) -> int:
@@ -171,7 +182,7 @@ def _copy(
             with contextlib.ExitStack() as reading:
                 f = reading.enter_context(src.backend.open_read(parts))
                 source = _rereadable(src, f)
-                if source is not None and sink.reread_from(source, rec.size):
+                if source is not None and sink.reread_from(source, _size_of(source, rec.size)):
                     keep.push(reading.pop_all())  # the sink reads it again until it is done
                 # A local file is read straight into the copy's buffer (not through the
                 # reader's own, which is then never filled).
