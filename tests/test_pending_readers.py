@@ -31,7 +31,7 @@ import pytest
 import torch
 
 import commitstore.torch as cs_torch
-from commitstore import CommitStore, open_store
+from commitstore import AlreadyExistsError, CommitStore, open_store
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target, pending_paths, record_path, xxh
 
 from .helpers.s3servers import BUCKET, MotoServer
@@ -215,6 +215,11 @@ def test_fetch_serves_the_pending_version_even_over_a_cached_old_one(
     assert fresh.fetch(NAME, cache).read_bytes() == NEW  # now from the cache
     assert fresh.fetch(NAME, cache, rehash=True).read_bytes() == NEW
     assert fresh.fetch(NAME, tmp_path / "cache2").read_bytes() == NEW
+    # the readers that already resolved it, through the same resolution
+    assert fresh.read_bytes(NAME) == NEW
+    with fresh.open(NAME) as f:
+        assert f.read() == NEW
+    assert fresh.verify().ok
 
 
 @pytest.mark.crash
@@ -281,6 +286,9 @@ def test_restore_from_a_mirror_holding_a_pending_version(
     where: str, tmp_path: Path, moto: MotoServer
 ) -> None:
     m = pending_file(where, tmp_path, moto)  # the mirror is the store left in the crash state
+    kept_root = tmp_path / "kept"
+    with open_store(kept_root, mirrors=[m.t.reopen()]) as kept:
+        kept.restore(NAME)  # this primary holds the old version, its record identical
     crash(m, tmp_path)
     primary_root = tmp_path / "primary"
     with open_store(primary_root, mirrors=[m.t.reopen()]) as primary:
@@ -288,6 +296,13 @@ def test_restore_from_a_mirror_holding_a_pending_version(
         assert primary.read_bytes(NAME) == NEW
         assert_new_record(primary.record(NAME))
     assert_mirror_holds_new(LocalBackdoor(primary_root))
+    with open_store(kept_root, mirrors=[m.t.reopen()]) as kept:
+        # the old version verifies there and differs from the mirror's: kept unless overwrite
+        with pytest.raises(AlreadyExistsError, match="is newer"):
+            kept.restore(NAME)
+        assert kept.read_bytes(NAME) == OLD
+        assert_new_record(kept.restore(NAME, overwrite=True))
+    assert_mirror_holds_new(LocalBackdoor(kept_root))
 
 
 @pytest.mark.crash
