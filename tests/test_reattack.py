@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from commitstore import open_store
+from commitstore import AlreadyExistsError, open_store
 from commitstore.digest import digest_bytes, manifest_digest
 from commitstore.layout import intent_parts, record_parts, validate_name
 from commitstore.records import FileRecord, Record, encode_record

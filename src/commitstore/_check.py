@@ -37,6 +37,7 @@ from commitstore.records import (
     RecordFormatError,
     VerifyReport,
     VerifyResult,
+    encode_record,
 )
 
 log = logging.getLogger("commitstore")
@@ -101,23 +102,69 @@ def compare(
     return None
 
 
-def pending_versions(backend: Backend, record: Record) -> list[Record]:
+def pending_stored(backend: Backend, record: Record) -> list[StoredRecord]:
     """The versions commits in flight (or interrupted after their data step) are publishing
-    over ``record``: the name's pending record, and on object stores each writer's
-    (``_slots``), those that differ from ``record``; the one place readers resolve them."""
+    over ``record``, as stored (their exact bytes): the name's pending record, then on object
+    stores each writer's (``_slots``, in listing order), those that differ from ``record``.
+    This order is the one every reader resolves in (:func:`served_version`, :func:`locate`)."""
     parts = tuple(record.name.split("/"))
     found = read_intent(backend, parts)
-    out = [] if found is None or found.record == record else [found.record]
+    out = [] if found is None or found.record == record else [found]
     for slot in read_slots(backend, parts):
-        if slot.stored.record != record and slot.stored.record not in out:
-            out.append(slot.stored.record)
+        if slot.stored.record != record and all(s.record != slot.stored.record for s in out):
+            out.append(slot.stored)
     return out
+
+
+def pending_versions(backend: Backend, record: Record) -> list[Record]:
+    """The records of :func:`pending_stored`: the one place readers find pending versions."""
+    return [stored.record for stored in pending_stored(backend, record)]
 
 
 def pending_version(backend: Backend, record: Record) -> Record | None:
     """The first of :func:`pending_versions` (None if there is none)."""
     versions = pending_versions(backend, record)
     return versions[0] if versions else None
+
+
+def served_version(
+    backend: Backend, record: Record, level: str, *, size: int, digest: str | None
+) -> Record:
+    """The one resolution, for bytes a reader read (``size``, and ``digest`` when hashed):
+    ``record`` if they match it at ``level``, else the first of :func:`pending_versions` (a
+    file version) they match, which is then the version served, with its own step and
+    metadata. :func:`locate` resolves bytes left in storage the same way.
+
+    Raises:
+        IntegrityError: the bytes match neither (the mismatch against ``record``).
+    """
+    found = compare(record.size, record.digest, found_size=size, found_digest=digest, level=level)
+    if found is None:
+        return record
+    for pending in pending_versions(backend, record):
+        if pending.kind == "file" and (
+            compare(pending.size, pending.digest, found_size=size, found_digest=digest, level=level)
+            is None
+        ):
+            return pending
+    raise found.error(record.name)
+
+
+def stored_version(backend: Backend, stored: StoredRecord, version: Record) -> StoredRecord:
+    """``version`` (one :func:`locate` or :func:`served_version` returned for ``stored``'s
+    record) as stored: ``stored`` itself, or the pending record it came from (its exact bytes,
+    which a copy writes as the record elsewhere), or the record as read again (the name's
+    record moved on while it was checked); encoded afresh only if it is gone meanwhile."""
+    if version == stored.record:
+        return stored
+    for pending in pending_stored(backend, stored.record):
+        if pending.record == version:
+            return pending
+    with contextlib.suppress(RecordFormatError, CommitStoreError):
+        fresh = read_record(backend, tuple(version.name.split("/")))
+        if fresh is not None and fresh.record == version:
+            return fresh
+    return StoredRecord(encode_record(version), version)
 
 
 def record_of(backend: Backend, url: str, name: str) -> StoredRecord:
@@ -198,8 +245,7 @@ def _locate_once(
     if result.status == "ok":
         return result, record, parts
     pendings = pending_versions(backend, record)
-    pending = pendings[0] if pendings else None
-    if result.status == "missing" and (moved := _aside(backend, record, pending, level)):
+    if result.status == "missing" and (moved := _aside(backend, record, pendings, level)):
         return moved
     for pending in pendings:
         if check_exact(backend, pending, level).status == "ok":
@@ -220,17 +266,17 @@ ASIDE_NOTE = (
 
 
 def _aside(
-    backend: Backend, record: Record, pending: Record | None, level: str
+    backend: Backend, record: Record, pendings: list[Record], level: str
 ) -> tuple[VerifyResult, Record, Parts] | None:
     """The name is missing: the version a stopped move-aside replace (``backends/rename/
     aside.py``) left under the name's aside entry, if it verifies as ``record`` (the old
-    version) or ``pending``. Only rename-family storage has aside entries."""
+    version) or one of ``pendings`` (in order). Only rename-family storage has aside entries."""
     parts = tuple(record.name.split("/"))
     if not backend.staging_names or backend.stat(parts) is not None:
         return None
     where = aside_parts(parts)
-    for version, which in ((record, "old"), (pending, "new")):
-        if version is not None and check_at(backend, version, where, level).status == "ok":
+    for version, which in ((record, "old"), *((p, "new") for p in pendings)):
+        if check_at(backend, version, where, level).status == "ok":
             return VerifyResult(record.name, "ok", ASIDE_NOTE.format(which)), version, where
     return None
 

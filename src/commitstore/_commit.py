@@ -151,10 +151,7 @@ class Committer:
         data without a record that an interrupted commit of the name left, matching its pending
         record, is first made a commit (:meth:`promote_earlier`, under the lock), so the refusal
         says "already committed" rather than advising to overwrite a whole version."""
-        if (
-            self.backend.stat(record_parts(parts)) is None
-            and self.backend.stat(parts) is not None
-        ):
+        if self.backend.stat(record_parts(parts)) is None and self.backend.stat(parts) is not None:
             with self.backend.publish_lock():
                 self.promote_earlier(parts)
         self.check_absent(parts)

@@ -22,13 +22,13 @@ import re
 import stat
 from pathlib import Path
 
-from commitstore._check import compare
+from commitstore._check import pending_versions, resolve, served_version
 from commitstore._read import ATTEMPTS, _attempt, _file_record, _open_data, _record_changed
 from commitstore.backends import Backend, PutMode
 from commitstore.backends.rename._localfs import os_error
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.digest import copy_hashed, hash_stream
-from commitstore.errors import ConfigurationError, InsufficientSpaceError
+from commitstore.errors import ConfigurationError, InsufficientSpaceError, IntegrityError
 from commitstore.records import Record
 
 __all__ = ["cache_path", "default_cache_dir", "fetch"]
@@ -89,14 +89,17 @@ def fetch(
 ) -> tuple[Path, Record]:
     """The cached copy of ``name``'s committed version, made if missing (module docstring).
 
-    Returns the path and the record it matches. Raises what ``CommitStore.open`` raises
-    (NotFoundError, IntegrityError: bytes that fail their record are never cached), a folder
-    artifact is a ConfigurationError; local errors are typed (InsufficientSpaceError...).
+    Returns the path and the record of the version it holds: the name's record, or the pending
+    version the name verifies as (a commit stopped after its data step; :func:`version_of`),
+    with its own step and metadata. Raises what ``CommitStore.open`` raises (NotFoundError,
+    IntegrityError: bytes that fail their record are never cached), a folder artifact is a
+    ConfigurationError; local errors are typed (InsufficientSpaceError...).
     """
     rec = _file_record(backend, url, name)
-    path = cache_path(cache_dir, rec)
-    if _cached(path, rec, rehash):
-        return path, rec
+    version = version_of(backend, rec)
+    path = cache_path(cache_dir, version)
+    if _cached(path, version, rehash):
+        return path, version
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -105,40 +108,63 @@ def fetch(
     target.direct_io = False  # the copy is read next (module docstring)
     for attempt in range(ATTEMPTS):
         free = target.free_space(())
-        if free is not None and free < rec.size:
+        if free is not None and free < version.size:
             raise InsufficientSpaceError(
-                f"{cache_dir}: {rec.size} bytes needed, {free} available",
+                f"{cache_dir}: {version.size} bytes needed, {free} available",
                 path=str(cache_dir),
-                needed=rec.size,
+                needed=version.size,
                 available=free,
             )
         with _attempt(backend, attempt):
-            got = _copy(backend, rec, target, path)
+            got = _copy(backend, rec, version, target, path)
         if isinstance(got, Path):
-            return got, rec
-        if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
+            return got, version
+        if isinstance(got, Record):  # the bytes are another version of the name (resolved)
+            version = got
+        elif attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
             raise got
-        rec = _file_record(backend, url, name)
-        path = cache_path(cache_dir, rec)
-        if _cached(path, rec, rehash):
-            return path, rec
-    raise AssertionError("unreachable")  # pragma: no cover
+        else:
+            rec = _file_record(backend, url, name)
+            version = version_of(backend, rec)
+        path = cache_path(cache_dir, version)
+        if _cached(path, version, rehash):
+            return path, version
+    raise IntegrityError(
+        f"{name}: its version kept changing while it was fetched; nothing cached",
+        name=name,
+        status="hash_mismatch",
+    )
 
 
-def _copy(backend: Backend, rec: Record, target: LocalBackend, path: Path) -> Path | Exception:
+def version_of(backend: Backend, rec: Record) -> Record:
+    """The version of file artifact ``rec`` a fetch serves: ``rec``, unless a pending version
+    of the name exists (one small read; on object stores also one listing of the writer
+    slots), then the version the stored bytes verify as (``_check.resolve``, the one
+    resolution every reader uses: it reads and hashes them), so a cached copy of the old
+    version is never served for a name that verifies as the new one."""
+    if not pending_versions(backend, rec):
+        return rec
+    result, version = resolve(backend, rec, "full")
+    return version if result.status == "ok" and version.kind == "file" else rec
+
+
+def _copy(
+    backend: Backend, rec: Record, version: Record, target: LocalBackend, path: Path
+) -> Path | Record | IntegrityError:
     """One hashed read of ``rec``'s data into a staging file of ``target``, published as ``path``
-    only if the bytes are the record's; else the IntegrityError (nothing published)."""
+    only if the bytes are ``version``'s (``rec`` or a pending version of it); else nothing is
+    published and the answer is the version the bytes are (``_check.served_version``), or the
+    IntegrityError when they are none."""
     sink = target.open_sink((path.name,), mode=PutMode.REPLACE)
     try:
         with _open_data(backend, rec) as src:
             size, digest = copy_hashed(src, sink.write)
-        if (size, digest) != (rec.size, rec.digest):
+        if (size, digest) != (version.size, version.digest):
             sink.abort()
-            found = compare(
-                rec.size, rec.digest, found_size=size, found_digest=digest, level="full"
-            )
-            assert found is not None
-            return found.error(rec.name)
+            try:
+                return served_version(backend, rec, "full", size=size, digest=digest)
+            except IntegrityError as exc:
+                return exc
         sink.publish(size=size, digest=digest)
     except BaseException:
         sink.abort()

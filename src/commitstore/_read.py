@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from commitstore._check import compare, locate, pending_versions, record_of
+from commitstore._check import compare, locate, record_of, served_version
 from commitstore._scan import read_record
 from commitstore.backends import Backend, PutMode
 from commitstore.backends.rename.posix import LocalBackend
@@ -60,24 +60,16 @@ def _record_changed(backend: Backend, rec: Record) -> bool:
     return found is None or found.record != rec
 
 
-def _problem(
+def _served(
     backend: Backend, rec: Record, level: str, size: int, digest: str | None
-) -> IntegrityError | None:
-    """Why the bytes read (``size``, ``digest``) are not ``rec``'s, or None. Bytes that are the
-    pending version of a commit whose record was not written yet (``_commit``) are accepted:
-    they are the new version of the name."""
-    found = compare(rec.size, rec.digest, found_size=size, found_digest=digest, level=level)
-    if found is None:
-        return None
-    for pending in pending_versions(backend, rec):
-        if pending.kind != "file":
-            continue
-        again = compare(
-            pending.size, pending.digest, found_size=size, found_digest=digest, level=level
-        )
-        if again is None:
-            return None
-    return found.error(rec.name)
+) -> Record | IntegrityError:
+    """The version the bytes read (``size``, ``digest``) are: ``rec``, or the pending version
+    of a commit whose record was not written yet (``_commit``), the new version of the name
+    (``_check.served_version``, the one resolution); else the IntegrityError."""
+    try:
+        return served_version(backend, rec, level, size=size, digest=digest)
+    except IntegrityError as exc:
+        return exc
 
 
 def _open_data(backend: Backend, rec: Record) -> BinaryIO:
@@ -125,16 +117,16 @@ def open_verified(backend: Backend, url: str, name: str, level: str) -> Verified
                     size, digest = hash_stream(f)
                 else:
                     size, digest = f.seek(0, os.SEEK_END), None
-                problem = _problem(backend, rec, level, size, digest)
+                served = _served(backend, rec, level, size, digest)
             except BaseException:
                 f.close()
                 raise
-        if problem is None:
+        if isinstance(served, Record):
             f.seek(0)
             return f
         f.close()
         if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
-            raise problem
+            raise served
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -144,18 +136,20 @@ def read_verified(backend: Backend, url: str, name: str, level: str) -> bytes:
 
 
 def read_with_record(backend: Backend, url: str, name: str, level: str) -> tuple[bytes, Record]:
-    """:func:`read_verified`, and the record the bytes were checked against."""
+    """:func:`read_verified`, and the record of the version the bytes are: the name's record,
+    or the pending version they match (a commit stopped after its data step), with its step
+    and metadata."""
     for attempt in range(ATTEMPTS):
         with _attempt(backend, attempt):
             rec = _file_record(backend, url, name)
             with _open_data(backend, rec) as f:
                 data = f.read()
         digest = digest_bytes(data) if level == "full" else None
-        problem = _problem(backend, rec, level, len(data), digest)
-        if problem is None:
-            return data, rec
+        served = _served(backend, rec, level, len(data), digest)
+        if isinstance(served, Record):
+            return data, served
         if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
-            raise problem
+            raise served
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -253,9 +247,9 @@ def _get_version(
         try:
             with _open_data(backend, rec) as src:
                 size, digest = copy_hashed(src, sink.write, progress=progress)
-            problem = _problem(backend, rec, level, size, digest)
-            if problem is not None:
-                raise problem
+            served = _served(backend, rec, level, size, digest)
+            if isinstance(served, IntegrityError):
+                raise served
             sink.publish(size=size, digest=digest)
         except BaseException:
             sink.abort()

@@ -95,8 +95,10 @@ class MirrorMethods:
         has a whole one) back to the primary, through the primary's commit protocol.
 
         Copies only where nothing is lost: the primary's copy is missing or fails its full
-        check, or its record is byte-identical to the mirror's. A different primary version
-        that verifies is kept unless ``overwrite=True``.
+        check, or verifies as a version whose record is byte-identical to the mirror's. A mirror
+        copy that verifies as a pending version (a commit stopped after its data step) is
+        restored as that version, its pending record written as the primary's record. A
+        different primary version that verifies is kept unless ``overwrite=True``.
 
         Raises:
             NotFoundError: no mirror holds a whole copy.

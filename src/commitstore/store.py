@@ -507,9 +507,11 @@ class CommitStore(MirrorMethods):
         """A verified local copy of ``name`` (a file artifact), cached by digest in ``cache_dir``
         (default ``$COMMITSTORE_CACHE_DIR`` or ``~/.cache/commitstore/fetch``): one read of
         the artifact, hashed on the way, published with the local commit protocol only if it
-        matches the record. A cached copy of the same version (name from the digest, regular
-        file, recorded size) is returned without reading the artifact; ``rehash=True`` hashes
-        it again. Map it with ``torch.load(path, mmap=True)``.
+        matches the record (or the pending version the name verifies as, after a commit that
+        stopped between its data and record steps: that version is cached). A cached copy of
+        the same version (name from the digest, regular file, recorded size) is returned
+        without reading the artifact; ``rehash=True`` hashes it again. Map it with
+        ``torch.load(path, mmap=True)``.
 
         Raises:
             InvalidNameError: a bad name, before any I/O.

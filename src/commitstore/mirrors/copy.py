@@ -2,7 +2,9 @@
 
 The copy is streamed (constant memory), hashed on the way and compared with the source's record
 before anything is published on the target: a source copy that does not match its record is never
-copied. The target gets a byte-for-byte copy of the source's record.
+copied. The target gets a byte-for-byte copy of the source's record, or, where the source's bytes
+are a pending version (a commit stopped between its data and record steps; resolved as every
+reader resolves it, ``_check``), of that pending record, written as the target's record.
 
 A file read from a local disk is offered to the target's sink to be read again
 (``FileSink.reread_from``): a sink that would hold the file in memory until its upload (an object
@@ -13,20 +15,28 @@ each against the MD5 of the bytes hashed here, so a copy holds one read buffer w
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
 from typing import BinaryIO, cast
 
-from commitstore._check import compare, pending_version, record_of
+from commitstore._check import (
+    compare,
+    locate,
+    pending_version,
+    record_of,
+    served_version,
+    stored_version,
+)
 from commitstore._commit import Committer
 from commitstore._scan import StoredRecord, read_record
-from commitstore.backends import CommitInfo, PutMode
+from commitstore.backends import CommitInfo, DirSink, PutMode
 from commitstore.backends.base import Rereadable
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.digest import copy_hashed
 from commitstore.errors import CommitStoreError, IntegrityError, NotFoundError
-from commitstore.layout import validate_name
+from commitstore.layout import Parts, validate_name
 from commitstore.records import Record, RecordFormatError
 
 RETRIES = 3
@@ -74,6 +84,16 @@ def _rereadable(src: Committer, reader: object) -> Rereadable | None:
         return None
     raw = getattr(reader, "raw", reader)
     return raw if isinstance(raw, Rereadable) else None
+
+
+def _size_of(source: Rereadable, recorded: int) -> int:
+    """The size of the local file ``source`` (its bytes may be a pending version of another
+    size than the record's), else ``recorded``."""
+    fileno = getattr(source, "fileno", None)
+    if callable(fileno):
+        with contextlib.suppress(OSError, ValueError):
+            return os.fstat(fileno()).st_size
+    return recorded
 
 
 def held_in_memory(src: Committer, dst: Committer, rec: Record) -> int:
@@ -149,6 +169,11 @@ def _copy(
     slots: threading.Semaphore | None,
     guard: Callable[[], None] | None,
 ) -> Record:
+    """One copy of ``name``, whose record on ``src`` is ``stored``. The version copied is the
+    one the source's bytes are, resolved as every reader resolves them: the record, or a pending
+    version (a commit stopped after its data step; ``_check.served_version`` for a file, whose
+    bytes are hashed on the way, ``_check.locate`` for a folder whose files do not match the
+    record). The target gets that version's record bytes, as its record."""
     parts, rec = validate_name(name), stored.record
     publish_data: Callable[[], tuple[Record, CommitInfo]]
     if rec.kind == "file":
@@ -157,48 +182,39 @@ def _copy(
             with contextlib.ExitStack() as reading:
                 f = reading.enter_context(src.backend.open_read(parts))
                 source = _rereadable(src, f)
-                if source is not None and sink.reread_from(source, rec.size):
+                if source is not None and sink.reread_from(source, _size_of(source, rec.size)):
                     keep.push(reading.pop_all())  # the sink reads it again until it is done
                 # A local file is read straight into the copy's buffer (not through the
                 # reader's own, which is then never filled).
                 reader = cast(BinaryIO, source) if source is not None else f
                 size, digest = copy_hashed(reader, sink.write, chunk_size=COPY_CHUNK)
-            _check_source(src, rec, "", (size, digest), (rec.size, rec.digest))
+            try:
+                version = served_version(src.backend, rec, "full", size=size, digest=digest)
+            except IntegrityError:
+                _check_source(src, rec, "", (size, digest), (rec.size, rec.digest))
+                raise
         except BaseException:
             sink.abort()
             raise
         abort = sink.abort
 
         def publish_file() -> tuple[Record, CommitInfo]:
-            return rec, sink.publish(size=rec.size, digest=rec.digest)
+            return version, sink.publish(size=version.size, digest=version.digest)
 
         publish_data = publish_file
     else:
-        dsink = dst.open_dir(parts, PutMode.REPLACE)
-        try:
-            for entry in rec.files:
-                out = dsink.local_path.joinpath(*entry.path.split("/"))
-                out.parent.mkdir(parents=True, exist_ok=True)
-                with (
-                    src.backend.open_read((*parts, *entry.path.split("/"))) as f,
-                    open(out, "wb") as o,
-                ):
-                    size, digest = copy_hashed(f, o.write, chunk_size=COPY_CHUNK)
-                _check_source(src, rec, entry.path, (size, digest), (entry.size, entry.digest))
-        except BaseException:
-            dsink.abort()
-            raise
+        dsink, version = _stage_dir(src, dst, parts, rec)
         abort = dsink.abort
 
         def publish_dir() -> tuple[Record, CommitInfo]:
             info = dsink.publish()
-            sent = sorted((f.path, f.size, f.digest) for f in rec.files)
+            sent = sorted((f.path, f.size, f.digest) for f in version.files)
             if sorted(info.files) != sent:
                 raise IntegrityError(f"{name}: folder changed while copied", name=name)
-            return rec, info
+            return version, info
 
         publish_data = publish_dir
-
+    body = stored_version(src.backend, stored, version)
     started = False
 
     def publish() -> tuple[Record, CommitInfo]:
@@ -210,11 +226,52 @@ def _copy(
 
     try:
         with slots if slots is not None else contextlib.nullcontext():
-            return dst.commit(parts, PutMode.REPLACE, publish, intent=rec, body=stored.raw)
+            return dst.commit(parts, PutMode.REPLACE, publish, intent=version, body=body.raw)
     except BaseException:
         if not started:  # the publish lock (or the wait for a slot) failed: nothing published
             abort()
         raise
+
+
+def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tuple[DirSink, Record]:
+    """Stage folder artifact ``rec`` of ``src`` on ``dst``, every file checked on the way; when
+    the files are not ``rec``'s, the version they are (``_check.locate``: a pending version,
+    under the name or in an object store's staged copy) is staged instead. Returns the sink
+    and the version staged.
+
+    Raises:
+        SourceMismatch, NotFoundError: the files are no version of the name (nothing staged).
+    """
+    dsink = dst.open_dir(parts, PutMode.REPLACE)
+    try:
+        try:
+            _fill_dir(src, dsink, rec, parts)
+            return dsink, rec
+        except (SourceMismatch, NotFoundError):
+            result, version, where = locate(src.backend, rec, "full")
+            if result.status != "ok" or (version, where) == (rec, parts) or version.kind != "dir":
+                raise
+        dsink.abort()
+        dsink = dst.open_dir(parts, PutMode.REPLACE)
+        _fill_dir(src, dsink, version, where)
+        return dsink, version
+    except BaseException:
+        dsink.abort()
+        raise
+
+
+def _fill_dir(src: Committer, dsink: DirSink, rec: Record, root: Parts) -> None:
+    """Copy the files of folder version ``rec``, stored below ``root`` on ``src``, into the
+    staging folder of ``dsink``, each checked against ``rec`` (SourceMismatch)."""
+    for entry in rec.files:
+        out = dsink.local_path.joinpath(*entry.path.split("/"))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with (
+            src.backend.open_read((*root, *entry.path.split("/"))) as f,
+            open(out, "wb") as o,
+        ):
+            size, digest = copy_hashed(f, o.write, chunk_size=COPY_CHUNK)
+        _check_source(src, rec, entry.path, (size, digest), (entry.size, entry.digest))
 
 
 def copy_with_retries(

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from commitstore._check import check, verify
+from commitstore._check import pending_versions, resolve, stored_version, verify
 from commitstore._commit import Committer
 from commitstore._order import arrange_records
 from commitstore._scan import StoredRecord, list_records, read_record
@@ -61,27 +61,39 @@ class SyncReport:
 
 
 class _PrimaryChecks:
-    """Full checks of primary artifacts, each done at most once across mirrors."""
+    """Full checks of primary artifacts, each done at most once across mirrors: the version
+    each one verifies as (its record, or a pending version: ``_check.resolve``)."""
 
     def __init__(self, primary: Committer) -> None:
         self.primary = primary
         self.bad: dict[str, str] = {}
-        self._done: dict[str, bool] = {}
+        self._done: dict[str, Record | None] = {}
         self._lock = threading.Lock()
 
     def whole(self, rec: Record) -> bool:
+        """Whether ``rec``'s artifact verifies on the primary (as some version of it)."""
+        return self.version(rec) is not None
+
+    def version(self, rec: Record) -> Record | None:
+        """The version ``rec``'s artifact verifies as on the primary; None (and reported bad)
+        if it verifies as none."""
         with self._lock:
             if rec.name in self._done:
                 return self._done[rec.name]
-        result = check(self.primary.backend, rec, "full")
-        return self.note(rec.name, result.status == "ok", f"{result.status}: {result.detail}")
+        result, version = resolve(self.primary.backend, rec, "full")
+        if result.status != "ok":
+            self.note(rec.name, None, f"{result.status}: {result.detail}")
+            return None
+        self.note(rec.name, version)
+        return version
 
-    def note(self, name: str, ok: bool, why: str = "") -> bool:
+    def note(self, name: str, version: Record | None, why: str = "") -> None:
+        """What a check or a copy found: the version the primary's copy is, or None (bad,
+        ``why``)."""
         with self._lock:
-            self._done[name] = ok
-            if not ok:
+            self._done[name] = version
+            if version is None:
                 self.bad[name] = why
-        return ok
 
 
 TRANSFERS = 2
@@ -135,7 +147,8 @@ def sync_mirrors(
     records are listed once (an artifact it lacks costs no lookup). The primary is read once per
     copy: the copy itself checks the bytes against the primary's record (``copy_artifact``) and
     publishes nothing on a mismatch. Artifacts a mirror already holds are checked on both sides,
-    so primary corruption is reported even when nothing needs copying."""
+    so primary corruption is reported even when nothing needs copying; where either side
+    verifies as a pending version, the versions (not the record files) are compared."""
     records = list_records(primary.backend)
     names = {r.name for r in records}
     checks = _PrimaryChecks(primary)
@@ -206,10 +219,12 @@ def _sync_one(
         else:
             state = "missing" if theirs is None else "present"
     if state == "present":
-        mine = _stored(primary, rec.name)
-        same = mine is not None and theirs is not None and theirs.raw == mine.raw
-        if same and check(mirror.backend, rec, "full").status == "ok":
-            return ("ok", "") if checks.whole(rec) else ("skipped", "")
+        assert theirs is not None
+        same = _same_version(primary, mirror, rec, theirs, checks)
+        if same is None:
+            return "skipped", ""
+        if same:
+            return "ok", ""
         state = "bad"
     if rec.name in checks.bad:
         return "skipped", ""
@@ -219,9 +234,9 @@ def _sync_one(
         return "skipped", ""
     try:
         with ctx.memory.hold(held_in_memory(primary, mirror, rec)):
-            copy_with_retries(primary, mirror, rec.name, publish_slots=ctx.publish_slots)
+            copied = copy_with_retries(primary, mirror, rec.name, publish_slots=ctx.publish_slots)
     except SourceMismatch as exc:
-        checks.note(rec.name, False, f"{exc.status}: {exc}")
+        checks.note(rec.name, None, f"{exc.status}: {exc}")
         return "skipped", ""
     except Exception as exc:  # any failure is this artifact's, reported like replication's
         log.warning("sync: %s not copied to %s: %s", rec.name, mirror.url, exc)
@@ -232,12 +247,43 @@ def _sync_one(
         if whole:  # else the primary's copy is gone or bad: reported there
             return "failed", str(exc) or repr(exc)
         return "skipped", ""
-    checks.note(rec.name, True)
+    checks.note(rec.name, copied)
     return ("copied" if state == "missing" else "repaired"), ""
 
 
+def _same_version(
+    primary: Committer, mirror: Committer, rec: Record, theirs: StoredRecord, checks: _PrimaryChecks
+) -> bool | None:
+    """Whether the mirror (record ``theirs``) holds, whole, the version the primary's artifact
+    (record ``rec``) verifies as, with a byte-identical record; None if the primary's copy is
+    bad. Either side may verify as a pending version (a commit stopped after its data step):
+    its record bytes are then the pending record's. Records that differ, with no pending
+    version on either side, need no check of the data (one small read per side)."""
+    mine = _stored(primary, rec.name)
+    if mine is None or mine.record != rec:
+        return False  # the primary moved on since it was listed: copy what it holds now
+    if theirs.raw != mine.raw and not (
+        pending_versions(primary.backend, rec) or pending_versions(mirror.backend, theirs.record)
+    ):
+        return False
+    result, seen = resolve(mirror.backend, theirs.record, "full")
+    if result.status != "ok":
+        return False
+    ours = checks.version(rec)
+    if ours is None:
+        return None
+    if ours != seen:
+        return False
+    return (
+        stored_version(primary.backend, mine, ours).raw
+        == stored_version(mirror.backend, theirs, seen).raw
+    )
+
+
 def latest_any(stores: Sequence[Committer], level: str) -> Record | None:
-    """The newest artifact that is whole on at least one of ``stores`` (primary first)."""
+    """The newest artifact that is whole on at least one of ``stores`` (primary first), as the
+    record of the version it verifies as there (a pending version, with its step and metadata,
+    where a commit stopped after its data step)."""
     by_name: dict[str, Record] = {}
     for store in stores:
         for rec in list_records(store.backend):
@@ -250,9 +296,9 @@ def latest_any(stores: Sequence[Committer], level: str) -> Record | None:
                 continue
             if found is None:
                 continue
-            result = check(store.backend, found.record, level)
+            result, version = resolve(store.backend, found.record, level)
             if result.status == "ok":
-                return found.record
+                return version
             log.warning("latest: skipping %s on %s: %s", rec.name, store.url, result.status)
     return None
 
@@ -269,19 +315,19 @@ def _stored(store: Committer, name: str) -> StoredRecord | None:
         raise IntegrityError(f"{name}: bad record: {exc}", name=name, status="bad_record") from exc
 
 
-def _primary_state(primary: Committer, name: str) -> tuple[bytes | None, Record | None, str]:
-    """What the primary holds under ``name``: (record bytes or None, its record if the artifact
-    passes its full check, else None, and why not)."""
+def _primary_state(primary: Committer, name: str) -> tuple[bytes | None, StoredRecord | None, str]:
+    """What the primary holds under ``name``: (record bytes or None, the version it verifies
+    as in full, as stored (the record, or a pending version), else None, and why not)."""
     try:
         mine = _stored(primary, name)
     except IntegrityError as exc:
         return b"unreadable", None, str(exc)
     if mine is None:
         return None, None, "missing"
-    result = check(primary.backend, mine.record, "full")
+    result, version = resolve(primary.backend, mine.record, "full")
     if result.status != "ok":
         return mine.raw, None, result.status
-    return mine.raw, mine.record, "ok"
+    return mine.raw, stored_version(primary.backend, mine, version), "ok"
 
 
 def _refusal(name: str, primary: Committer, mine: Record, theirs: Record, src: str) -> str:
@@ -302,10 +348,12 @@ def restore(
     primary: Committer, sources: Sequence[Committer], name: str, *, overwrite: bool = False
 ) -> Record:
     """Copy a verified copy of ``name`` from the first of ``sources`` holding a whole one back to
-    the primary, only where that loses nothing: the primary's copy is missing, fails its full
-    check, or has a byte-identical record. A different primary version that verifies is kept
-    (AlreadyExistsError) unless ``overwrite``. The decision is re-checked under the primary's
-    publish lock: a version committed meanwhile is never replaced (unless ``overwrite``).
+    the primary (the version it verifies as there: a pending version with its pending record),
+    only where that loses nothing: the primary's copy is missing, fails its full check, or
+    verifies as a version with a byte-identical record. A different primary version that
+    verifies is kept (AlreadyExistsError) unless ``overwrite``. The decision is re-checked
+    under the primary's publish lock: a version committed meanwhile is never replaced (unless
+    ``overwrite``).
 
     Raises:
         NotFoundError: no source holds a whole copy.
@@ -321,14 +369,15 @@ def restore(
             continue
         if found is None:
             continue
-        result = check(mirror.backend, found.record, "full")
+        result, version = resolve(mirror.backend, found.record, "full")
         if result.status != "ok":
             errors.append(f"{mirror.url}: {result.status}")
             continue
+        theirs = stored_version(mirror.backend, found, version)
         seen, mine, why = _primary_state(primary, name)
-        if mine is not None and seen != found.raw and not overwrite:
+        if mine is not None and mine.raw != theirs.raw and not overwrite:
             raise AlreadyExistsError(
-                _refusal(name, primary, mine, found.record, mirror.url), name=name
+                _refusal(name, primary, mine.record, theirs.record, mirror.url), name=name
             )
         if mine is None:
             log.info("restore: %s on %s is %s; copying from %s", name, primary.url, why, mirror.url)
