@@ -329,3 +329,25 @@ def test_a_body_sent_to_a_blackholed_s3_endpoint_fails_typed_within_its_deadline
         _within(lambda: backend.run_coro(put))  # type: ignore[attr-defined]
     assert hole.accepted >= 1
     assert hole.received >= size  # the body was sent, not held back for a 100 Continue
+
+
+def test_latest_from_any_store_skips_a_mirror_that_never_answers(
+    hole: Blackhole, tmp_path: Path
+) -> None:
+    """A resume that asks every store (``source="any"``) is answered by the primary when a
+    mirror is down, and by the mirror when the primary is down."""
+    mirror = _s3(hole, "mirror")
+    store = open_store(tmp_path / "p", mirrors=[mirror], mirror_mode="sync")
+    store.put_bytes("step_1.pt", b"whole", step=1)  # the copy to the mirror fails (best effort)
+    got = _within(lambda: store.latest(source="any"))
+    assert got is not None and got.name == "step_1.pt"
+    store.close()
+    down = _s3(hole, "primary")
+    up = open_store(tmp_path / "m")
+    up.put_bytes("step_2.pt", b"on the mirror", step=2)
+    both = open_store(
+        down.url, mirrors=[up], endpoint_url=hole.url, key="k", secret="s", **TIMEOUTS
+    )
+    got = _within(lambda: both.latest(source="any"))
+    assert got is not None and got.name == "step_2.pt"
+    both.close()

@@ -13,7 +13,14 @@ from commitstore._check import pending_versions, resolve, stored_version, verify
 from commitstore._commit import Committer
 from commitstore._order import arrange_records
 from commitstore._scan import StoredRecord, list_records, read_record
-from commitstore.errors import AlreadyExistsError, IntegrityError, NotFoundError
+from commitstore.errors import (
+    AlreadyExistsError,
+    BackendUnavailableError,
+    CommitStoreError,
+    IntegrityError,
+    NotFoundError,
+    StorageError,
+)
 from commitstore.layout import (
     META_DIR,
     RECORDS_DIR,
@@ -283,20 +290,44 @@ def _same_version(
 def latest_any(stores: Sequence[Committer], level: str) -> Record | None:
     """The newest artifact that is whole on at least one of ``stores`` (primary first), as the
     record of the version it verifies as there (a pending version, with its step and metadata,
-    where a commit stopped after its data step)."""
+    where a commit stopped after its data step).
+
+    A store that cannot be reached (down, refusing, past its deadlines) is skipped with a
+    warning, from the first failed request on, so a mirror that is down never stops a resume
+    from a primary that holds a whole artifact, nor a primary that is down from a mirror that
+    does.
+
+    Raises:
+        BackendUnavailableError, StorageError: no store could be listed (the primary's error).
+    """
     by_name: dict[str, Record] = {}
+    alive: list[Committer] = []
+    failures: list[CommitStoreError] = []
     for store in stores:
-        for rec in list_records(store.backend):
+        try:
+            listed = list_records(store.backend)
+        except (BackendUnavailableError, StorageError) as exc:
+            log.warning("latest: skipping %s, it cannot be listed: %s", store.url, exc)
+            failures.append(exc)
+            continue
+        alive.append(store)
+        for rec in listed:
             by_name.setdefault(rec.name, rec)
+    if not alive and failures:
+        raise failures[0]
     for rec in reversed(arrange_records(by_name.values())):
-        for store in stores:
+        for store in list(alive):
             try:
                 found = _stored(store, rec.name)
+                if found is None:
+                    continue
+                result, version = resolve(store.backend, found.record, level)
             except IntegrityError:
                 continue
-            if found is None:
+            except (BackendUnavailableError, StorageError) as exc:
+                log.warning("latest: skipping %s from now on: %s", store.url, exc)
+                alive.remove(store)
                 continue
-            result, version = resolve(store.backend, found.record, level)
             if result.status == "ok":
                 return version
             log.warning("latest: skipping %s on %s: %s", rec.name, store.url, result.status)
