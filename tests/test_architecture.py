@@ -48,10 +48,7 @@ KNOWN_REACH_INS: set[tuple[str, str]] = {
     ("commitstore.dcp", "commitstore._folder"),
     ("commitstore.dcp", "commitstore._folderfile"),
     ("commitstore.fsspec", "commitstore._fsview"),
-    ("commitstore.hf", "commitstore._extras"),
-    ("commitstore.lightning", "commitstore._extras"),
     ("commitstore.torch", "commitstore._commit"),
-    ("commitstore.torch", "commitstore._extras"),
     ("commitstore.torch", "commitstore._fetch"),
     ("commitstore.torch", "commitstore._read"),
 }

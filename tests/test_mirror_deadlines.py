@@ -23,6 +23,7 @@ from commitstore.errors import (
     BackendUnavailableError,
     ConfigurationError,
     MirrorError,
+    SourceMismatch,
 )
 from commitstore.mirrors import copy as copy_mod
 from commitstore.mirrors import replicator as replicator_mod
@@ -229,7 +230,7 @@ def test_a_source_that_does_not_match_its_unchanged_record_is_still_refused(
     store = open_store(tmp_path / "p", mirrors=[str(tmp_path / "m")], mirror_mode="sync")
     store.put_bytes("a.pt", b"a" * 1000)
     (tmp_path / "p" / "a.pt").write_bytes(b"b" * 1000)  # damaged behind the store's back
-    with pytest.raises(copy_mod.SourceMismatch):
+    with pytest.raises(SourceMismatch):
         copy_mod.copy_artifact(store.committer, store.mirrors[0].committer, "a.pt")
     store.close()
 

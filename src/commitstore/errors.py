@@ -9,15 +9,19 @@ exception, when there is one, is chained as ``__cause__``. Messages never contai
     ├── NotFoundError            (also FileNotFoundError)   no committed artifact by that name
     ├── AlreadyExistsError       (also FileExistsError)     the name is taken and overwrite=False
     ├── IntegrityError                                      bytes do not match their record
+    │   └── SourceMismatch                                  a copy's source fails its own record
     ├── CommitError                                         the commit protocol could not complete
+    │   └── MirrorStopped                                   a mirror's replication thread stopped
     ├── InsufficientSpaceError   (also OSError, ENOSPC)     not enough room on the target
     ├── InvalidNameError         (also ValueError)          the name is not a valid artifact name
     ├── NameConflictError                                   the call would reach into another name
     ├── ConfigurationError       (also ValueError)          a URL, option or argument is not valid
+    │   └── MissingExtraError    (also ImportError)         an integration's extra is not installed
     ├── MirrorError              (also ExceptionGroup)      one or more mirrors failed
     ├── BackendUnavailableError                             the storage could not be reached
-    └── StorageError             (also OSError, errno)      the storage refused or failed a call
-        └── StoragePathError     (ELOOP, ENOTDIR)           a symlink or file on a name's path
+    ├── StorageError             (also OSError, errno)      the storage refused or failed a call
+    │   └── StoragePathError     (ELOOP, ENOTDIR)           a symlink or file on a name's path
+    └── TorchLoadError                                      torch.load refused verified bytes
 
 Whose fault: ``InvalidNameError``, ``ConfigurationError`` and ``AlreadyExistsError`` are the
 caller's; ``IntegrityError`` is the data's; ``InsufficientSpaceError`` is the target's and is
@@ -48,10 +52,14 @@ __all__ = [
     "IntegrityError",
     "InvalidNameError",
     "MirrorError",
+    "MirrorStopped",
+    "MissingExtraError",
     "NameConflictError",
     "NotFoundError",
+    "SourceMismatch",
     "StorageError",
     "StoragePathError",
+    "TorchLoadError",
 ]
 
 
@@ -110,8 +118,17 @@ class IntegrityError(CommitStoreError):
         self.actual_digest = actual_digest
 
 
+class SourceMismatch(IntegrityError):
+    """A copy between stores (replication, ``sync``, ``restore``, a scrub's repair) found the
+    source's bytes do not match the source's own record: nothing was copied."""
+
+
 class CommitError(CommitStoreError):
     """The commit protocol could not complete; nothing was published under the final name."""
+
+
+class MirrorStopped(CommitError):
+    """The mirror's replication thread is no longer running: the artifact was not copied."""
 
 
 class InsufficientSpaceError(CommitStoreError, OSError):
@@ -158,6 +175,22 @@ class ConfigurationError(CommitStoreError, ValueError):
     extra, a bad ``min_age``, mirror mode or verify level). Raised before any I/O."""
 
 
+class MissingExtraError(ConfigurationError, ImportError):
+    """An optional dependency of an integration module (``commitstore.torch``, ``.lightning``,
+    ``.hf``...) is not installed: raised by ``import commitstore.<module>``, chained to the
+    ``ModuleNotFoundError``. Also an ``ImportError``, so ``except ImportError`` around an
+    optional import still catches it; the message names the extra and the pip command."""
+
+
+def missing_extra(module: str, extra: str, exc: ModuleNotFoundError) -> MissingExtraError:
+    """The error for ``import commitstore.<module>`` failing on ``exc`` (raise it ``from exc``):
+    the same pip hint a backend gives for a missing extra."""
+    return MissingExtraError(
+        f"commitstore.{module} needs the {extra} extra ({exc.name or 'a dependency'} is not "
+        f"installed): pip install 'commitstore[{extra}]'"
+    )
+
+
 class MirrorError(ExceptionGroup, CommitStoreError):  # type: ignore[misc]
     """One or more mirrors failed under ``mirror_policy="required"``; one sub-exception each."""
 
@@ -194,3 +227,9 @@ class StoragePathError(StorageError, InvalidNameError):
     never follows one below the root) or a file (``errno`` ``ELOOP`` or ``ENOTDIR``). A
     :class:`StorageError`; also an :class:`InvalidNameError` only for callers written when that
     was what these raised (deprecated: catch ``StorageError``; the second base goes in v2)."""
+
+
+class TorchLoadError(CommitStoreError):
+    """``torch.load`` refused bytes that matched their record (not a torch file, or a pickled
+    object that ``weights_only=True`` does not allow); chained to torch's exception. Raised by
+    ``commitstore.torch`` (also reachable there as ``commitstore.torch.TorchLoadError``)."""

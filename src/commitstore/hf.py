@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from commitstore._extras import missing_extra
+from commitstore.errors import missing_extra
 
 try:
     import accelerate  # noqa: F401  # the Trainer needs it; fail here with the pip hint

@@ -42,7 +42,7 @@ import re
 import threading
 from typing import Any
 
-from commitstore._extras import missing_extra
+from commitstore.errors import missing_extra
 
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO

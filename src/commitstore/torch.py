@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from commitstore._extras import missing_extra
+from commitstore.errors import missing_extra
 
 try:
     import torch
@@ -35,7 +35,13 @@ from commitstore import _fetch, _read
 from commitstore._commit import check_flag
 from commitstore._fetch import check_cache_dir
 from commitstore._snapshot import BufferPool, Buffers, snapshot
-from commitstore.errors import CommitStoreError, ConfigurationError, IntegrityError, NotFoundError
+from commitstore.errors import (
+    CommitStoreError,
+    ConfigurationError,
+    IntegrityError,
+    NotFoundError,
+    TorchLoadError,
+)
 from commitstore.layout import validate_name
 from commitstore.records import Record
 from commitstore.store import CommitStore
@@ -207,11 +213,6 @@ def load_with_record(
         except (IntegrityError, NotFoundError, TorchLoadError) as exc:
             log.warning("torch.load: skipping %s: %s", rec.name, exc)
     raise NotFoundError(f"{store.url}: no committed artifact verifies and loads with torch.load")
-
-
-class TorchLoadError(CommitStoreError):
-    """``torch.load`` refused bytes that matched their record (not a torch file, or a pickled
-    object that ``weights_only=True`` does not allow); chained to torch's exception."""
 
 
 def _load_one(

@@ -35,7 +35,7 @@ from commitstore.backends import CommitInfo, DirSink, PutMode
 from commitstore.backends.base import Rereadable
 from commitstore.backends.object.base import ObjectBackend
 from commitstore.digest import copy_hashed
-from commitstore.errors import CommitStoreError, IntegrityError, NotFoundError
+from commitstore.errors import CommitStoreError, IntegrityError, NotFoundError, SourceMismatch
 from commitstore.layout import Parts, validate_name
 from commitstore.records import Record, RecordFormatError
 
@@ -56,10 +56,6 @@ record it read first and the source has moved on meanwhile (another version comm
 being committed, under the name: an alias overwritten quickly)."""
 REREAD_DELAY = 0.05
 """Seconds before the first such re-read; one more step of it before each next one."""
-
-
-class SourceMismatch(IntegrityError):
-    """The source's bytes do not match the source's own record: nothing was copied."""
 
 
 def _check_source(

@@ -22,6 +22,7 @@ from commitstore.errors import (
     CommitError,
     ConfigurationError,
     MirrorError,
+    MirrorStopped,
     NotFoundError,
 )
 from commitstore.mirrors import journal
@@ -33,10 +34,6 @@ log = logging.getLogger("commitstore")
 
 MODES = ("background", "sync")
 POLICIES = ("best_effort", "required")
-
-
-class MirrorStopped(CommitError):
-    """The mirror's replication thread is no longer running: the artifact was not copied."""
 
 
 def check_mirror_options(mode: str, policy: str, queue_size: int) -> None:

@@ -19,6 +19,7 @@ from commitstore.errors import (
     CommitStoreError,
     IntegrityError,
     NotFoundError,
+    SourceMismatch,
     StorageError,
 )
 from commitstore.layout import (
@@ -29,7 +30,7 @@ from commitstore.layout import (
     record_parts,
     validate_name,
 )
-from commitstore.mirrors.copy import SourceMismatch, copy_with_retries, held_in_memory
+from commitstore.mirrors.copy import copy_with_retries, held_in_memory
 from commitstore.records import Record, RecordFormatError
 
 log = logging.getLogger("commitstore")
