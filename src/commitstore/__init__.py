@@ -7,6 +7,7 @@ and fail loud.
 
 from __future__ import annotations
 
+from commitstore._folder import FolderWrite
 from commitstore._open import open_store
 from commitstore._stage import Stage
 from commitstore.errors import (
@@ -45,6 +46,7 @@ __all__ = [
     "CommitStoreError",
     "ConfigurationError",
     "FileRecord",
+    "FolderWrite",
     "GcItem",
     "GcReport",
     "InsufficientSpaceError",

@@ -47,9 +47,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from commitstore._commit import check_new
-from commitstore._folder import FolderWrite
-from commitstore._folderfile import read_member
+from commitstore import FolderWrite
 from commitstore.errors import (
     CommitError,
     CommitStoreError,
@@ -58,6 +56,7 @@ from commitstore.errors import (
     NotFoundError,
 )
 from commitstore.layout import validate_name
+from commitstore.options import check_commit_args
 from commitstore.records import FileRecord, Record
 from commitstore.store import CommitStore
 
@@ -109,7 +108,7 @@ class StorageWriter(dcp.StorageWriter):  # type: ignore[misc]
     ) -> None:
         super().__init__()
         self.store = _check_store(store)
-        check_new(name, step, metadata)
+        check_commit_args(name, step, metadata)
         self.name = name
         self.step = step
         self.metadata = dict(metadata or {})
@@ -157,7 +156,7 @@ class StorageWriter(dcp.StorageWriter):  # type: ignore[misc]
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id:
             name = str(checkpoint_id)
-            check_new(name, self.step, self.metadata)
+            check_commit_args(name, self.step, self.metadata)
             self.name = name
         self.save_id = uuid.uuid4().hex
         self.record = None
@@ -301,7 +300,7 @@ class StorageReader(dcp.StorageReader):  # type: ignore[misc]
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         try:
             rec = self._resolve()
-            md = pickle.loads(read_member(self.store.committer, rec, METADATA_FILE))
+            md = pickle.loads(self.store.read_member(rec, METADATA_FILE))
         except CommitStoreError as exc:
             self.failure = exc  # dcp.load reports only its text: load() raises it as is
             raise
@@ -332,7 +331,7 @@ class StorageReader(dcp.StorageReader):  # type: ignore[misc]
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for rel, reqs in per_file.items():
-            data = memoryview(read_member(self.store.committer, rec, rel))
+            data = memoryview(self.store.read_member(rec, rel))
             for req in reqs:
                 info = self.storage_data[req.storage_index]
                 if getattr(info, "transform_descriptors", None):

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from commitstore import _check, _fetch, _folder, _read, _scan, _write
+from commitstore import _check, _fetch, _folder, _folderfile, _read, _scan, _write
 from commitstore._background import BackgroundCommits, check_inflight
 from commitstore._commit import Committer, check_flag, check_new
 from commitstore._stage import Stage
@@ -32,6 +32,7 @@ from commitstore.maintenance.prune import PruneReport, prune
 from commitstore.maintenance.retention import Retention, check_age
 from commitstore.mirrors.replicator import Replicator
 from commitstore.mirrors.sync import latest_any
+from commitstore.options import Level
 from commitstore.records import Record, VerifyReport
 
 __all__ = ["CommitStore"]
@@ -264,15 +265,19 @@ class CommitStore(MirrorMethods):
         step: int | None = None,
         metadata: Mapping[str, Any] | None = None,
         overwrite: bool = False,
+        records: list[Record] | None = None,
     ) -> Iterator[Path]:
         """Yield a local folder to fill; a clean exit publishes it whole, as one artifact.
 
         The record lists every file (path, size, digest). An exception publishes nothing; so
         does a file that cannot be stored (a symlink, FIFO or device, a name that breaks the
         naming rules: CommitError). Same checks of ``name``, ``step`` and ``metadata`` as
-        :meth:`stage`, before any I/O.
+        :meth:`stage`, before any I/O. With ``records`` (a list), the committed record, with
+        its outcome, is appended to it once the folder is published (the commit's own record:
+        readable even when the name's record file is not yet).
         """
-        with self._stage_dir(name, [], step=step, metadata=metadata, overwrite=overwrite) as path:
+        got: list[Record] = [] if records is None else records
+        with self._stage_dir(name, got, step=step, metadata=metadata, overwrite=overwrite) as path:
             yield path
 
     @contextlib.contextmanager
@@ -523,3 +528,40 @@ class CommitStore(MirrorMethods):
         folder = _fetch.check_cache_dir(cache_dir)
         check_flag(rehash, "rehash")
         return _fetch.fetch(self.backend, self.url, name, folder, rehash=rehash)[0]
+
+    # -- reads that also return the version read (for integrations) ---------------------------
+    def read_with_record(self, name: str, *, verify: Level = "full") -> tuple[bytes, Record]:
+        """:meth:`read_bytes` (``verify`` ``"size"`` or ``"full"``), and the record of the
+        version the bytes are: the name's record, or the pending version they match (a commit
+        stopped after its data step), with its own step and metadata.
+
+        Raises:
+            InvalidNameError, ConfigurationError: a bad name or level, before any I/O.
+            NotFoundError: not committed. IntegrityError: the bytes fail the check.
+            ConfigurationError: a folder artifact.
+        """
+        validate_name(name)
+        _check.check_level(verify)
+        return _read.read_with_record(self.backend, self.url, name, verify)
+
+    def fetch_with_record(
+        self, name: str, cache_dir: str | os.PathLike[str] | None = None, *, rehash: bool = False
+    ) -> tuple[Path, Record]:
+        """:meth:`fetch`, and the record of the version the cached copy holds (the name's
+        record, or the pending version it verifies as). Same checks and errors as
+        :meth:`fetch`."""
+        validate_name(name)
+        folder = _fetch.check_cache_dir(cache_dir)
+        check_flag(rehash, "rehash")
+        return _fetch.fetch(self.backend, self.url, name, folder, rehash=rehash)
+
+    def read_member(self, record: Record, path: str) -> bytes:
+        """All bytes of the file ``path`` (relative, ``/``-separated) of the committed folder
+        artifact ``record`` (from :meth:`record` or :meth:`list`), read once and checked
+        against its entry in that record (size and full digest).
+
+        Raises:
+            NotFoundError: the record lists no such file. IntegrityError: missing, truncated
+                or changed bytes.
+        """
+        return _folderfile.read_member(self.committer, record, path)

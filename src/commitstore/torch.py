@@ -31,9 +31,6 @@ try:
 except ModuleNotFoundError as _exc:
     raise missing_extra("torch", "torch", _exc) from _exc
 
-from commitstore import _fetch, _read
-from commitstore._commit import check_flag
-from commitstore._fetch import check_cache_dir
 from commitstore._snapshot import BufferPool, Buffers, snapshot
 from commitstore.errors import (
     CommitStoreError,
@@ -43,6 +40,7 @@ from commitstore.errors import (
     TorchLoadError,
 )
 from commitstore.layout import validate_name
+from commitstore.options import check_cache_dir, check_flag
 from commitstore.records import Record
 from commitstore.store import CommitStore
 
@@ -226,10 +224,10 @@ def _load_one(
     A folder artifact is a ConfigurationError (from the readers)."""
     source: Any
     if folder is not None:
-        path, got = _fetch.fetch(store.backend, store.url, name, folder)
+        path, got = store.fetch_with_record(name, folder)
         source = str(path)
     else:
-        data, got = _read.read_with_record(store.backend, store.url, name, "full")
+        data, got = store.read_with_record(name, verify="full")
         source = io.BytesIO(data)
     try:
         obj = torch.load(
