@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from commitstore._progress import ProgressBar
+from commitstore._cli_progress import ProgressBar
 from commitstore.cli import main
 
 

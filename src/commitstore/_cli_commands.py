@@ -14,10 +14,8 @@ from typing import Any
 
 from commitstore import CommitStore
 from commitstore._cli_log import TARGETS, exit_code_of, fail, stderr_json
+from commitstore._cli_progress import ProgressBar
 from commitstore._cli_targets import open_target
-from commitstore._order import arrange_records
-from commitstore._progress import ProgressBar
-from commitstore._scan import scan_records
 from commitstore.errors import NameConflictError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import Record, VerifyReport
@@ -74,8 +72,7 @@ def _created(rec: Record) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    good, bad = scan_records(_open(args, args.url).backend)
-    records = arrange_records(good)
+    records, bad = _open(args, args.url).scan()
     lines = [f"{'STEP':>8}  {'SIZE':>14}  {'CREATED (UTC)':<20}  {'DIGEST':<20}  NAME"]
     for r in records:
         step = "-" if r.step is None else str(r.step)
@@ -159,7 +156,7 @@ def cmd_put(args: argparse.Namespace) -> int:
     if os.path.isdir(args.local):
         bar = _bar(args, f"put {name}", _folder_bytes(args.local))
         got: list[Record] = []  # the commit's own record (readable even before its record is)
-        with store._stage_dir(name, got, step=args.step, overwrite=args.overwrite) as d:
+        with store.stage_dir(name, step=args.step, overwrite=args.overwrite, records=got) as d:
             _copy_into(args.local, d, bar)
             bar(bar.total)
         rec = got[0]

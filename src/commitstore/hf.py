@@ -127,7 +127,9 @@ def commit_folder(
                 raise
         folder.abort()
     got: list[Record] = []
-    with store._stage_dir(name, got, step=step, metadata=metadata, overwrite=overwrite) as out:
+    with store.stage_dir(
+        name, step=step, metadata=metadata, overwrite=overwrite, records=got
+    ) as out:
         shutil.copytree(src, out, dirs_exist_ok=True)
     record = got[0]
     if not keep_local:

@@ -7,6 +7,7 @@ mirrors to ``mirrors/``, pruning, gc and adoption to ``maintenance/``.
 
 from __future__ import annotations
 
+import builtins
 import concurrent.futures
 import contextlib
 import logging
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 from commitstore import _check, _fetch, _folder, _folderfile, _read, _scan, _write
 from commitstore._background import BackgroundCommits, check_inflight
 from commitstore._commit import Committer, check_flag, check_new
+from commitstore._order import arrange_records
 from commitstore._stage import Stage
 from commitstore._storemirrors import MirrorMethods
 from commitstore.backends import Backend
@@ -33,7 +35,7 @@ from commitstore.maintenance.retention import Retention, check_age
 from commitstore.mirrors.replicator import Replicator
 from commitstore.mirrors.sync import latest_any
 from commitstore.options import Level
-from commitstore.records import Record, VerifyReport
+from commitstore.records import Record, VerifyReport, VerifyResult
 
 __all__ = ["CommitStore"]
 
@@ -565,3 +567,11 @@ class CommitStore(MirrorMethods):
                 or changed bytes.
         """
         return _folderfile.read_member(self.committer, record, path)
+
+    def scan(self) -> tuple[builtins.list[Record], builtins.list[VerifyResult]]:
+        """Every committed record, oldest to newest (as :meth:`list`), and a ``bad_record``
+        :class:`~commitstore.VerifyResult` for every record file that cannot be read (which
+        :meth:`list` leaves out). No warning where the store's root does not exist: both lists
+        are empty."""
+        good, bad = _scan.scan_records(self.backend)
+        return arrange_records(good), bad
