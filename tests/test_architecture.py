@@ -40,9 +40,7 @@ modules, ``commitstore._cli*``, count as part of them)."""
 KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset({"commitstore.store", "commitstore._storemirrors"}),
 }
-KNOWN_REACH_INS: set[tuple[str, str]] = {
-    ("commitstore.fsspec", "commitstore._fsview"),
-}
+KNOWN_REACH_INS: set[tuple[str, str]] = set()
 KNOWN_CONCRETE: set[tuple[str, str]] = {
     ("commitstore._fetch", "commitstore.backends.rename._localfs"),
     ("commitstore._fetch", "commitstore.backends.rename.posix"),
@@ -57,7 +55,10 @@ KNOWN_CONCRETE: set[tuple[str, str]] = {
     ("commitstore.mirrors.copy", "commitstore.backends.base"),
     ("commitstore.mirrors.copy", "commitstore.backends.object.base"),
 }
-HELPERS = {"commitstore._snapshot": "commitstore.torch"}
+HELPERS = {
+    "commitstore._snapshot": "commitstore.torch",
+    "commitstore._fsview": "commitstore.fsspec",
+}
 """Private modules that belong to one integration (its own helpers, not a reach-in)."""
 
 

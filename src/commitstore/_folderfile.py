@@ -9,12 +9,13 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
+from commitstore import _read
 from commitstore._check import compare
 from commitstore._commit import Committer
 from commitstore.backends import FileSink
-from commitstore.digest import Hasher, digest_bytes
+from commitstore.digest import Hasher, digest_bytes, hash_stream
 from commitstore.errors import CommitError, IntegrityError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import FileRecord, Record
@@ -161,3 +162,30 @@ def read_member(committer: Committer, record: Record, path: str) -> bytes:
 
 
 __all__ = ["FolderFile", "read_member"]
+
+
+def open_member(committer: Committer, record: Record, path: str) -> BinaryIO:
+    """The file ``path`` of the committed folder ``record``, hashed whole and checked against
+    its entry (size and full digest) before any byte is handed out, then rewound.
+
+    Raises:
+        NotFoundError: the record lists no such file. IntegrityError: missing, truncated or
+            changed bytes.
+    """
+    entry = next((f for f in record.files if f.path == path), None)
+    if entry is None:
+        raise NotFoundError(f"{record.name} has no file {path}", name=record.name)
+    parts = validate_name(f"{record.name}/{path}", inside_folder=True)
+    f = _read._open_parts(committer.backend, record.name, parts)
+    try:
+        size, digest = hash_stream(f)
+        found = compare(
+            entry.size, entry.digest, found_size=size, found_digest=digest, level="full"
+        )
+        if found is not None:
+            raise found.error(record.name, path)
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    return f

@@ -7,14 +7,10 @@ import contextlib
 import io
 import sys
 from types import FrameType, TracebackType
-from typing import Any, BinaryIO
+from typing import Any
 
-from commitstore import _read
-from commitstore._check import compare
-from commitstore._stage import Stage
-from commitstore.digest import hash_stream
+from commitstore import Stage
 from commitstore.errors import NotFoundError
-from commitstore.layout import validate_name
 from commitstore.records import Record
 from commitstore.store import CommitStore
 
@@ -213,23 +209,3 @@ def member_info(full: str, size: int, digest: str, rec: Record) -> dict[str, Any
         "created": rec.created,
         "artifact": rec.name,
     }
-
-
-def open_member(store: CommitStore, rec: Record, member: str) -> BinaryIO:
-    """A file of a folder artifact, hashed whole and checked against its entry before any byte
-    is handed out (then rewound)."""
-    entry = next(f for f in rec.files if f.path == member)
-    parts = validate_name(f"{rec.name}/{member}", inside_folder=True)
-    f = _read._open_parts(store.backend, rec.name, parts)
-    try:
-        size, digest = hash_stream(f)
-        found = compare(
-            entry.size, entry.digest, found_size=size, found_digest=digest, level="full"
-        )
-        if found is not None:
-            raise found.error(rec.name, member)
-        f.seek(0)
-    except BaseException:
-        f.close()
-        raise
-    return f

@@ -61,7 +61,6 @@ from commitstore._fsview import (
     dir_info,
     folder_owner,
     member_info,
-    open_member,
     record_info,
 )
 from commitstore.errors import ConfigurationError, IntegrityError, NameConflictError, NotFoundError
@@ -217,7 +216,7 @@ class CommitFileSystem(_Base):  # type: ignore[misc]
             owner = folder_owner(store, name)
             if owner is None:
                 raise
-            return open_member(store, *owner)
+            return store.open_member(*owner)
 
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from commitstore import _check, _fetch, _folder, _folderfile, _read, _scan, _write
 from commitstore._background import BackgroundCommits, check_inflight
@@ -575,3 +575,14 @@ class CommitStore(MirrorMethods):
         are empty."""
         good, bad = _scan.scan_records(self.backend)
         return arrange_records(good), bad
+
+    def open_member(self, record: Record, path: str) -> BinaryIO:
+        """The file ``path`` of the committed folder artifact ``record``, as a readable,
+        seekable binary file: hashed whole and checked against its entry in that record (size
+        and full digest) before any byte is handed out, then rewound.
+
+        Raises:
+            NotFoundError: the record lists no such file. IntegrityError: missing, truncated
+                or changed bytes.
+        """
+        return _folderfile.open_member(self.committer, record, path)
