@@ -29,6 +29,7 @@ from commitstore import (
 )
 from commitstore.cli import main as cli_main
 from commitstore.mirrors.sync import sync_mirrors
+from commitstore.options import Level
 from commitstore.records import RecordFormatError, decode_record
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target, record_path, xxh
 
@@ -417,7 +418,7 @@ def local(base: Path) -> Target:
     return _local(base / "store")
 
 
-def _status(t: Target, name: str, level: str = "full") -> tuple[str, str]:
+def _status(t: Target, name: str, level: Level = "full") -> tuple[str, str]:
     r = returns(lambda: t.reopen().verify(name, level=level)).results
     assert len(r) == 1
     return r[0].status, r[0].detail

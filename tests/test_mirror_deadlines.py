@@ -27,6 +27,7 @@ from commitstore.errors import (
 )
 from commitstore.mirrors import copy as copy_mod
 from commitstore.mirrors import replicator as replicator_mod
+from commitstore.options import MirrorMode
 from commitstore.testing import LocalBackdoor
 
 from .helpers.blackhole import Blackhole
@@ -204,7 +205,9 @@ def _overwrite_before_data_is_opened(
 
 
 @pytest.mark.parametrize("mode", ["sync", "background"])
-def test_an_alias_overwritten_while_copied_is_copied_not_refused(tmp_path: Path, mode: str) -> None:
+def test_an_alias_overwritten_while_copied_is_copied_not_refused(
+    tmp_path: Path, mode: MirrorMode
+) -> None:
     store = open_store(
         tmp_path / "p",
         mirrors=[str(tmp_path / "m")],

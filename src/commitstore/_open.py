@@ -13,6 +13,7 @@ from commitstore.errors import NotFoundError
 from commitstore.layout import redact_url
 from commitstore.maintenance.retention import Retention
 from commitstore.mirrors.replicator import check_mirror_options
+from commitstore.options import MirrorMode, MirrorPolicy
 from commitstore.store import CommitStore
 
 __all__ = ["open_store"]
@@ -22,8 +23,8 @@ def open_store(
     url: str | os.PathLike[str],
     *,
     mirrors: Sequence[str | os.PathLike[str] | CommitStore] = (),
-    mirror_mode: str = "background",
-    mirror_policy: str = "best_effort",
+    mirror_mode: MirrorMode = "background",
+    mirror_policy: MirrorPolicy = "best_effort",
     mirror_queue: int = 8,
     retention: Retention | None = None,
     create: bool = True,

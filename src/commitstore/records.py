@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 from commitstore._recordcheck import (
     MAX_DEPTH,
@@ -55,6 +55,7 @@ STATUSES: tuple[str, ...] = (
 )
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class FileRecord:
     """One file of a folder artifact."""
@@ -67,6 +68,7 @@ class FileRecord:
     """``"xxh3_128:<32 hex>"`` of the file's bytes."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class CommitOutcome:
     """How the commit call that returned a record went: carried by that record only
@@ -95,6 +97,7 @@ class CommitOutcome:
     ``stage_dir()`` entered, ``FolderWrite.commit``; a mirror copy's publish) to its return."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Record:
     """What was committed under ``name``: the reference every check compares against."""
@@ -352,6 +355,7 @@ def _decode_json(text: str) -> Record:
     return record
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class VerifyResult:
     """The check of one artifact."""
@@ -365,6 +369,7 @@ class VerifyResult:
     """Human-readable explanation: expected vs actual, the file concerned."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
     """Results of :meth:`CommitStore.verify`, one per artifact."""

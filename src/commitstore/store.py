@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, final
 
 from commitstore import _check, _fetch, _folder, _folderfile, _read, _scan, _write
 from commitstore._background import BackgroundCommits, check_inflight
@@ -34,7 +34,7 @@ from commitstore.maintenance.prune import PruneReport, prune
 from commitstore.maintenance.retention import Retention, check_age
 from commitstore.mirrors.replicator import Replicator
 from commitstore.mirrors.sync import latest_any
-from commitstore.options import Level
+from commitstore.options import Level, MirrorMode, MirrorPolicy, ReadLevel, Source
 from commitstore.records import Record, VerifyReport, VerifyResult
 
 __all__ = ["CommitStore"]
@@ -45,6 +45,7 @@ Progress = Callable[[int], None]
 S = TypeVar("S")
 
 
+@final
 class CommitStore(MirrorMethods):
     """Staged writes, commits, verification and reads of artifacts under one root.
 
@@ -64,8 +65,8 @@ class CommitStore(MirrorMethods):
         *,
         url: str,
         mirrors: Sequence[CommitStore] = (),
-        mirror_mode: str = "background",
-        mirror_policy: str = "best_effort",
+        mirror_mode: MirrorMode = "background",
+        mirror_policy: MirrorPolicy = "best_effort",
         mirror_queue: int = 8,
         retention: Retention | None = None,
         async_inflight: int = 1,
@@ -450,7 +451,7 @@ class CommitStore(MirrorMethods):
             self._nothing_found()
         return records
 
-    def verify(self, name: str | None = None, *, level: str = "full") -> VerifyReport:
+    def verify(self, name: str | None = None, *, level: Level = "full") -> VerifyReport:
         """Check one artifact or all against their records; never raises for a bad artifact.
 
         ``level="size"`` compares sizes; ``"full"`` also recomputes digests. Unrecorded files
@@ -463,7 +464,7 @@ class CommitStore(MirrorMethods):
             self._nothing_found()
         return report
 
-    def latest(self, *, level: str = "full", source: str = "primary") -> Record | None:
+    def latest(self, *, level: Level = "full", source: Source = "primary") -> Record | None:
         """The newest artifact that passes :meth:`verify` at ``level``; each one skipped is logged
         as a warning. None if there is none. ``source="any"`` also considers the mirrors (the
         newest artifact whole on any store; ``restore`` brings it back to the primary). None
@@ -479,7 +480,7 @@ class CommitStore(MirrorMethods):
             self._nothing_found()
         return found
 
-    def open(self, name: str, *, verify: str = "full") -> _read.VerifiedFile:
+    def open(self, name: str, *, verify: ReadLevel = "full") -> _read.VerifiedFile:
         """A readable, seekable binary file of ``name`` whose bytes passed the check first.
 
         Raises:
@@ -488,7 +489,7 @@ class CommitStore(MirrorMethods):
         _check.check_level(verify, allow_none=True)
         return _read.open_verified(self.backend, self.url, name, verify)
 
-    def read_bytes(self, name: str, *, verify: str = "full") -> bytes:
+    def read_bytes(self, name: str, *, verify: ReadLevel = "full") -> bytes:
         """All bytes of ``name``, read once and checked before they are returned."""
         _check.check_level(verify, allow_none=True)
         return _read.read_verified(self.backend, self.url, name, verify)
@@ -498,7 +499,7 @@ class CommitStore(MirrorMethods):
         name: str,
         local_path: str | os.PathLike[str],
         *,
-        verify: str = "full",
+        verify: ReadLevel = "full",
         progress: Progress | None = None,
     ) -> None:
         """Copy ``name`` to ``local_path`` with the local commit protocol; the local file appears
