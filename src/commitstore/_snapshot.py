@@ -124,8 +124,7 @@ def snapshot(obj: object, buffers: Buffers | None = None) -> object:
     """A copy of ``obj`` that shares no tensor memory with it (module docstring), reusing
     ``buffers`` (filled or replaced as the shapes require) where given.
 
-    Raises:
-        whatever ``copy.deepcopy`` raises for an object that cannot be copied.
+    An object ``copy.deepcopy`` cannot copy raises what ``copy.deepcopy`` raises.
     """
     walk = _Walk(buffers)
     walk.visit(obj)

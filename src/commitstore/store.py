@@ -236,9 +236,11 @@ class CommitStore(MirrorMethods):
         commits through this store (so replication and retention follow it). Failures are
         handled as :meth:`commit_async`'s.
 
+        An exception of ``prepare()`` propagates as it is (the slot is released, nothing is
+        queued).
+
         Raises:
             CommitStoreError: an earlier asynchronous commit's unobserved failure.
-            whatever ``prepare()`` raises (the slot is released, nothing is queued).
         """
         engine = self._engine()
         release = engine.acquire()

@@ -345,6 +345,9 @@ class StoreConformance(FolderConformance, FaultConformance):
         assert info["url"] == store.url
         caps = store.backend.capabilities
         assert info["capabilities"] == {k: getattr(caps, k) for k in caps.__dataclass_fields__}
-        assert all(isinstance(v, bool) for v in info["capabilities"].values())
+        flags = {k: v for k, v in info["capabilities"].items() if k != "mtime_resolution"}
+        assert all(isinstance(v, bool) for v in flags.values()), flags
+        resolution = info["capabilities"]["mtime_resolution"]  # seconds: a number, not a flag
+        assert isinstance(resolution, float) and 0.0 <= resolution <= 2.0, resolution
         assert info["strategy"] in repr(store)
         json.dumps(info, default=str)  # plain values: the CLI's ``info --json`` prints it
