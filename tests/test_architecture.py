@@ -53,20 +53,7 @@ KNOWN_REACH_INS: set[tuple[str, str]] = {
     ("commitstore.torch", "commitstore._fetch"),
     ("commitstore.torch", "commitstore._read"),
 }
-KNOWN_CONCRETE: set[tuple[str, str]] = {
-    ("commitstore._fetch", "commitstore.backends.rename._localfs"),
-    ("commitstore._fetch", "commitstore.backends.rename.posix"),
-    ("commitstore._folder", "commitstore.backends.localtree"),
-    ("commitstore._folder", "commitstore.backends.rename.posix"),
-    ("commitstore._read", "commitstore.backends.rename.posix"),
-    ("commitstore._staged", "commitstore.backends.object.base"),
-    ("commitstore._staged", "commitstore.backends.object.dirsink"),
-    ("commitstore._write", "commitstore.backends.localtree"),
-    ("commitstore.hf", "commitstore.backends.rename.posix"),
-    ("commitstore.lightning", "commitstore.backends.rename.posix"),
-    ("commitstore.mirrors.copy", "commitstore.backends.base"),
-    ("commitstore.mirrors.copy", "commitstore.backends.object.base"),
-}
+KNOWN_CONCRETE: set[tuple[str, str]] = set()
 HELPERS = {"commitstore._snapshot": "commitstore.torch"}
 """Private modules that belong to one integration (its own helpers, not a reach-in)."""
 
