@@ -37,24 +37,9 @@ INTEGRATIONS = (
 """Modules that must use commitstore only through its public names (their own private helper
 modules, ``commitstore._cli*``, count as part of them)."""
 
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"commitstore.store", "commitstore._storemirrors"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_REACH_INS: set[tuple[str, str]] = set()
-KNOWN_CONCRETE: set[tuple[str, str]] = {
-    ("commitstore._fetch", "commitstore.backends.rename._localfs"),
-    ("commitstore._fetch", "commitstore.backends.rename.posix"),
-    ("commitstore._folder", "commitstore.backends.localtree"),
-    ("commitstore._folder", "commitstore.backends.rename.posix"),
-    ("commitstore._read", "commitstore.backends.rename.posix"),
-    ("commitstore._staged", "commitstore.backends.object.base"),
-    ("commitstore._staged", "commitstore.backends.object.dirsink"),
-    ("commitstore._write", "commitstore.backends.localtree"),
-    ("commitstore.hf", "commitstore.backends.rename.posix"),
-    ("commitstore.lightning", "commitstore.backends.rename.posix"),
-    ("commitstore.mirrors.copy", "commitstore.backends.base"),
-    ("commitstore.mirrors.copy", "commitstore.backends.object.base"),
-}
+KNOWN_CONCRETE: set[tuple[str, str]] = set()
 HELPERS = {
     "commitstore._snapshot": "commitstore.torch",
     "commitstore._fsview": "commitstore.fsspec",

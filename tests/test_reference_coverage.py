@@ -76,7 +76,7 @@ def test_a_planted_undocumented_public_name_fails_the_check(tmp_path: Path) -> N
         init.read_text().replace('    "open_store",\n', exported)
         + '\n\ndef planted_helper() -> None:\n    """Exported, but in no reference page."""\n'
     )
-    mirrors = pkg / "_storemirrors.py"
+    mirrors = pkg / "store.py"
     undocumented = "\n    def planted_method(self) -> None:\n        pass\n"
     mirrors.write_text(mirrors.read_text() + undocumented)
     lightning = pkg / "lightning.py"

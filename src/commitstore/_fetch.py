@@ -24,9 +24,7 @@ from pathlib import Path
 
 from commitstore._check import pending_versions, resolve, served_version
 from commitstore._read import ATTEMPTS, _attempt, _file_record, _open_data, _record_changed
-from commitstore.backends import Backend, PutMode
-from commitstore.backends.rename._localfs import os_error
-from commitstore.backends.rename.posix import LocalBackend
+from commitstore.backends import Backend, PutMode, local_error, local_folder
 from commitstore.digest import copy_hashed, hash_stream
 from commitstore.errors import ConfigurationError, InsufficientSpaceError, IntegrityError
 from commitstore.records import Record
@@ -72,7 +70,7 @@ def _cached(path: Path, record: Record, rehash: bool) -> bool:
     except FileNotFoundError:
         return False
     except OSError as exc:
-        raise os_error(exc, "checking the cached copy", str(path)) from exc
+        raise local_error(exc, "checking the cached copy", str(path)) from exc
     if not stat.S_ISREG(st.st_mode) or st.st_size != record.size:
         return False
     if not rehash:
@@ -81,7 +79,7 @@ def _cached(path: Path, record: Record, rehash: bool) -> bool:
         with open(path, "rb") as f:
             return hash_stream(f) == (record.size, record.digest)
     except OSError as exc:
-        raise os_error(exc, "hashing the cached copy", str(path)) from exc
+        raise local_error(exc, "hashing the cached copy", str(path)) from exc
 
 
 def fetch(
@@ -100,12 +98,8 @@ def fetch(
     path = cache_path(cache_dir, version)
     if _cached(path, version, rehash):
         return path, version
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise os_error(exc, "creating the cache folder", str(cache_dir)) from exc
-    target = LocalBackend(cache_dir.resolve(), reason="fetch cache folder")
-    target.direct_io = False  # the copy is read next (module docstring)
+    # buffered writes: the copy is read next (module docstring)
+    target = local_folder(cache_dir, reason="cache folder", make=True, direct_io=False)
     for attempt in range(ATTEMPTS):
         free = target.free_space(())
         if free is not None and free < version.size:
@@ -149,7 +143,7 @@ def version_of(backend: Backend, rec: Record) -> Record:
 
 
 def _copy(
-    backend: Backend, rec: Record, version: Record, target: LocalBackend, path: Path
+    backend: Backend, rec: Record, version: Record, target: Backend, path: Path
 ) -> Path | Record | IntegrityError:
     """One hashed read of ``rec``'s data into a staging file of ``target``, published as ``path``
     only if the bytes are ``version``'s (``rec`` or a pending version of it); else nothing is

@@ -52,9 +52,7 @@ from commitstore import _slots
 from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._folderfile import FolderFile
 from commitstore._small import put_small
-from commitstore.backends import Backend, CommitInfo, PutMode
-from commitstore.backends.localtree import hash_and_sync_tree
-from commitstore.backends.rename.posix import LocalBackend
+from commitstore.backends import Backend, CommitInfo, PutMode, hash_and_sync_tree
 from commitstore.digest import hash_stream, manifest_digest
 from commitstore.errors import (
     CommitError,
@@ -182,10 +180,7 @@ class FolderWrite:
 
     def local_area(self) -> Path | None:
         """The staging folder's local path where the store is a local folder, else None."""
-        backend = self._c.backend
-        if isinstance(backend, LocalBackend):
-            return Path(backend.path_of(self._area()))
-        return None
+        return self._c.backend.local_path(self._area())
 
     def open_file(self, path: str) -> FolderFile:
         """Start writing the file ``path`` (relative to the folder, ``/``-separated).
@@ -220,19 +215,13 @@ class FolderWrite:
         keeps the folder, whatever its age, while any writer of it lives, between its files
         too; the kernel drops it when the process dies. Released by :meth:`commit` and
         :meth:`abort`."""
-        if self._held is not None or not isinstance(backend, LocalBackend):
-            return
-        area = self._area()
-        dirfd = backend.open_dir(area[:-1], create=False)
-        try:
-            self._held = backend.hold(dirfd, area[-1])
-        finally:
-            os.close(dirfd)
+        if self._held is None:
+            self._held = backend.hold_folder(self._area())
 
     def _release(self) -> None:
         held, self._held = self._held, None
-        if held is not None and isinstance(self._c.backend, LocalBackend):
-            self._c.backend.release(held)
+        if held is not None:
+            self._c.backend.release_folder(held)
 
     def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> FileRecord:
         """Write the whole file ``path`` at once; its record."""
@@ -246,10 +235,10 @@ class FolderWrite:
         written yet; then hash and sync its files and return their records. None (``src``
         untouched) where that is not possible: copy the files instead."""
         area, backend = self.local_area(), self._c.backend
-        if area is None or area.exists() or not isinstance(backend, LocalBackend):
+        if area is None or area.exists():
             return None
         try:
-            os.close(backend.open_dir(self._area()[:-1], create=True))  # never via a symlink
+            backend.make_folders(self._area()[:-1])  # never via a symlink
             if os.stat(src).st_dev != os.stat(area.parent).st_dev:
                 return None
             os.rename(src, area)

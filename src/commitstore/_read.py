@@ -11,8 +11,7 @@ from typing import BinaryIO
 
 from commitstore._check import compare, locate, record_of, served_version
 from commitstore._scan import read_record
-from commitstore.backends import Backend, PutMode
-from commitstore.backends.rename.posix import LocalBackend
+from commitstore.backends import Backend, PutMode, local_folder
 from commitstore.digest import copy_hashed, digest_bytes, hash_stream
 from commitstore.errors import (
     CommitStoreError,
@@ -231,7 +230,7 @@ def _get_version(
         IntegrityError: the bytes read are not ``rec``'s (nothing published locally).
     """
     dest = local_destination(dest, rec.name, rec.kind)
-    target = LocalBackend(dest.parent.resolve(), reason="get_file destination")
+    target = local_folder(dest.parent, reason="get_file destination")
     free = target.free_space(())
     if free is not None and free < rec.size:
         raise InsufficientSpaceError(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from commitstore._check import _check_dir
 from commitstore.backends import Backend
-from commitstore.errors import CommitError, CommitStoreError
+from commitstore.errors import CommitStoreError
 from commitstore.layout import (
     META_DIR,
     PENDING_DIR,
@@ -47,13 +47,8 @@ def roll_forward(backend: Backend, pending: Record, root: Parts) -> None:
         CommitError: the backend is not an object store (no other kind stages folders); what the
             store raises for a copy or a delete (the staged copy stays, gc tries again).
     """
-    from commitstore.backends.object.base import ObjectBackend
-    from commitstore.backends.object.dirsink import complete_replace
-
-    if not isinstance(backend, ObjectBackend):
-        raise CommitError(f"{pending.name}: a staged folder copy on {backend!r}")
     files = [(f.path, f.size, f.digest) for f in pending.files]
-    complete_replace(backend, tuple(pending.name.split("/")), files, root)
+    backend.settle_staged(tuple(pending.name.split("/")), files, root)
 
 
 def leftovers(backend: Backend) -> list[tuple[Parts, float | None]]:

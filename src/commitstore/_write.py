@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from commitstore._commit import Committer, check_flag, check_new, make_record, mode_of
 from commitstore._stage import Stage
-from commitstore.backends import CommitInfo, FileSink
-from commitstore.backends.localtree import hash_and_sync_tree
+from commitstore.backends import CommitInfo, FileSink, hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError, StorageError
 from commitstore.records import FileRecord, Record

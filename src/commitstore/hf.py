@@ -61,7 +61,6 @@ try:
 except ModuleNotFoundError as _exc:
     raise missing_extra("hf", "hf", _exc) from _exc
 
-from commitstore.backends.rename.posix import LocalBackend
 from commitstore.errors import CommitStoreError, ConfigurationError
 from commitstore.layout import validate_name
 from commitstore.records import Record
@@ -83,10 +82,7 @@ def _check_store(store: object) -> CommitStore:
 
 
 def _store_path(store: CommitStore, name: str) -> Path | None:
-    backend = store.backend
-    if isinstance(backend, LocalBackend):
-        return Path(backend.path_of(validate_name(name)))
-    return None
+    return store.backend.local_path(validate_name(name))
 
 
 def commit_folder(
@@ -190,11 +186,11 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
     def _writes_into_store(self, args: Any) -> bool:
         """Whether the Trainer's ``output_dir`` is the store's root or inside it (its rotation
         would then delete committed folders)."""
-        backend = self.store.backend
+        local_root = self.store.backend.local_path(())
         output_dir = getattr(args, "output_dir", None)
-        if not isinstance(backend, LocalBackend) or output_dir is None:
+        if local_root is None or output_dir is None:
             return False
-        root, out = Path(backend.root).resolve(), Path(output_dir).resolve()
+        root, out = local_root.resolve(), Path(output_dir).resolve()
         return out == root or root in out.parents
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:

@@ -51,7 +51,6 @@ except ModuleNotFoundError as _exc:
     raise missing_extra("lightning", "lightning", _exc) from _exc
 
 from commitstore import torch as cs_torch
-from commitstore.backends.rename.posix import LocalBackend
 from commitstore.errors import ConfigurationError, InvalidNameError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import Record
@@ -98,8 +97,9 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
         """Deferred removals, done once they ran (or were skipped)."""
         self.alias = LAST_PATTERN if alias is None else alias
         self._prefixes = [store.url.rstrip("/") + "/"]
-        if isinstance(store.backend, LocalBackend):
-            root = store.backend.root.rstrip(os.sep) + os.sep
+        local_root = store.backend.local_path(())
+        if local_root is not None:
+            root = str(local_root).rstrip(os.sep) + os.sep
             self._prefixes += [root, os.path.realpath(root).rstrip(os.sep) + os.sep]
 
     def __repr__(self) -> str:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +25,6 @@ from commitstore._background import BackgroundCommits, check_inflight
 from commitstore._commit import Committer, check_flag, check_new
 from commitstore._order import arrange_records
 from commitstore._stage import Stage
-from commitstore._storemirrors import MirrorMethods
 from commitstore.backends import Backend
 from commitstore.errors import ConfigurationError
 from commitstore.layout import redact_url, validate_name
@@ -32,8 +32,8 @@ from commitstore.maintenance.adopt import AdoptReport, adopt
 from commitstore.maintenance.gc import GcReport, collect
 from commitstore.maintenance.prune import PruneReport, prune
 from commitstore.maintenance.retention import Retention, check_age
-from commitstore.mirrors.replicator import Replicator
-from commitstore.mirrors.sync import latest_any
+from commitstore.mirrors.replicator import MirrorState, Replicator
+from commitstore.mirrors.sync import SyncReport, latest_any, restore, sync_mirrors
 from commitstore.options import Level, MirrorMode, MirrorPolicy, ReadLevel, Source
 from commitstore.records import Record, VerifyReport, VerifyResult
 
@@ -46,7 +46,7 @@ S = TypeVar("S")
 
 
 @final
-class CommitStore(MirrorMethods):
+class CommitStore:
     """Staged writes, commits, verification and reads of artifacts under one root.
 
     Guarantees, on every backend:
@@ -108,6 +108,89 @@ class CommitStore(MirrorMethods):
     def describe(self) -> dict[str, Any]:
         """Which commit strategy this store uses and why, with its declared capabilities."""
         return {"url": self.url, **self.backend.describe()}
+
+    # -- mirrors: each call is handed to mirrors/ with the committers of the store and its mirrors
+
+    def close(self) -> None:
+        """Wait for asynchronous commits (``commit_async``), then for background replication,
+        then stop both. Idempotent. Replication is stopped even if a commit failed.
+
+        Raises:
+            CommitStoreError: an asynchronous commit failed and the failure was not observed.
+            MirrorError: under ``mirror_policy="required"``, if a mirror failed.
+        """
+        try:
+            if self._background is not None:
+                self._background.close()
+        finally:
+            if self.replicator is not None:
+                self.replicator.close()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every asynchronous commit ended, then until every queued artifact reached
+        every mirror (or failed there); ``timeout`` bounds the whole wait.
+
+        Raises:
+            CommitStoreError: an asynchronous commit failed and the failure was not observed.
+            MirrorError: under ``mirror_policy="required"``, if a mirror failed.
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        end = None if timeout is None else time.monotonic() + timeout
+        if self._background is not None:
+            self._background.flush(timeout)
+        if self.replicator is not None:
+            self.replicator.flush(None if end is None else max(0.0, end - time.monotonic()))
+
+    @property
+    def mirrors(self) -> list[CommitStore]:
+        """The mirror stores, in the order given."""
+        return list(self._mirrors)
+
+    def mirror_status(self) -> list[MirrorState]:
+        """Per mirror, in the order given: whether it could be listed now (``reachable``), the
+        last error (the listing's when it could not be), pending and failed replications, the
+        primary artifacts it lacks, and the copies it is owed (count, bytes, oldest age).
+
+        Never raises for a mirror's state: a mirror that is down, refuses or times out is
+        reported ``reachable=False``. Lists the primary once and every mirror once.
+
+        Raises:
+            BackendUnavailableError, StorageError: the primary itself could not be listed.
+        """
+        return self.replicator.status() if self.replicator else []
+
+    def sync(self, *, repair: bool = True) -> SyncReport:
+        """Copy to every mirror what it lacks and, with ``repair``, replace copies that fail
+        verification. Never deletes on a mirror; artifacts only the mirror has are reported.
+        A primary artifact that fails its own check is never copied. Idempotent."""
+        self.flush()
+        repair = check_flag(repair, "repair")
+        report = sync_mirrors(self.committer, [m.committer for m in self._mirrors], repair=repair)
+        if self.replicator is not None:  # what sync made whole is no longer owed
+            for m in report.mirrors:
+                self.replicator.settled(m.url, {*m.copied, *m.repaired, *m.ok})
+        return report
+
+    def restore(
+        self, name: str, *, source: CommitStore | None = None, overwrite: bool = False
+    ) -> Record:
+        """Copy a verified mirror copy of ``name`` (from ``source``, or the first mirror that
+        has a whole one) back to the primary, through the primary's commit protocol.
+
+        Copies only where nothing is lost: the primary's copy is missing or fails its full
+        check, or verifies as a version whose record is byte-identical to the mirror's. A mirror
+        copy that verifies as a pending version (a commit stopped after its data step) is
+        restored as that version, its pending record written as the primary's record. A
+        different primary version that verifies is kept unless ``overwrite=True``.
+
+        Raises:
+            NotFoundError: no mirror holds a whole copy.
+            AlreadyExistsError: the primary holds a different version that verifies (the message
+                says which is newer by record ``created``), or one was committed meanwhile.
+        """
+        validate_name(name)
+        sources = [source] if source is not None else self._mirrors
+        return restore(self.committer, [m.committer for m in sources], name, overwrite=overwrite)
 
     def _after_commit(self, record: Record) -> None:
         """After a successful (durable) commit: replicate, then apply automatic retention."""

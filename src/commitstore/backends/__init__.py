@@ -62,8 +62,10 @@ from commitstore.backends.base import (
     FileSink,
     PendingUpload,
     PutMode,
+    Rereadable,
     take_options,
 )
+from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.errors import CommitStoreError, ConfigurationError
 
 __all__ = [
@@ -77,6 +79,10 @@ __all__ = [
     "FileSink",
     "PendingUpload",
     "PutMode",
+    "Rereadable",
+    "hash_and_sync_tree",
+    "local_error",
+    "local_folder",
     "register",
     "resolve",
     "schemes",
@@ -201,6 +207,39 @@ def _forced(options: dict[str, Any]) -> bool:
         return False
     del options["strategy"]
     return True
+
+
+def local_folder(
+    path: str | os.PathLike[str], *, reason: str, make: bool = False, direct_io: bool = True
+) -> Backend:
+    """The local commit protocol (``local-rename``) over the folder ``path``, for a local copy
+    the core writes outside any store (a fetch cache, a ``get_file`` destination); ``reason``
+    names it in messages. ``make``: create the folder and its parents first. ``direct_io=False``:
+    never write with ``O_DIRECT`` (a copy read right after stays in the page cache).
+
+    Raises:
+        CommitStoreError: with ``make``, the folder could not be made (typed as the local
+            commit protocol types it: InsufficientSpaceError, StoragePathError...).
+    """
+    from commitstore.backends.rename._localfs import os_error
+    from commitstore.backends.rename.posix import LocalBackend
+
+    if make:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise os_error(exc, f"creating the {reason}", os.fspath(path)) from exc
+    root = os.path.realpath(path)
+    return LocalBackend(root, reason=reason, direct_io=direct_io)
+
+
+def local_error(exc: Exception, what: str, path: str) -> Exception:
+    """An OSError of a local file operation (``what`` on ``path``) typed as the local commit
+    protocol types it (InsufficientSpaceError, StoragePathError, BackendUnavailableError,
+    CommitError); anything else returned unchanged."""
+    from commitstore.backends.rename._localfs import os_error
+
+    return os_error(exc, what, path)
 
 
 def schemes() -> list[str]:

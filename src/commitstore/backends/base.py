@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from commitstore._recordcheck import MAX_RECORD_BYTES, RecordFormatError
 from commitstore.errors import (
+    CommitError,
     ConfigurationError,
     InsufficientSpaceError,
     IntegrityError,
@@ -82,6 +83,10 @@ class Capabilities:
     and Azure listings, SFTP and WebDAV: whole seconds). gc counts every entry that much
     younger, so a writer whose heartbeat is within ``min_age`` is never judged dead by a
     truncated time."""
+    client_retries: bool = False
+    """Each request is retried by the store's own client as often as the store allows, each
+    attempt bounded by its timeouts (object stores): a mirror copy that timed out there is not
+    tried again as a whole (``mirrors/copy``), which would repeat every attempt per copy."""
 
 
 @dataclass(slots=True)
@@ -292,6 +297,51 @@ class Backend(abc.ABC):
     """Whether writes leave entries under reserved staging names (``.commitstore.tmp.*``) while
     they run, as the rename family does. Object stores upload to the final key and have none, so
     ``gc`` never looks for staging entries there."""
+
+    def local_path(self, parts: Parts) -> Path | None:
+        """The path of ``parts`` on a file system this process opens directly (a local or
+        mounted folder: the integrations and folder writes then work on it in place), or None
+        where the store is not such a folder (object stores, SMB, fsspec). ``()`` is the root.
+        Default: None."""
+        return None
+
+    def hold_folder(self, parts: Parts) -> object | None:
+        """Take this process's liveness lock on the existing staging folder ``parts`` (kept
+        until :meth:`release_folder`; the kernel drops it if the process dies): while it is
+        held, gc never removes the folder, whatever its age. None where the store has no such
+        lock or the folder cannot be locked. Default: None."""
+        return None
+
+    def release_folder(self, held: object) -> None:
+        """Drop a lock :meth:`hold_folder` took. Default: nothing."""
+        return None
+
+    def make_folders(self, parts: Parts) -> None:
+        """Create the folder ``parts`` and its missing parents, never through a symlink. Only
+        where :meth:`local_path` answers. Default: not supported.
+
+        Raises:
+            OSError, StoragePathError: a component is a symlink or cannot be made.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no local folders")
+
+    def settle_staged(self, parts: Parts, files: list[tuple[str, int, str]], staged: Parts) -> None:
+        """Finish a folder replace of ``parts`` that stopped while copying from its whole staged
+        copy at ``staged`` (``files``: the new version's path, size and digest): copy every
+        staged file over its final key, delete what the new version lacks and the staged copy.
+        Idempotent (roll forward). Only stores that stage folder replaces (object stores).
+
+        Raises:
+            CommitError: this store never stages folders (default).
+        """
+        raise CommitError(f"{'/'.join(parts)}: a staged folder copy on {self!r}")
+
+    def sink_memory(self, size: int, *, source_rereads: bool) -> int:
+        """Bytes a file sink of this store holds in memory at most, beyond the caller's read
+        buffer, for a file of ``size`` bytes; ``source_rereads``: the bytes come from a reader
+        whose raw file is :class:`Rereadable` (:attr:`rereads_locally`). Default: 0 (the sink
+        stages on disk)."""
+        return 0
 
     def publish_folder(self, staging: Parts, parts: Parts, *, mode: PutMode) -> CommitInfo:
         """Publish the staging folder ``staging`` (a staging name beside ``parts``, filled in

@@ -31,9 +31,7 @@ from commitstore._check import (
 )
 from commitstore._commit import Committer
 from commitstore._scan import StoredRecord, read_record
-from commitstore.backends import CommitInfo, DirSink, PutMode
-from commitstore.backends.base import Rereadable
-from commitstore.backends.object.base import ObjectBackend
+from commitstore.backends import CommitInfo, DirSink, PutMode, Rereadable
 from commitstore.digest import copy_hashed
 from commitstore.errors import CommitStoreError, IntegrityError, NotFoundError, SourceMismatch
 from commitstore.layout import Parts, validate_name
@@ -98,12 +96,9 @@ def held_in_memory(src: Committer, dst: Committer, rec: Record) -> int:
     it whole, unless it sends it from the source file (a local source, a store that takes
     ``reread_from``). Sinks that stage on disk (local folders, SMB, bridges) and folder
     artifacts (staged in a local folder) hold nothing."""
-    backend = dst.backend
-    if rec.kind != "file" or not isinstance(backend, ObjectBackend):
+    if rec.kind != "file":
         return 0
-    if src.backend.rereads_locally and backend.reread_bodies:
-        return 0
-    return min(rec.size, backend.whole_max)
+    return dst.backend.sink_memory(rec.size, source_rereads=src.backend.rereads_locally)
 
 
 def copy_artifact(
@@ -299,7 +294,7 @@ def _timed_out_after_retries(dst: Committer, exc: BaseException) -> bool:
     as the store allows (each attempt bounded by the store's timeouts), so the copy is not tried
     again as a whole (an unanswering endpoint would otherwise cost every attempt of every
     request again, per copy)."""
-    if not isinstance(dst.backend, ObjectBackend):
+    if not dst.backend.capabilities.client_retries:
         return False
     cause: BaseException | None = exc
     while cause is not None:

@@ -8,7 +8,7 @@ import abc
 from typing import Any
 
 from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, FileSink, PutMode
-from commitstore.backends.object.dirsink import ObjectDirSink
+from commitstore.backends.object.dirsink import ObjectDirSink, complete_replace
 from commitstore.backends.object.upload import ObjectFileSink, ObjectStat, Upload
 from commitstore.digest import copy_hashed
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError
@@ -66,6 +66,7 @@ class ObjectBackend(Backend):
             free_space=False,
             empty_folders=False,
             mtime_resolution=self.mtime_resolution,
+            client_retries=True,
         )
 
     def __repr__(self) -> str:
@@ -185,6 +186,16 @@ class ObjectBackend(Backend):
 
     def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink:
         return ObjectFileSink(self, parts, mode=mode)
+
+    def settle_staged(self, parts: Parts, files: list[tuple[str, int, str]], staged: Parts) -> None:
+        complete_replace(self, parts, files, staged)
+
+    def sink_memory(self, size: int, *, source_rereads: bool) -> int:
+        """A file is held up to :attr:`whole_max` until it is sent whole, unless the sink sends
+        it from a rereadable source file (:attr:`reread_bodies`)."""
+        if source_rereads and self.reread_bodies:
+            return 0
+        return min(size, self.whole_max)
 
     def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
         return ObjectDirSink(

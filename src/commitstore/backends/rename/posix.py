@@ -113,9 +113,15 @@ class LocalBackend(RenameBackend[int, Staging]):
     rereads_locally = True
     """Readers are local files (:class:`ReadFile`, with ``pread``) read from the page cache."""
 
-    def __init__(self, root: str | os.PathLike[str], *, reason: str = "local path") -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, reason: str = "local path", direct_io: bool = True
+    ) -> None:
+        """``direct_io=False``: never write with ``O_DIRECT`` (a copy that is read right after,
+        which buffered writes leave in the page cache)."""
         self.root = os.path.abspath(os.fspath(root))
         self.reason = reason
+        if not direct_io:
+            self.direct_io = False
         # Opening creates nothing: the root is made by the first write (``open_dir(create=True)``).
 
     def root_exists(self) -> bool:
@@ -153,6 +159,24 @@ class LocalBackend(RenameBackend[int, Staging]):
     def path_of(self, parts: Parts) -> str:
         """The absolute path of ``parts`` (for messages and for tools outside the store)."""
         return os.path.join(self.root, *parts)
+
+    def local_path(self, parts: Parts) -> Path | None:
+        """The path of ``parts`` below the root (:meth:`path_of`)."""
+        return Path(self.path_of(parts))
+
+    def hold_folder(self, parts: Parts) -> object | None:
+        """A shared ``flock`` on the staging folder itself (:meth:`hold`)."""
+        dirfd = self.open_dir(parts[:-1], create=False)
+        try:
+            return self.hold(dirfd, parts[-1])
+        finally:
+            os.close(dirfd)
+
+    def release_folder(self, held: object) -> None:
+        self.release(held)
+
+    def make_folders(self, parts: Parts) -> None:
+        os.close(self.open_dir(parts, create=True))
 
     # -- directory walking -------------------------------------------------------------
     def open_dir(self, parts: Parts, *, create: bool) -> int:
