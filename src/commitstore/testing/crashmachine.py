@@ -385,6 +385,8 @@ def run_crash_machine(
             overwrite = how != "begin_folder" or bool(self.store.committer.backend.staging_names)
             if not overwrite and self.committed(name):
                 self.delete(name)  # object stores: a multi-writer folder takes new names only
+            if not overwrite and any(f.startswith(name + "/") for f in self.t.door.files()):
+                self.gc()  # a killed folder writer's files: begin_folder refuses a name holding any
             plan = Plan(name, how, data, data[::-1] + b"!", overwrite=overwrite)
             before = staged_state(self.t.door, name)  # dead writers' leftovers: gc's to take
             writer = PausingWriter(self.t, plan)
