@@ -140,7 +140,9 @@ def extras(session: nox.Session, extra: str) -> None:
 
 @nox.session(default=False)
 def soak(session: nox.Session) -> None:
-    """Long runs left out of the default test run (tests marked ``soak``)."""
+    """Long runs left out of the default test run (tests marked ``soak``): among them the crash
+    machine on every target, and its two-writers and pausing-writer rules alone, with many
+    more examples (``nox -s soak -- tests/test_crash_machine.py`` runs only those)."""
     session.install(TORCH)
     install(session, "test")
     session.env["COMMITSTORE_REQUIRE_SERVERS"] = "1"

@@ -22,8 +22,10 @@ Where the files are staged:
   replaced one by one before the record). ``begin`` writes a marker
   ``.commitstore/folders/<id>.json`` naming the folder, and each writer (each
   :class:`FolderWrite`) keeps its own marker ``.commitstore/folders/<id>/<writer>.json`` that
-  lists every file it uploads, rewritten before each upload starts and every ``heartbeat``
-  seconds while one of its files is open (the writer's proof of life). gc removes, of a write whose
+  lists every file it uploads, written when the writer begins or joins, rewritten before each
+  upload starts, and every ``heartbeat`` seconds from then until its :meth:`~FolderWrite.commit`
+  or :meth:`~FolderWrite.abort` (or until the :class:`FolderWrite` is garbage collected), between
+  its files too (the writer's proof of life). gc removes, of a write whose
   markers and listed files are all older than ``min_age`` and whose folder has no record,
   exactly the files its markers list (never anything else under the name: another artifact
   committed under the same folder path stays), then the markers; ``abort`` does the same at
@@ -42,7 +44,9 @@ import json
 import os
 import re
 import secrets
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +165,10 @@ class FolderWrite:
         """After :meth:`commit`."""
         self._held: object | None = None
         """Local stores: this writer's liveness lock on the staging folder (:meth:`_hold`)."""
+        self._marker_lock = threading.Lock()
+        self._beat: _slots.Beat | None = None
+        if _in_place(committer.backend):
+            self._start_beat()
 
     def __repr__(self) -> str:
         return f"<FolderWrite {self._t.name!r} {'committed' if self.record else 'open'}>"
@@ -195,19 +203,39 @@ class FolderWrite:
             sink = backend.open_sink((*self._area(), *rel), mode=mode)
             self._hold(backend)
             return FolderFile(path, sink)
-        if path not in self._mine:
-            self._mine.append(path)
-        # the marker lists the file before its upload starts, and is rewritten as a heartbeat
-        # while the file is open: gc never takes a live writer's files
-        marker = writer_marker_parts(self._t.id, self._writer)
-        put_small(backend, marker, self._marker(), PutMode.REPLACE)
-        beat = _slots.Beat(backend, marker, self._marker, _slots.interval(backend))
-        try:
-            sink = backend.open_sink((*self._area(), *rel), mode=mode)
-        except BaseException:
+        # the marker lists the file before its upload starts (its heartbeat keeps the writer
+        # alive from begin/join to commit or abort: gc never takes a live writer's files)
+        with self._marker_lock:
+            if path not in self._mine:
+                self._mine.append(path)
+            put_small(backend, self._marker_parts(), self._marker(), PutMode.REPLACE)
+        return FolderFile(path, backend.open_sink((*self._area(), *rel), mode=mode))
+
+    def _marker_parts(self) -> Parts:
+        return writer_marker_parts(self._t.id, self._writer)
+
+    def _start_beat(self) -> None:
+        """Object stores: write this writer's marker, then rewrite it every ``heartbeat``
+        seconds until :meth:`commit`, :meth:`abort` or this object's garbage collection (the
+        beat holds no reference to it), so gc sees the writer alive between its files too."""
+        backend = self._c.backend
+        name, wid, mine = self.name, self._t.id, self._mine
+
+        def body() -> bytes:  # what self._marker() gives, without a reference to self
+            return _marker_body(name, wid, mine)
+
+        with self._marker_lock:
+            put_small(backend, self._marker_parts(), body(), PutMode.REPLACE)
+        beat = _slots.Beat(
+            backend, self._marker_parts(), body, _slots.interval(backend), lock=self._marker_lock
+        )
+        self._beat = beat
+        weakref.finalize(self, beat.stop).atexit = False
+
+    def _stop_beat(self) -> None:
+        beat, self._beat = self._beat, None
+        if beat is not None:
             beat.stop()
-            raise
-        return FolderFile(path, sink, on_end=beat.stop)
 
     def _hold(self, backend: Backend) -> None:
         """Local stores, once the staging folder exists (made by the first file's sink): a
@@ -295,6 +323,7 @@ class FolderWrite:
             started=started,
         )
         self._release()
+        self._stop_beat()
         if _in_place(backend):
             with contextlib.suppress(CommitStoreError):  # a leftover marker: gc drops it
                 backend.remove(writer_markers_parts(self._t.id))
@@ -328,10 +357,12 @@ class FolderWrite:
 
     def abort(self) -> None:
         """Remove what was written (all writers' files). Nothing is published. Idempotent; a
-        no-op after :meth:`commit`."""
+        no-op after :meth:`commit`. On a writer whose folder another writer committed, it only
+        stops this writer's heartbeat and removes its marker."""
         if self.record is not None:
             return
         self._release()
+        self._stop_beat()
         backend = self._c.backend
         with contextlib.suppress(CommitStoreError):
             if not _in_place(backend):
@@ -341,11 +372,12 @@ class FolderWrite:
                 _owned.remove_listed(backend, listed, _owned.Committed.scan(backend))
                 backend.remove(writer_markers_parts(self._t.id))
                 backend.remove(folder_marker_parts(self._t.id))
+            else:  # committed meanwhile (by another writer): only this writer's marker goes
+                backend.remove(self._marker_parts())
 
     def _marker(self) -> bytes:
         """This writer's marker as it is now: the folder, the write, every file it opened."""
-        doc = {"name": self.name, "id": self._t.id, "files": list(self._mine)}
-        return json.dumps(doc).encode()
+        return _marker_body(self.name, self._t.id, self._mine)
 
     def _listed(self, backend: Backend) -> list[Parts]:
         """Every file the writers of this folder write listed in their markers (and this
@@ -360,6 +392,11 @@ class FolderWrite:
                 files = doc.get("files")
                 paths += files if isinstance(files, list) else []
         return _owned.listed_paths(self._parts, paths)
+
+
+def _marker_body(name: str, write_id: str, files: list[str]) -> bytes:
+    """A writer's marker: the folder, the write, every file the writer opened."""
+    return json.dumps({"name": name, "id": write_id, "files": list(files)}).encode()
 
 
 def _unique(expected: Iterable[FileRecord]) -> list[FileRecord]:

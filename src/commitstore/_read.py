@@ -211,9 +211,31 @@ def get_verified(
                 return
             except IntegrityError as exc:
                 problem = exc
+                if rec.kind == "file" and _get_folder_over(backend, rec, dest, level, progress):
+                    return
         if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
             raise problem
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _get_folder_over(
+    backend: Backend,
+    rec: Record,
+    dest: Path,
+    level: str,
+    progress: Callable[[int], None] | None,
+) -> bool:
+    """File artifact ``rec`` does not verify: if a folder replacing it does (an object-store
+    replace deletes the old file's object before it copies the folder's files in, and the
+    staged copy is whole: ``backends/object/dirsink``), copy that folder to ``dest``; True
+    then. False if nothing verifies as such a folder."""
+    result, version, where = locate(backend, rec, level)
+    if result.status != "ok" or version.kind != "dir":
+        return False
+    dest = local_destination(dest, version.name, "dir")
+    target = local_folder(dest.parent, reason="get_file destination")
+    _get_dir(backend, target, dest, version, where, level=level, progress=progress)
+    return True
 
 
 def _get_version(

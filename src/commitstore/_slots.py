@@ -108,13 +108,22 @@ def new_slot(parts: Parts) -> Parts:
 class Beat:
     """Rewrites one small file (a writer's pending record or marker) every ``interval`` seconds
     on a daemon thread until :meth:`stop`, so its modification time shows the writer alive.
-    ``body``: its bytes, or a callable giving its current bytes at each beat."""
+    ``body``: its bytes, or a callable giving its current bytes at each beat. ``lock``: held
+    around each rewrite (its owner's own rewrites of the file take it too, so a beat never
+    puts back an older body over a newer one)."""
 
     def __init__(
-        self, backend: Backend, parts: Parts, body: bytes | Callable[[], bytes], interval: float
+        self,
+        backend: Backend,
+        parts: Parts,
+        body: bytes | Callable[[], bytes],
+        interval: float,
+        *,
+        lock: contextlib.AbstractContextManager[object] | None = None,
     ) -> None:
         self._stop = threading.Event()
         self._args = (backend, parts, body, interval)
+        self._lock = lock if lock is not None else contextlib.nullcontext()
         self._thread = threading.Thread(target=self._run, name="commitstore-heartbeat", daemon=True)
         self._thread.start()
 
@@ -122,7 +131,10 @@ class Beat:
         backend, parts, body, interval = self._args
         while not self._stop.wait(interval):
             try:
-                put_small(backend, parts, body() if callable(body) else body, PutMode.REPLACE)
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    put_small(backend, parts, body() if callable(body) else body, PutMode.REPLACE)
             except CommitStoreError as exc:  # the next beat tries again
                 log.warning("heartbeat of %s failed: %s", "/".join(parts), exc)
 

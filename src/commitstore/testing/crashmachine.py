@@ -11,11 +11,13 @@ of the model's versions. Runs on any :class:`Target` whose store a forked child 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,13 +28,15 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
+    precondition,
     rule,
     run_state_machine_as_test,
 )
 
 from commitstore import CommitStore, NameConflictError, NotFoundError
 from commitstore import _commit as commit_module
-from commitstore.testing.target import Target, record_path
+from commitstore.testing.pausing import HOWS, PausingWriter, Plan, is_typed, staged_state
+from commitstore.testing.target import Target, pending_paths, record_path, xxh
 
 FILES = ("s_1", "s_2", "d/s_3")
 FOLDER = "f/ckpt_4"
@@ -44,6 +48,14 @@ record; after its record, before the pending record is dropped; during the copie
 object-store folder replace (other commits finish there)."""
 UNPUBLISHED = ("writing", "before-pending", "before-data")
 """Points where nothing of the new version is published yet: the model stands."""
+FIRST = ("before-record", "before-data", "before-cleanup", "before-pending", "writing", "mid-copy")
+"""Where the first of two writers of one name stops: :data:`POINTS`, those between its
+pending record and its record first (the few examples a default run draws reach them)."""
+SECOND = ("before-data", "before-record", "finish", *(p for p in FIRST[2:]))
+"""Where the second writer stops (``"finish"``: nowhere, it commits)."""
+THEN = ("kill-both", "first-finishes", "second-finishes")
+"""What follows once both writers stopped: both SIGKILLed, or one resumed to the end of its
+commit and the other SIGKILLed."""
 
 Version = bytes | tuple[tuple[str, bytes], ...] | None
 """A file's bytes, a folder's (path, bytes) pairs, or None: not committed."""
@@ -122,40 +134,78 @@ def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) 
         backend.server_copy = stopping_copy
 
 
+class Writer:
+    """A forked writer that opens the store anew and commits ``data`` as ``name``, stopping
+    once at ``point`` (``"finish"``: nowhere) until it is resumed or SIGKILLed. After
+    construction :attr:`state` is ``"stopped"`` (at ``point``), ``"done"`` (committed: no such
+    point on its way) or ``"failed"``."""
+
+    def __init__(self, target: Target, name: str, data: bytes, point: str) -> None:
+        self.point = point
+        ready_r, ready_w = os.pipe()
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.close(ready_r)
+                os.close(go_w)
+                stopped = [False]
+
+                def signal_parent() -> None:
+                    if stopped[0]:  # once: a rewrite of its record later is no stop point
+                        return
+                    stopped[0] = True
+                    os.write(ready_w, b"k")
+                    if os.read(go_r, 1) != b"c":
+                        time.sleep(600)  # until SIGKILL
+
+                store = target.reopen()
+                if point == "writing":
+                    st_ = store.stage(name, overwrite=True)
+                    st_.write(data[: len(data) // 2 + 1])
+                    signal_parent()
+                _stop_at(point, store, signal_parent)
+                _write(store, name, data)
+                os.write(ready_w, b"d")
+            except BaseException:
+                os.write(ready_w, b"e")
+            finally:
+                os._exit(0)
+        os.close(ready_w)
+        os.close(go_r)
+        self.pid, self._ready, self._go = pid, ready_r, go_w
+        self.state = self._next()
+
+    def _next(self) -> str:
+        got = os.read(self._ready, 1)
+        return {b"k": "stopped", b"d": "done"}.get(got, "failed")
+
+    def resume(self) -> str:
+        """Let a stopped writer finish its commit; ``"done"`` or ``"failed"``."""
+        assert self.state == "stopped", self.state
+        os.write(self._go, b"c")
+        self.state = self._next()
+        return self.state
+
+    def kill(self) -> None:
+        """SIGKILL the writer (a finished one is only reaped)."""
+        if not self.pid:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        os.close(self._ready)
+        os.close(self._go)
+        self.pid = 0
+
+
 def crash_commit(target: Target, name: str, data: bytes, point: str) -> bool:
     """Fork a writer that opens the store anew and commits ``data`` as ``name``; SIGKILL it at
     ``point``. True if it was killed there, False if it finished first (no such point)."""
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(ready_r)
-
-            def signal_parent() -> None:
-                os.write(ready_w, b"k")
-                time.sleep(600)
-
-            store = target.reopen()
-            if point == "writing":
-                st_ = store.stage(name, overwrite=True)
-                st_.write(data[: len(data) // 2 + 1])
-                signal_parent()
-            _stop_at(point, store, signal_parent)
-            _write(store, name, data)
-            os.write(ready_w, b"d")
-        except BaseException:
-            os.write(ready_w, b"e")
-        finally:
-            os._exit(0)
-    os.close(ready_w)
-    try:
-        got = os.read(ready_r, 1)
-    finally:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(ready_r)
-    assert got in (b"k", b"d"), f"the writer failed before {point}"
-    return got == b"k"
+    writer = Writer(target, name, data, point)
+    writer.kill()
+    assert writer.state != "failed", f"the writer failed before {point}"
+    return writer.state == "stopped"
 
 
 @contextmanager
@@ -174,6 +224,44 @@ def read_version(store: CommitStore, name: str) -> Version:
         return tuple((str(p.relative_to(d / "out")), p.read_bytes()) for p in files)
 
 
+def file_versions(door: Any, name: str) -> tuple[bytes | None, list[str]]:
+    """The bytes stored under file artifact ``name`` and the digests of its record and of each
+    of its pending records (``docs/format.md``), read through the backdoor."""
+    digests = []
+    for path in [record_path(name), *pending_paths(door, name)]:
+        raw = door.read(path)
+        doc = json.loads(raw) if raw else {}
+        if isinstance(doc, dict) and doc.get("name") == name:
+            digests.append(str(doc.get("digest")))
+    return door.read(name), digests
+
+
+RULES = (
+    "commit",
+    "killed_commit",
+    "killed_overwrite",
+    "killed_overwrite_then_gc",
+    "damage_newest_then_prune",
+    "delete",
+    "parent_path",
+    "flip",
+    "prune",
+    "gc",
+    "two_writers",
+    "pausing_writer",
+)
+"""The machine's rules."""
+
+
+def _not_a_rule(method: Callable[..., None]) -> Callable[..., None]:
+    """``method`` as a plain method: callable by the other rules, never drawn."""
+
+    def plain(self: Any, *args: Any, **kw: Any) -> None:
+        method(self, *args, **kw)
+
+    return plain
+
+
 def run_crash_machine(
     make_target: Callable[[], Target],
     *,
@@ -181,10 +269,19 @@ def run_crash_machine(
     steps: int = 8,
     folder: bool = True,
     shrink: bool = True,
+    pause_min_age: float | None = None,
+    only: Collection[str] | None = None,
 ) -> None:
     """Run the machine; every example gets a fresh target (an empty store) from
     ``make_target`` and starts from a history of two committed files. ``folder=False`` leaves
     the folder artifact out (files only).
+
+    On stores without a publish lock (object stores: a pending record per writer), rule
+    ``two_writers`` runs two writer processes of one name at once. ``pause_min_age``: rule
+    ``pausing_writer`` runs, gc taking that ``min_age`` while a writer pauses longer (it must
+    exceed the targets' ``heartbeat`` by more than 1.5 s where the store's times are whole
+    seconds: S3, Azure); None leaves the rule out. ``only``: the rules drawn (of
+    :data:`RULES`; the default, all), so that a short run reaches the ones that matter to it.
 
     Derandomized: the same code draws the same examples on every run, so a failure in CI is
     reproducible, and ``tests/test_crash_machine.py`` shows that the default sizes catch
@@ -204,6 +301,115 @@ def run_crash_machine(
 
         def committed(self, name: str) -> bool:
             return self.t.door.read(record_path(name)) is not None
+
+        def no_publish_lock(self) -> bool:
+            return bool(self.store.committer.backend.writer_slots)
+
+        @precondition(lambda self: self.no_publish_lock())
+        @rule(
+            name=names,
+            old=DATA,
+            first=DATA,
+            second=DATA,
+            at=st.sampled_from(FIRST),
+            second_at=st.sampled_from(SECOND),
+            then=st.sampled_from(THEN),
+        )
+        def two_writers(
+            self,
+            *,
+            name: str,
+            old: bytes,
+            first: bytes,
+            second: bytes,
+            at: str,
+            second_at: str,
+            then: str,
+        ) -> None:
+            """Two writer processes overwrite one committed name: the first stops at ``at``,
+            the second then runs to ``second_at``; both are SIGKILLed, or one is resumed to the
+            end of its commit first. Then, and after gc, the name verifies as the old version
+            or one of theirs, judged through the backdoor: never neither."""
+            # three different versions, whatever was drawn: equal ones would hide a mix-up
+            old, first, second = b"o" + old, b"1" + first, b"2" + second
+            self.commit(name, old)
+            versions = {version_of(name, d) for d in (old, first, second)}
+            writers = [Writer(self.t, name, first, at)]
+            try:
+                writers.append(Writer(self.t, name, second, second_at))
+                states = [w.state for w in writers]
+                assert "failed" not in states, f"a writer failed: {states} ({at}, {second_at})"
+                if then != "kill-both":
+                    w = writers[THEN.index(then) - 1]
+                    if w.state == "stopped":
+                        assert w.resume() == "done", f"{then}: the resumed writer failed"
+            finally:
+                for w in writers:
+                    w.kill()
+            self.model[name] = versions
+            self.damaged.discard(name)
+            self.check_one_of(name, versions, settled=False)
+            self.gc()
+            self.check_one_of(name, versions, settled=True)
+
+        def check_one_of(self, name: str, versions: set[Version], *, settled: bool) -> None:
+            """``name`` verifies as one of ``versions``; a file artifact judged through the
+            backdoor too: its bytes are one of them and match its record or a pending record
+            (``settled``, after gc: the record itself, and no pending record is left)."""
+            fresh = self.t.reopen()
+            assert fresh.verify(name, level="full").ok, f"{name}: no version verifies"
+            assert read_version(fresh, name) in versions, f"{name}: not a version written"
+            if name == FOLDER:
+                return
+            data, digests = file_versions(self.t.door, name)
+            assert data is not None and data in versions, f"{name}: stored bytes are none written"
+            if settled:
+                assert digests == [xxh(data)], f"{name}: after gc, {digests} for {xxh(data)}"
+            else:
+                assert xxh(data) in digests, f"{name}: the bytes match neither record"
+
+        @precondition(lambda self: pause_min_age is not None)
+        @rule(
+            how=st.sampled_from(HOWS if folder else ("stage",)),
+            file=st.sampled_from(FILES),
+            data=DATA,
+            resume=st.booleans(),
+        )
+        def pausing_writer(self, how: str, file: str, data: bytes, resume: bool) -> None:
+            """A writer stages (a file, a ``stage_dir`` or ``begin_folder`` folder), pauses
+            longer than ``pause_min_age`` while gc runs with that ``min_age``, then resumes or
+            is SIGKILLed. gc removes nothing it staged (nor its pending state); resumed, it
+            publishes exactly what it wrote, or fails typed and publishes nothing."""
+            assert pause_min_age is not None
+            name = file if how == "stage" else FOLDER
+            overwrite = how != "begin_folder" or bool(self.store.committer.backend.staging_names)
+            if not overwrite and self.committed(name):
+                self.delete(name)  # object stores: a multi-writer folder takes new names only
+            if not overwrite and any(f.startswith(name + "/") for f in self.t.door.files()):
+                self.gc()  # a killed folder writer's files: begin_folder refuses a name holding any
+            plan = Plan(name, how, data, data[::-1] + b"!", overwrite=overwrite)
+            before = staged_state(self.t.door, name)  # dead writers' leftovers: gc's to take
+            writer = PausingWriter(self.t, plan)
+            error = None
+            try:
+                staged = staged_state(self.t.door, name) - before
+                time.sleep(pause_min_age)  # what it staged is older than min_age now
+                self.t.reopen().gc(min_age=pause_min_age)
+                left = staged_state(self.t.door, name)
+                assert staged <= left, f"gc took {sorted(staged - left)} from a live writer"
+                self.committed_names_verify_as_a_model_version()
+                if resume:
+                    error = writer.resume()
+            finally:
+                writer.kill()
+            if not resume:
+                return  # nothing was published: the model stands
+            if error is not None:
+                assert is_typed(error), f"the resumed writer raised {error}"
+                return
+            self.model[name] = {plan.version()}
+            self.damaged.discard(name)
+            assert read_version(self.t.reopen(), name) == plan.version()
 
         def verifying(self) -> set[str]:
             return {r.name for r in self.store.list() if self.store.verify(r.name).ok}
@@ -354,8 +560,17 @@ def run_crash_machine(
                 else:
                     assert name in self.damaged, f"{name} does not verify"
 
+    machine: type[RuleBasedStateMachine] = CrashMachine
+    if only is not None:  # the other rules stay methods (rules call each other), not rules
+        unknown = set(only) - set(RULES)
+        assert not unknown, f"no such rules: {sorted(unknown)}"
+        machine = type(
+            "CrashMachine",
+            (CrashMachine,),
+            {n: _not_a_rule(getattr(CrashMachine, n)) for n in RULES if n not in only},
+        )
     run_state_machine_as_test(
-        CrashMachine,
+        machine,
         settings=settings(
             max_examples=max_examples,
             stateful_step_count=steps,

@@ -14,8 +14,9 @@ each file its own checked upload. Only then are the staged files copied over the
 folder lacks deleted, and the staged copy deleted; the core then writes the record. The name
 verifies as the old or the new version at every point:
 
-* until the first copy the final keys hold the old version (the old record matches);
-* from the first copy until the staged copy is deleted, the staged copy is whole: every check
+* until the first change (the first copy; over a file artifact, the delete of its object,
+  which comes before the copies) the final keys hold the old version (the old record matches);
+* from the first change until the staged copy is deleted, the staged copy is whole: every check
   that finds the folder matching neither record tries it, and the name verifies (and
   ``get_file`` reads) as the new version from the staged copy; gc completes the copies (roll
   forward), as does committing the folder again;
@@ -152,14 +153,15 @@ class ObjectDirSink(DirSink):
             raise CommitError(
                 f"{name}: the folder replace stopped while copying its staged files ({exc}); "
                 "the staged copy is whole and kept: the name verifies as the old version until "
-                "a file is copied, as the new one (from the staged copy) after that, and gc "
+                "a file is copied (or an old file artifact's object deleted), as the new one "
+                "(from the staged copy) after that, and gc "
                 "(or committing the folder again) completes the replace"
             ) from exc
 
 
 def complete_replace(b: ObjectStore, parts: Parts, files: Files, root: Parts) -> None:
-    """Copy every staged file under ``root`` over its final key below ``parts``, delete the
-    files the new version lacks (and an object at ``parts`` itself: a file artifact before),
+    """Delete an object at ``parts`` itself (a file artifact before), copy every staged file
+    under ``root`` over its final key below ``parts``, delete the files the new version lacks,
     then the staged copy. Idempotent: run again after a crash or failure (gc's roll-forward),
     it finishes the same replace. Raises what the store raises; the staged copy stays then.
 
@@ -167,6 +169,12 @@ def complete_replace(b: ObjectStore, parts: Parts, files: Files, root: Parts) ->
     artifact's name is never deleted, even if a commit of that artifact raced the core's check
     (the lock holds nothing on an object store); only a single-object delete per stale key."""
     new = {tuple(rel.split("/")) for rel, _, _ in files}
+    if b.head(parts) is not None:
+        # the name held a file artifact: that object goes first, before any copy, since a
+        # store that keeps a real folder tree (``rclone serve s3``) cannot hold an object
+        # ``x`` and keys below ``x/`` at once; the staged copy is whole, so the name verifies
+        # as the new version from here on (as after a first copy)
+        b.delete_key(parts, b.key(parts))
     for rel, size, digest in files:
         fparts = tuple(rel.split("/"))
         b.copy_checked((*root, *fparts), (*parts, *fparts), size=size, digest=digest)
@@ -175,8 +183,6 @@ def complete_replace(b: ObjectStore, parts: Parts, files: Files, root: Parts) ->
     for stale in sorted(old - new):
         if not any(stale[: len(o)] == o for o in others):
             b.delete_key((*parts, *stale), b.key((*parts, *stale)))
-    if b.head(parts) is not None:  # the name held a file artifact: that object goes too
-        b.delete_key(parts, b.key(parts))
     b.remove(root)
 
 
