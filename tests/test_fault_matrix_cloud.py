@@ -103,9 +103,9 @@ def proxies(request: pytest.FixtureRequest) -> Iterator[dict[str, RequestProxy]]
 
 @pytest.fixture(autouse=True)
 def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One retry per request on S3 (botocore's default is four, with backoff); gcsfs's six tries
-    without its backoff (1, 2, 4, 8, 16 s): a fault still meets each SDK's retry, and a fault
-    that stays costs a fraction of a second."""
+    """One retry per request on S3 (botocore's default is four, with backoff); GCS's tries (the
+    store's ``retries``, ``backends/object/_gcsfs.py``) without their backoff (1, 2, 4, 8 s): a
+    fault still meets each SDK's retry, and a fault that stays costs a fraction of a second."""
     # Imported the way the GCS backend imports gcsfs (which otherwise, once imported, probes
     # every bucket over gRPC/TLS first, and hangs against a plain-HTTP server).
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -120,6 +120,9 @@ def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     shim.__dict__.update(vars(asyncio))
     shim.sleep = no_backoff  # type: ignore[attr-defined]
     monkeypatch.setattr(gcsfs.retry, "asyncio", shim)
+    from commitstore.backends.object import _gcsfs  # the store's own bounded tries, same backoff
+
+    monkeypatch.setattr(_gcsfs, "asyncio", shim)
 
 
 class Case:
