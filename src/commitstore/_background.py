@@ -83,7 +83,6 @@ class _Job:
 
 
 _live: weakref.WeakSet[BackgroundCommits] = weakref.WeakSet()
-_registered: list[bool] = []
 
 
 def _exit_flush_all(*, final: bool) -> None:
@@ -100,17 +99,9 @@ def _exit_flush_all(*, final: bool) -> None:
 
 
 def _register_exit_hooks() -> None:
-    if _registered:
-        return
-    _registered.append(True)
-    import atexit
-    import concurrent.futures.thread  # noqa: F401 - its exit hook must be registered first
+    from commitstore.mirrors.replicator import register_exit_stages
 
-    early = getattr(threading, "_register_atexit", None)
-    if early is not None:
-        with contextlib.suppress(RuntimeError):  # already shutting down: atexit alone
-            early(_exit_flush_all, final=False)
-    atexit.register(_exit_flush_all, final=True)
+    register_exit_stages(_exit_flush_all)
 
 
 class BackgroundCommits:

@@ -13,6 +13,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from commitstore._commit import Committer
@@ -172,24 +173,30 @@ def exit_deadline() -> float:
     return _exit_deadline[0]
 
 
-def _register_exit_hooks() -> None:
-    """Register both stages of the exit flush once per process (``threading._register_atexit``
-    is CPython's hook for exactly this: it is how ``concurrent.futures`` stops its workers, and
-    hooks run last-registered first, so ours, registered after that module is imported, runs
-    before it)."""
-    if _registered:
+def register_exit_stages(flush: Callable[..., None]) -> None:
+    """Register ``flush`` for both stages of the exit flush, once per process per function:
+    ``flush(final=False)`` among ``threading``'s exit hooks (``threading._register_atexit`` is
+    CPython's hook for exactly this: it is how ``concurrent.futures`` stops its workers, and hooks
+    run last-registered first, so one registered after that module is imported runs before it),
+    then ``flush(final=True)`` among ``atexit``'s. Used by the mirrors' exit flush and by
+    asynchronous commits (``_background``)."""
+    if flush in _registered:
         return
-    _registered.append(True)
+    _registered.append(flush)
     import concurrent.futures.thread  # noqa: F401 - its exit hook must be registered before ours
 
     early = getattr(threading, "_register_atexit", None)
     if early is not None:
         with contextlib.suppress(RuntimeError):  # already shutting down: atexit alone
-            early(_exit_flush_all, final=False)
-    atexit.register(_exit_flush_all, final=True)
+            early(flush, final=False)
+    atexit.register(flush, final=True)
 
 
-_registered: list[bool] = []
+def _register_exit_hooks() -> None:
+    register_exit_stages(_exit_flush_all)
+
+
+_registered: list[Callable[..., None]] = []
 
 
 class Replicator:
