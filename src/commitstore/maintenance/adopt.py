@@ -306,6 +306,8 @@ def _own_record_restored(store: Committer, parts: Parts) -> bool:
     never one made up by adopt. Checks the name's pending record (under the publish lock) and,
     on object stores, every writer's slot."""
     backend = store.backend
+    if backend.stat(record_parts(parts)) is not None:
+        return False  # it has a record already (adopt says so)
     with backend.publish_lock():
         store.promote_earlier(parts)
     if backend.stat(record_parts(parts)) is not None:
