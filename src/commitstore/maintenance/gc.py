@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -155,7 +156,8 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
     uploads: list[PendingUpload] = backend.pending_uploads()
     for up in uploads:
         if judge(up.key, "upload", up.started) and not dry_run:
-            backend.abort_upload(up)
+            with contextlib.suppress(NotFoundError):  # completed (or aborted) since listed
+                backend.abort_upload(up)
     committed = _owned.Committed.scan(backend)
     _folder_writes(backend, judge, committed, dry_run=dry_run)
     for rel, info in backend.walk((META_DIR, RECORDS_DIR)):

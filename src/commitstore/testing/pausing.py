@@ -187,7 +187,8 @@ BOOKKEEPING = (
 
 def staged_state(door: Backdoor, name: str) -> set[str]:
     """Every file on the storage that a writer of ``name`` may have staged and not published:
-    staging files and folders (local stores, SMB, bridges), unfinished-upload proofs of life,
+    staging files and folders (local stores, SMB, bridges; not an upload's proof of life, which
+    its writer removes as the upload ends: a live upload gc aborted fails the writer's commit),
     folder-write markers, pending records, staged folder copies (object stores), and the files
     under ``name`` itself when no record claims it (a ``begin_folder`` on an object store
     uploads to the final keys). Read through the backdoor."""
@@ -195,6 +196,8 @@ def staged_state(door: Backdoor, name: str) -> set[str]:
     out = set()
     for f in door.files():
         parts = f.split("/")
+        if f.startswith(".commitstore/uploads/"):
+            continue  # an upload's proof of life: its writer removes it once the upload ends
         if (
             any(p.startswith(".commitstore.tmp.") for p in parts)
             or f.startswith(BOOKKEEPING)
