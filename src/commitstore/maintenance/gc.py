@@ -13,7 +13,12 @@ from commitstore._check import check_exact
 from commitstore._scan import StoredRecord, read_record, scan_records
 from commitstore._small import put_small
 from commitstore.backends import Backend, PendingUpload, PutMode
-from commitstore.errors import InvalidNameError, NotFoundError
+from commitstore.errors import (
+    BackendUnavailableError,
+    InvalidNameError,
+    NotFoundError,
+    StorageError,
+)
 from commitstore.layout import (
     FOLDERS_DIR,
     META_DIR,
@@ -229,18 +234,26 @@ def _folder_writes(
         parts: Parts | None = None
         listed: list[Parts] = []
         times = [t for _m, t in markers]
+        unreadable = False
         for marker, _t in markers:
             try:
                 doc = json.loads(backend.read_small(marker))
                 found = validate_name(doc["name"]) if isinstance(doc, dict) else None
             except (NotFoundError, InvalidNameError, ValueError, KeyError, TypeError):
                 continue
+            except (BackendUnavailableError, StorageError):
+                # a marker its writer is rewriting right now (rclone serves it half written),
+                # or a storage hiccup: this write is left whole, judged again by the next gc
+                unreadable = True
+                break
             if found is None or (parts is not None and found != parts):
                 continue  # a marker naming another folder than its write's others: skipped
             parts = found
             files = doc.get("files")
             if isinstance(files, list):
                 listed += _owned.listed_paths(parts, files)
+        if unreadable:
+            continue
         if parts is not None:
             here = {(*parts, *r): i for r, i in backend.walk(parts)}
             times += [here[p].mtime for p in listed if p in here]
