@@ -30,7 +30,7 @@ from commitstore.mirrors import replicator as replicator_mod
 from commitstore.options import MirrorMode
 from commitstore.testing import LocalBackdoor
 
-from .helpers.blackhole import Blackhole
+from .helpers.blackhole import Blackhole, within
 
 BOUND = 30.0
 """Seconds within which every call here must return (the deadlines configured are 1 s)."""
@@ -38,24 +38,7 @@ TIMEOUTS: dict[str, Any] = {"connect_timeout": 1, "read_timeout": 1, "retries": 
 
 
 def _within(fn: Callable[[], Any], bound: float = BOUND) -> Any:
-    """Run ``fn`` in a thread; assert it returns (or raises) within ``bound`` seconds."""
-    done = threading.Event()
-    out: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, daemon=True).start()
-    assert done.wait(bound), f"{fn} did not return within {bound}s"
-    if errors:
-        raise errors[0]
-    return out[0]
+    return within(fn, bound)
 
 
 @pytest.fixture

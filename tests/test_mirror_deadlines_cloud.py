@@ -9,7 +9,6 @@ timeout at all). The bound enforced here is an outer one, far above the deadline
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -22,7 +21,7 @@ from commitstore.backends.object.azure import sdk_deadlines
 from commitstore.errors import BackendUnavailableError, ConfigurationError
 from commitstore.mirrors import copy as copy_mod
 
-from .helpers.blackhole import Blackhole
+from .helpers.blackhole import Blackhole, within
 
 BOUND = 120.0
 """Seconds within which every call here must return (the deadlines configured are 1 s)."""
@@ -35,24 +34,7 @@ KiB = 1024
 
 
 def _within(fn: Callable[[], Any], bound: float = BOUND) -> Any:
-    """Run ``fn`` in a thread; fail if it has not returned (or raised) within ``bound`` s."""
-    done = threading.Event()
-    out: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, daemon=True).start()
-    assert done.wait(bound), f"{fn} did not return within {bound}s"
-    if errors:
-        raise errors[0]
-    return out[0]
+    return within(fn, bound)
 
 
 @pytest.fixture

@@ -8,7 +8,9 @@ from __future__ import annotations
 import selectors
 import socket
 import threading
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 
 class Blackhole:
@@ -72,3 +74,25 @@ class Blackhole:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def within(fn: Callable[[], Any], bound: float) -> Any:
+    """Run ``fn`` in a thread; fail if it has not returned (or raised) within ``bound`` seconds
+    (an outer bound against a hang, never a speed check). Returns or raises what ``fn`` did."""
+    done = threading.Event()
+    out: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(bound), f"{fn} did not return within {bound}s"
+    if errors:
+        raise errors[0]
+    return out[0]
