@@ -257,12 +257,12 @@ def test_gc_leaves_a_live_s3_folder_replace_alone(
     paused, go = threading.Event(), threading.Event()
     original = backend.copy_checked
 
-    def copy_checked(*args: Any, **kwargs: Any) -> None:
+    def copy_checked(*args: Any, **kwargs: Any) -> Any:
         copies[0] += 1
         if copies[0] == 2:  # one file copied: the final keys are a mix now
             paused.set()
             assert go.wait(60)
-        original(*args, **kwargs)
+        return original(*args, **kwargs)
 
     monkeypatch.setattr(backend, "copy_checked", copy_checked)
     errors: list[BaseException] = []

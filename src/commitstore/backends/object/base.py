@@ -145,8 +145,9 @@ class ObjectBackend(Backend):
             return False
         return src.checksum is None or dst.checksum is None or src.checksum == dst.checksum
 
-    def copy_checked(self, src: Parts, dst: Parts, *, size: int, digest: str) -> None:
-        """Replace ``dst`` with a copy of ``src``, which must be ``size`` bytes of ``digest``.
+    def copy_checked(self, src: Parts, dst: Parts, *, size: int, digest: str) -> ObjectStat:
+        """Replace ``dst`` with a copy of ``src``, which must be ``size`` bytes of ``digest``,
+        and return ``dst`` as stored right after (its tag names this copy).
 
         Each store's server-side copy (S3 CopyObject, GCS rewrite, Azure Copy Blob) when the
         object fits one request, conditioned on the version just seen and checked with the
@@ -164,7 +165,7 @@ class ObjectBackend(Backend):
             got = self.server_copy(found, dst)
             if not self.same_content(found, got):
                 raise CommitError(f"{self.shown(dst)}: the server-side copy does not match")
-            return
+            return got
         sink = self.open_sink(dst, mode=PutMode.REPLACE)
         try:
             with self.open_read(src) as f:
@@ -175,6 +176,10 @@ class ObjectBackend(Backend):
             sink.abort()
             raise
         sink.publish(size=size, digest=digest)
+        stored = self.head(dst)
+        if stored is None or stored.size != size:
+            raise CommitError(f"{self.shown(dst)}: gone or changed right after its copy")
+        return stored
 
     def describe_store(self) -> dict[str, Any]:
         """The store's own part of ``describe()`` (endpoint, sizes)."""

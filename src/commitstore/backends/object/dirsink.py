@@ -53,7 +53,7 @@ class ObjectStore(Protocol):
 
     def delete_key(self, parts: Parts, key: str) -> None: ...
 
-    def copy_checked(self, src: Parts, dst: Parts, *, size: int, digest: str) -> None: ...
+    def copy_checked(self, src: Parts, dst: Parts, *, size: int, digest: str) -> ObjectStat: ...
 
     def open_sink(self, parts: Parts, *, mode: PutMode) -> FileSink: ...
 
@@ -165,25 +165,68 @@ def complete_replace(b: ObjectStore, parts: Parts, files: Files, root: Parts) ->
     then the staged copy. Idempotent: run again after a crash or failure (gc's roll-forward),
     it finishes the same replace. Raises what the store raises; the staged copy stays then.
 
+    **Another writer of the same name** may be copying its own version over the same keys at
+    the same time (no lock holds on an object store), so the copies of two replaces can
+    interleave and leave a mix that is neither version. Before the staged copy is deleted, one
+    listing checks that every final key still holds this replace's copy (the tag the store
+    gave right after it) and that no key of another version was added; what is not is copied
+    (or deleted) again, up to :data:`OWN_ROUNDS` times. The writer whose copy came last
+    therefore leaves its whole version, and until its check passes its staged copy (and the
+    pending record naming it) stays, so the name verifies at every point. A replace that still
+    finds foreign keys after the last round raises CommitError and keeps its staged copy.
+
     Names are paths: a key below ``parts`` that is (or lies below) another committed
     artifact's name is never deleted, even if a commit of that artifact raced the core's check
     (the lock holds nothing on an object store); only a single-object delete per stale key."""
-    new = {tuple(rel.split("/")) for rel, _, _ in files}
+    new = {tuple(rel.split("/")): (size, digest) for rel, size, digest in files}
     if b.head(parts) is not None:
         # the name held a file artifact: that object goes first, before any copy, since a
         # store that keeps a real folder tree (``rclone serve s3``) cannot hold an object
         # ``x`` and keys below ``x/`` at once; the staged copy is whole, so the name verifies
         # as the new version from here on (as after a first copy)
         b.delete_key(parts, b.key(parts))
-    for rel, size, digest in files:
-        fparts = tuple(rel.split("/"))
-        b.copy_checked((*root, *fparts), (*parts, *fparts), size=size, digest=digest)
-    old = {rel for rel, _info in b.walk(parts)}
+    mine: dict[Parts, ObjectStat] = {}
+    todo = list(new)
     others = _others_below(b, parts)
-    for stale in sorted(old - new):
-        if not any(stale[: len(o)] == o for o in others):
-            b.delete_key((*parts, *stale), b.key((*parts, *stale)))
-    b.remove(root)
+    for _round in range(OWN_ROUNDS + 1):
+        for rel in todo:
+            size, digest = new[rel]
+            mine[rel] = b.copy_checked((*root, *rel), (*parts, *rel), size=size, digest=digest)
+        listed = b.walk(parts)
+        stale = [
+            rel
+            for rel, _info in listed
+            if rel not in new and not any(rel[: len(o)] == o for o in others)
+        ]
+        for rel in sorted(stale):
+            b.delete_key((*parts, *rel), b.key((*parts, *rel)))
+        seen = {rel: info for rel, info in listed if rel in new}
+        todo = [rel for rel in new if not _still_mine(seen.get(rel), mine[rel])]
+        if not todo and not stale:
+            b.remove(root)
+            return
+    name = "/".join(parts)
+    raise CommitError(
+        f"{name}: another writer kept replacing this folder while its staged copy was copied "
+        f"({len(todo)} file(s) not this version's after {OWN_ROUNDS} rounds); the staged copy "
+        "is kept, so the name verifies as one whole version, and gc completes the replace"
+    )
+
+
+OWN_ROUNDS = 4
+"""Checks (each after copying again what another writer replaced) before a replace gives up."""
+
+
+def _still_mine(found: FileInfo | None, copied: ObjectStat) -> bool:
+    """Whether a listed final key is the copy this replace made: same size and tag (an S3 ETag
+    or an Azure ETag or a GCS generation: a later write changes it). A store that gives no tag
+    on one side cannot tell, and the size decides. Quotes do not count: ``rclone serve s3``
+    lists ETags bare and answers HEAD with them quoted."""
+    if found is None or found.size != copied.size:
+        return False
+    if found.tag is None or copied.tag is None:
+        return True
+    return found.tag.strip('"') == copied.tag.strip('"')
 
 
 def _others_below(b: ObjectStore, parts: Parts) -> list[Parts]:
