@@ -66,6 +66,7 @@ class ObjectBackend(Backend):
             free_space=False,
             empty_folders=False,
             mtime_resolution=self.mtime_resolution,
+            file_over_folder=False,
             client_retries=True,
         )
 
