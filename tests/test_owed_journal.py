@@ -304,3 +304,48 @@ def test_copies_the_exit_flush_could_not_make_are_journaled(tmp_path: Path) -> N
     assert [door.read(n) for n in names] == [bytes([i + 1]) * 100 for i in range(3)]
     assert _entries(root) == []
     store.close()
+
+
+QUEUED = """
+import sys, threading
+import commitstore.mirrors.copy as c
+from commitstore import open_store
+
+started = threading.Event()
+def stuck(src, dst, name, **kw):  # the first copy never ends; the others wait in the queue
+    started.set()
+    threading.Event().wait()
+c.copy_artifact = stuck
+
+store = open_store(sys.argv[1], mirrors=[sys.argv[2]], mirror_queue=16)
+for i in range(3):
+    store.put_bytes(f"step_{i}.pt", bytes([i + 1]) * 100)
+started.wait()
+print("committed", flush=True)
+threading.Event().wait()  # SIGKILLed here: one copy in flight, two queued, none handed off
+"""
+
+
+def test_copies_queued_when_the_process_is_sigkilled_are_completed_by_the_next_start(
+    tmp_path: Path,
+) -> None:
+    root, mirror = tmp_path / "p", str(tmp_path / "m")
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT_DIR / "src"))}
+    args = [sys.executable, "-c", QUEUED, str(root), mirror]
+    child = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, cwd=ROOT_DIR)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == b"committed"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    names = [f"step_{i}.pt" for i in range(3)]
+    door = LocalBackdoor(tmp_path / "m")
+    assert [n for n in names if door.read(n) is not None] == []
+    assert len(_entries(root)) == 3  # queued and in flight: each journaled before it was queued
+    with pytest.warns(match="3 copies owed to .* earlier run"):
+        store = open_store(root, mirrors=[mirror])
+    store.flush()
+    assert [door.read(n) for n in names] == [bytes([i + 1]) * 100 for i in range(3)]
+    assert _entries(root) == []
+    store.close()

@@ -1,7 +1,8 @@
 """The owed journal: copies a mirror is owed, kept on the PRIMARY so they outlive the process.
 
-A copy handed off as owed (its mirror's queue stayed full), one that failed, and one still
-pending when the exit flush ran out of time each get one small entry
+Every copy queued for a mirror (in sync mode: every copy about to start), so also one handed off
+as owed (its mirror's queue stayed full), one that failed, and one still pending when the exit
+flush ran out of time, has one small entry
 ``.commitstore/owed/<mirror key>/<name key>.json`` (:func:`entry_parts`: xxh3 hashes of the
 mirror's URL and of the artifact's name, so any name fits one short file name) holding the
 mirror's URL, the name, the digest of the version owed and when. The entry is removed once a copy

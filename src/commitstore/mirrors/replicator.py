@@ -212,12 +212,14 @@ class Replicator:
     ``COMMITSTORE_EXIT_FLUSH_SECONDS`` (default 60), for their copies, then warn (log and
     ``warnings.warn``) which artifacts did not reach which mirror (``_exit_flush_all``).
 
-    Owed copies outlive the process: a copy handed off, one that failed, and one the exit flush
-    could not make get an entry in the owed journal on the primary (``journal.py``), removed once
-    the copy is made (or ``sync`` made it). A replicator reads the journal of each of its mirrors
-    when it is created (one listing per mirror, no copy) and, with a warning, queues those
-    copies (background: as handed-off copies, made whenever the worker's queue is empty, counted
-    by ``flush``) or reports them failed (sync mode: ``sync()`` makes them).
+    Owed copies outlive the process: every copy gets an entry in the owed journal on the
+    primary (``journal.py``) when it is queued (sync mode: before it starts), before any worker
+    can take it, removed once the copy is made (or ``sync`` made it); so a process SIGKILLed
+    with copies queued, in flight, handed off or failed leaves them all owed. A replicator
+    reads the journal of each of its mirrors when it is created (one listing per mirror, no
+    copy) and, with a warning, queues those copies (background: as handed-off copies, made
+    whenever the worker's queue is empty, counted by ``flush``) or reports them failed (sync
+    mode: ``sync()`` makes them).
     """
 
     def __init__(
@@ -460,6 +462,7 @@ class Replicator:
         flush)."""
         if self.mode == "sync":
             for w in self.workers:
+                self._journal(w, name, digest, again=True)  # a kill mid-copy: still owed
                 self._copy(w, name)
             self._raise_unreported()
             return
@@ -468,6 +471,10 @@ class Replicator:
             self._enqueue(w, name, size, digest)
 
     def _enqueue(self, w: _Worker, name: str, size: int, digest: str | None = None) -> None:
+        """Queue (or hand off) one copy. Its journal entry is written first, before the worker
+        can take it (so its removal never precedes its write): a process SIGKILLed with copies
+        still queued leaves them owed on the primary, and the next start completes them."""
+        self._journal(w, name, digest, again=True)
         with self._lock:
             w.pending.append(name)
             w.since.setdefault(name, (time.monotonic(), size))
@@ -487,8 +494,6 @@ class Replicator:
                     continue
             else:
                 return
-            # journaled before the worker can take it: its removal never precedes its write
-            self._journal(w, name, digest, again=True)
             with self._lock:
                 w.handed[name] = None
                 warn, w.stalled = not w.stalled, True
