@@ -268,10 +268,11 @@ def every_request(kind: str, request: pytest.FixtureRequest, *, every: bool) -> 
         state = backdoor_state(t.door, name)
         seen[state] = seen.get(state, 0) + 1
         outcomes[(outcome, state)] = outcomes.get((outcome, state), 0) + 1
-        # the binary outcome (docs/guarantees.md): a call that raised left the old version (or,
-        # a replace that failed among its server-side copies, the new one whole in its staged
-        # copy: documented); a call that returned left the new version
+        # the binary outcome (docs/guarantees.md): a call that raised left the old version; a
+        # call that returned left the new version (a replace that failed among its server-side
+        # copies returns its record: the new version is whole in its staged copy)
         assert (outcome, state) != ("raised", "new"), (k, reqs.log)
+        assert (outcome, state) != ("raised", "staged"), (k, reqs.log)
         assert (outcome, state) != ("returned", "old"), (k, reqs.log)
         check_settles(t, name, state)
     # failures before the data's publish reach the caller; those after it return the record

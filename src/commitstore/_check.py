@@ -251,11 +251,13 @@ def _locate_once(
         if check_exact(backend, pending, level).status == "ok":
             note = "the new version of a commit whose record is pending"
             return VerifyResult(record.name, "ok", note), pending, parts
-    for pending in pendings:
-        if pending.kind == "dir" and pending.files:
-            staged = staged_parts(parts, pending.digest)
-            if _check_dir(backend, staged, pending, level).status == "ok":
-                return VerifyResult(record.name, "ok", STAGED_NOTE), pending, staged
+    # the record itself too: a replace that stopped among its copies after the staged copy
+    # was whole returns its record and leaves its slot (equal to the record) naming the copy
+    for version in (*pendings, record):
+        if version.kind == "dir" and version.files:
+            staged = staged_parts(parts, version.digest)
+            if _check_dir(backend, staged, version, level).status == "ok":
+                return VerifyResult(record.name, "ok", STAGED_NOTE), version, staged
     return result, record, parts
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from commitstore import _recordcache, _slots
+from commitstore import _recordcache, _slots, _staged
 from commitstore._check import check_exact
 from commitstore._hierarchy import committed_below, remove_data, shown
 from commitstore._small import put_small as put_small  # noqa: PLC0414 (re-exported: a test seam)
@@ -302,8 +302,11 @@ class Committer:
         data-step confirmation (a stat or folder sync after the rename: the data is checked in
         full against the pending record, and the record is then written as usual), a failed
         record write (the pending record makes the name verify as the new version; gc makes it
-        the record), a failed removal of the pending record: each is a note of the returned
-        record's outcome, with ``durable`` False and a warning in the log.
+        the record), a failed removal of the pending record, an object-store folder replace
+        stopped among its copies whose staged copy is whole (the name verifies as the new
+        version from there; this writer's slot stays, naming it, and gc completes the copies):
+        each is a note of the returned record's outcome, with ``durable`` False and a warning
+        in the log.
 
         Raises:
             AlreadyExistsError: the name is taken (``CREATE``); nothing of this commit stands.
@@ -315,6 +318,7 @@ class Committer:
         t0 = time.monotonic() if started is None else started
         notes: list[str] = []
         durable = True
+        keep_slot = False
         slot = (
             _slots.new_slot(parts)
             if intent is not None and _slots.uses_slots(self.backend)
@@ -348,10 +352,23 @@ class Committer:
                             self.backend.remove(slot or intent_parts(parts))
                     raise
                 except CommitStoreError as exc:
-                    if intent is None or not self._stands(intent):
+                    if intent is None:
+                        raise
+                    if self._stands(intent):
+                        notes.append(f"data: {exc} (the new data is in place and verifies)")
+                    elif slot is not None and _staged.staged_whole(self.backend, intent):
+                        # a folder replace stopped among its copies (object stores): the name
+                        # verifies as the new version from its staged copy, which this slot
+                        # names until gc completes the copies; so it is committed, not failed
+                        keep_slot = True
+                        notes.append(
+                            f"data: {exc} (the copies over the old files stopped; the new "
+                            "version is whole in its staged copy and verifies from there; gc "
+                            "completes the copies)"
+                        )
+                    else:
                         raise
                     record, info = intent, None
-                    notes.append(f"data: {exc} (the new data is in place and verifies)")
                     durable = False
                 if info is not None:  # retries, refusals: said even when durable
                     durable = durable and info.durable
@@ -371,7 +388,7 @@ class Committer:
                 if published is not None:
                     durable = durable and published.durable
                     notes += (f"record: {n}" for n in published.notes)
-            if published is None:
+            if published is None or keep_slot:
                 pass  # the pending record stays: it is what makes the name verify
             elif slot is not None:  # kept if another writer of the name may need it (_slots)
                 self._settle_slot(parts, slot, body, record)

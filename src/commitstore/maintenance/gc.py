@@ -33,6 +33,7 @@ from commitstore.layout import (
     is_staging_part,
     record_parts,
     slot_dir_parts,
+    staged_parts,
     validate_name,
 )
 from commitstore.maintenance import _asides, _owned
@@ -349,6 +350,12 @@ def _resolve(
     except RecordFormatError:
         found = None
     fresh = [p for p in pendings if found is None or p[1] != found.raw]
+    if not fresh and found is not None and not dry_run:
+        # a pending record equal to the record: a folder replace that stopped among its copies
+        # and returned its record; the copies are completed from the staged copy it names
+        settled = _complete_recorded(backend, found.record)
+        if settled is not None:
+            return settled
     if fresh:
         usable = [p for p in fresh if not committed.overlaps(p[2])]
         if not usable:
@@ -359,6 +366,23 @@ def _resolve(
     if not dry_run:
         for where, _raw, _rec in pendings:
             backend.remove(where)
+    return None
+
+
+def _complete_recorded(backend: Backend, record: Record) -> str | None:
+    """Complete the copies of a recorded folder version whose final keys do not verify but
+    whose staged copy is whole (roll forward); None when done or nothing to do, else why the
+    pending records are kept. Costs one stat when there is no staged copy of the version."""
+    if record.kind != "dir" or not record.files:
+        return None
+    if backend.stat(staged_parts(tuple(record.name.split("/")), record.digest)) is None:
+        return None
+    if check_exact(backend, record, "full").status == "ok":
+        return None  # the copies were done: the leftover pass removes the staged copy
+    staged = _staged.staged_whole(backend, record)
+    if staged is None:
+        return "neither its record nor its pending record matches the data"
+    _staged.roll_forward(backend, record, staged)
     return None
 
 

@@ -24,7 +24,9 @@ verifies as the old or the new version at every point:
 
 A failure while uploading the staged copy deletes it and touches nothing old; a failure once the
 copies have started keeps it (old bytes of copied files are gone, so roll-back is impossible) and
-raises CommitError saying that the new version stands and gc completes it.
+raises CommitError saying that the new version stands and gc completes it; the core then checks
+the staged copy in full and, if it is whole, returns the record (not durable) and keeps the
+writer's pending record naming it (``_commit.Committer.commit``).
 """
 
 from __future__ import annotations
