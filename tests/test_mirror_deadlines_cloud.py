@@ -9,6 +9,7 @@ timeout at all). The bound enforced here is an outer one, far above the deadline
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -22,6 +23,10 @@ from commitstore.errors import BackendUnavailableError, ConfigurationError
 from commitstore.mirrors import copy as copy_mod
 
 from .helpers.blackhole import Blackhole, within
+from .helpers.faultproxy import FaultProxy
+from .helpers.samba import PASSWORD, SambaServer
+from .helpers.samba import SHARE as SMB_SHARE
+from .helpers.samba import USER as SMB_USER
 
 BOUND = 120.0
 """Seconds within which every call here must return (the deadlines configured are 1 s)."""
@@ -157,3 +162,44 @@ def test_a_blackholed_smb_server_fails_typed_within_its_timeout(hole: Blackhole)
     with pytest.raises(BackendUnavailableError, match="unreachable"):
         _within(lambda: open_store(url, password="pw", timeout=1))
     assert hole.accepted >= 1
+
+
+@pytest.fixture(scope="module")
+def samba(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SambaServer]:
+    server = SambaServer(tmp_path_factory.mktemp("samba"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        pytest.param(lambda s: s.put_bytes("b.pt", b"y" * 5000, overwrite=True), id="commit"),
+        pytest.param(lambda s: s.read_bytes("a.pt"), id="read"),
+        pytest.param(lambda s: s.list(), id="list"),
+    ],
+)
+def test_an_smb_server_that_stops_answering_mid_session_fails_typed_within_its_timeout(
+    samba: SambaServer, op: Callable[[CommitStore], Any]
+) -> None:
+    """A session already set up, then the server stops answering (a proxy that holds every
+    byte from then on: a hung NAS): the connection's socket carries the store's ``timeout``, so
+    the client's wait for an answer ends with it and the call raises BackendUnavailableError
+    (within the bounded reconnects); what was committed before is still whole once the server
+    answers again."""
+    proxy = FaultProxy(samba.port)
+    try:
+        url = f"smb://{SMB_USER}@127.0.0.1:{proxy.port}/{SMB_SHARE}/h{time.monotonic_ns()}"
+        store = open_store(url, password=PASSWORD, timeout=1)
+        store.put_bytes("a.pt", b"x" * 5000)
+        proxy.freeze()
+        with pytest.raises(BackendUnavailableError, match="unreachable"):
+            _within(lambda: op(store))
+        proxy.thaw()
+        fresh = open_store(url, password=PASSWORD, timeout=5)
+        assert fresh.read_bytes("a.pt") == b"x" * 5000
+        assert fresh.verify().ok
+    finally:
+        proxy.stop()

@@ -5,6 +5,9 @@ Faults apply to the next ``faulty`` connections (then traffic passes untouched),
 ``reset_after`` resets it (RST), ``flip_every`` inverts one bit of every so many client-to-server
 bytes (corruption in transit that TCP did not catch; at most ``flips`` in all, None: no limit),
 ``delay`` sleeps before forwarding each chunk. ``served`` counts the bytes the server sent back.
+``freeze()`` makes every connection, open or new, stop forwarding in both directions while
+keeping it open (a server that hangs mid-session: a NAS that stopped answering); ``thaw()``
+lets traffic pass again.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class FaultProxy:
         """How many connections a fault was applied to."""
         self.served = 0
         """Bytes the server sent to clients, over all connections so far."""
+        self.frozen = threading.Event()
         self._lock = threading.Lock()
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -73,6 +77,13 @@ class FaultProxy:
 
     def clear(self) -> None:
         self.set(faulty=0)
+
+    def freeze(self) -> None:
+        """Stop forwarding on every connection (they stay open, nothing is answered)."""
+        self.frozen.set()
+
+    def thaw(self) -> None:
+        self.frozen.clear()
 
     def _claim(self) -> tuple[int | None, int | None, int | None, float]:
         with self._lock:
@@ -113,11 +124,20 @@ class FaultProxy:
             client.close()
             return
         sent = 0
+        idle = 0.0
         try:
             while True:
-                ready, _, _ = select.select([client, server], [], [], 30)
+                if self.frozen.is_set():
+                    if self._stop.wait(0.05):
+                        return
+                    continue
+                ready, _, _ = select.select([client, server], [], [], 0.2)
                 if not ready:
-                    return
+                    idle += 0.2
+                    if idle >= 30:  # an idle connection is closed, as before
+                        return
+                    continue
+                idle = 0.0
                 for src in ready:
                     data = src.recv(65536)
                     if not data:

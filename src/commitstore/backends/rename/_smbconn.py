@@ -153,8 +153,9 @@ def translate(exc: BaseException, what: str, shown: str) -> CommitStoreError:
         denied.retryable = False
         return denied
     if is_connection_error(exc):
+        said = f": {exc}" if isinstance(exc, TimeoutError) and str(exc) else ""
         return BackendUnavailableError(
-            f"{what} {shown}: SMB server unreachable ({type(exc).__name__})"
+            f"{what} {shown}: SMB server unreachable ({type(exc).__name__}{said})"
         )
     status = _ntstatus(exc)
     if status in (STATUS_DISK_FULL, STATUS_QUOTA_EXCEEDED):
