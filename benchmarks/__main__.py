@@ -4,6 +4,7 @@ Targets (time ratios ours/baseline, lower is better):
 - local (256 MiB and 1 GiB, 15 runs a side by default): ``verify`` full <= 1.0x a plain
   ``readinto`` read at its best buffer size, warm cache, and <= 1.02x cold; commit via
   ``stage()`` >= 0.9x the throughput of ``fio`` writing with ``O_DIRECT`` and 16 writes in flight
+  (its own timing) plus an ``fsync``
   (time ratio <= 1.11; ``dd oflag=direct`` reported beside it) and <= 0.75x the time of a naive
   write + fsync of the final name; peak RSS reported.
 - smb: commit of 512 MiB <= 1.11x a raw ``smbclient.open_file`` write + flush to the same server

@@ -140,6 +140,10 @@ def staleness(root: Path, suite: str, measured: str) -> str | None:
     return None
 
 
+_DROP_WORDS = {"dropped": "dropped", "off": "not dropped (--no-drop-caches)"}
+"""How a header says each drop-caches outcome (``not permitted: ...`` is shown as it is)."""
+
+
 def _rerun(suite: str) -> str:
     return RERUN.get(suite, f"./dev.sh bench {suite}")
 
@@ -152,10 +156,12 @@ def _header(doc: dict[str, Any], stale: str | None) -> str:
     quiet = doc.get("quiet_state")
     quiet_text = ""
     if quiet:
-        drops = ", ".join(f"{k} {v}x" for k, v in sorted(quiet["drop_caches"].items()))
-        quiet_text = (
-            f"; each run from sync, page cache {drops or 'not dropped'}, "
-            f"{quiet['settle_s']:g} s settle"
+        drops = "; ".join(
+            f"{n} with the page cache {_DROP_WORDS.get(k, k)}"
+            for k, n in sorted(quiet["drop_caches"].items())
+        )
+        quiet_text = f"; every timed run after sync and a {quiet['settle_s']:g} s settle" + (
+            f" ({drops})" if drops else ""
         )
     banner = f"**Stale**: {stale}; run `{_rerun(doc['suite'])}` again.\n\n" if stale else ""
     return (
