@@ -11,16 +11,9 @@ changes nothing and exits 1 on any of :func:`problems`:
 - a result file that contradicts its own runs: each ratio, median and throughput is computed
   again from the runs it lists (a ratio of counted bytes from its counts), and a stored interval
   or verdict from those (:func:`contradictions`);
-- a measured-looking figure (a ratio such as ``1.05x`` or a bare ``0.953``, a percentage, a
-  throughput, a size in KiB to TiB or KB to TB, a time in s or ms) anywhere on the README or a
-  docs page outside a results block, unless it is a target (written after ``<=``, ``<``, ``>=``
-  or ``>``), inside a fenced block of code (``python``, ``sh``, ``bash``, ``json``, ``toml``,
-  ``yaml``), or declared not a measurement by a marker (:data:`MARKER`) in its paragraph.
-
-A marker reads ``<!-- not measured (KIND): FIGURE | FIGURE -->``, KIND one of :data:`KINDS`, each
-FIGURE written exactly as in the text. It covers the paragraph it is in (or, standing alone, the
-paragraph after it); it cannot cover a throughput or an ``x`` ratio (those are only ever
-measurements), and a figure it lists that its paragraph does not have is itself a problem.
+- a measured-looking figure anywhere on the README or a docs page outside a results block that
+  no rule of ``benchmarks/_figures.py`` accepts (a target, code, or a marker that declares it a
+  default, a limit, a version...).
 
 A result is **stale** when the code it times changed after the commit it was measured at: the
 last commit touching the suite's :data:`SOURCES` is not an ancestor of (or equal to) the result
@@ -44,6 +37,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._figures import stray_figures
 from ._harness import MiB, bootstrap, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,27 +83,6 @@ RERUN = {
     "async_integrations": "python -m benchmarks.integrations",
 }
 """The command that writes a result file, where it is not ``./dev.sh bench <file's name>``."""
-
-KINDS = {
-    "configuration": "a default, limit or size set in the code or in a benchmark's set-up",
-    "external": "a figure of another tool, service or incident, not measured here",
-    "example": "an illustrative value",
-    "version": "a version number",
-    "method": "a parameter of a statistic (a trimmed share, an interval's level)",
-}
-"""What a marker may declare a figure to be (anything else is a problem)."""
-MARKER = re.compile(r"<!--\s*not measured \((?P<kind>[a-z]+)\):(?P<figures>.*?)-->", re.S)
-_NUM = r"(?<![\w.,])\d[\d,]*(?:\.\d+)?"
-FIGURE = re.compile(
-    rf"(?P<ratio>{_NUM}x\b|{_NUM}\s*\u00d7)"
-    rf"|(?P<rate>{_NUM}\s*[KMGT]i?B/s\b)"
-    rf"|(?P<unit>{_NUM}\s*(?:%|[KMGT]i?B\b|ms\b|s\b|seconds?\b|minutes?\b))"
-    r"|(?P<bare>(?<![\w.,])\d\.\d{2,}(?![\w.]))"
-)
-"""A measured-looking figure (see the module docstring)."""
-TARGET = re.compile(r"(?:<=|>=|<|>|≤|≥|&lt;|&gt;)\s*$")
-CODE = re.compile(r"^```(?:python|sh|bash|json|toml|yaml)\n.*?^```$", re.S | re.M)
-COMMENT = re.compile(r"<!--.*?-->", re.S)
 
 
 def _rss(mib: float | None) -> str:
@@ -392,50 +365,6 @@ def contradictions(doc: dict[str, Any]) -> list[str]:
             found.append(f"{name}: verdict {r['verdict']!r}, its runs give {word!r}")
         if "ratio_interval_95" in r and word is not None and r.get("meets") != (word == "meets"):
             found.append(f"{name}: meets={r.get('meets')}, its runs give {word!r}")
-    return found
-
-
-def _paragraphs(text: str) -> list[str]:
-    """The text's paragraphs (blocks between blank lines), without results blocks and the code
-    fences the check leaves alone."""
-    text = CODE.sub("", BLOCK.sub("", text))
-    return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
-
-
-def stray_figures(text: str) -> list[str]:
-    """Figures outside results blocks that no rule accepts, and markers that are wrong (see the
-    module docstring)."""
-    found: list[str] = []
-    pending: list[tuple[str, list[str]]] = []
-    for para in _paragraphs(text):
-        markers = [
-            (m.group("kind"), [f.strip() for f in m.group("figures").split("|") if f.strip()])
-            for m in MARKER.finditer(para)
-        ]
-        body = COMMENT.sub("", para)
-        if markers and not body.strip():  # a marker standing alone: for the next paragraph
-            pending += markers
-            continue
-        markers, pending = pending + markers, []
-        allowed: set[str] = set()
-        for kind, figures in markers:
-            if kind not in KINDS:
-                found.append(f"a marker of an unknown kind ({kind}): {para.strip()[:80]}")
-                continue
-            for fig in figures:
-                m = FIGURE.fullmatch(fig)
-                if m is None or m.group("ratio") or m.group("rate"):
-                    found.append(f"a marker cannot declare {fig!r} not measured")
-                elif not re.search(rf"(?<![\w.,]){re.escape(fig)}(?![\w])", body):
-                    found.append(f"a marker lists {fig!r}, which its paragraph does not have")
-                else:
-                    allowed.add(" ".join(fig.split()))
-        for m in FIGURE.finditer(body):
-            fig = " ".join(m.group(0).split())
-            if TARGET.search(body[: m.start()]) or fig in allowed:
-                continue
-            line = body[: m.end()].rsplit("\n", 1)[-1] + body[m.end() :].split("\n", 1)[0]
-            found.append(f"a figure outside a results table: {fig!r} in: {line.strip()}")
     return found
 
 
