@@ -11,8 +11,8 @@ import argparse
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 from tests.helpers.gcsserver import BUCKET, FakeGcs
@@ -22,7 +22,7 @@ from ._harness import MiB, pair, report
 BASELINES = ("gcsfs_put_file", "gcsfs_put_file_fast")
 
 
-def _emptier(server: FakeGcs) -> Any:
+def _emptier(server: FakeGcs) -> Callable[[], None]:
     """Delete every object of the bucket (untimed, before every run)."""
 
     def clear() -> None:
