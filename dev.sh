@@ -9,8 +9,11 @@ cd "$(dirname "$0")"
 VENV=${COMMITSTORE_VENV:-.venv}
 PY=${PYTHON:-python3}
 
-# Debian packages the test-suite needs (servers and tools it starts itself).
-SYSTEM_PACKAGES=(util-linux fuse3 libfuse2 samba smbclient gcc libc6-dev)
+# Debian packages the test-suite needs (servers and tools it starts itself; fio for the
+# benchmarks' smoke run, tests/test_bench_smoke.py).
+SYSTEM_PACKAGES=(util-linux fuse3 libfuse2 samba smbclient gcc libc6-dev fio)
+# Debian packages the benchmarks need on top (fio: the local disk's write limit).
+BENCH_PACKAGES=("${SYSTEM_PACKAGES[@]}")
 
 need_root_apt() {
     local missing=()
@@ -83,6 +86,7 @@ case "$cmd" in
         exec "$VENV/bin/python" docs/check_docs.py --reference "$site"
         ;;
     bench)
+        need_root_apt "${BENCH_PACKAGES[@]}"
         venv bench
         exec "$VENV/bin/python" -m benchmarks "$@"
         ;;

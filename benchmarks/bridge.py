@@ -39,7 +39,8 @@ def main(args: argparse.Namespace) -> None:
         finally:
             mount.stop()
     report(
-        f"bridge (FUSE passthrough, Python), {size // MiB} MiB, {args.repeat} runs each, medians",
+        f"bridge (FUSE passthrough, Python), {size // MiB} MiB, {args.repeat} runs a side "
+        "(shuffled, each from the quiet state), medians",
         results,
         {},
         suite="bridge",

@@ -2,8 +2,9 @@
 ``dcp.FileSystemWriter`` into a plain folder on the same disk (target <= 1.10x).
 
 Two ranks of a gloo group on CPU (forked), a model state of ``--size-mib`` MiB sharded over both
-(float32 tensors split along dim 0 as DTensors). Every repeat saves once with each writer, in
-alternating order, to a fresh name/folder; each save is timed on rank 0 with ``perf_counter``
+(float32 tensors split along dim 0 as DTensors). Every repeat saves once with each writer, in a
+shuffled order, each from the quiet state (``_harness.quiet`` on rank 0), to a fresh
+name/folder; each save is timed on rank 0 with ``perf_counter``
 between two barriers (so it covers every rank's shard, ``.metadata`` and, for ours, the folder
 commit). Medians are compared. The result goes to ``benchmarks/results/dcp_local.json``.
 """
@@ -14,17 +15,22 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from ._harness import MiB, write_results
+from . import _harness
+from ._harness import MiB, entry, quiet, report, shuffled
+
+TARGET = 1.10
 
 
-def _rank(rank: int, paths: tuple[str, str, str], size: int, repeat: int) -> None:
+def _rank(
+    rank: int, paths: tuple[str, str, str], size: int, repeat: int, settings: dict[str, Any]
+) -> None:
     rdv, tmp, out = paths
+    _harness.QUIET.update(settings)  # a spawned rank starts from the module's defaults
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -63,12 +69,14 @@ def _rank(rank: int, paths: tuple[str, str, str], size: int, repeat: int) -> Non
     timed("commitstore_writer", 10_000)
     for runs in times.values():
         runs.clear()
-    for i in range(repeat):
-        order = ["filesystem_writer", "commitstore_writer"]
-        for kind in order if i % 2 == 0 else reversed(order):
-            timed(kind, i)
+    # shuffled (the same seeded order on both ranks), each run from the quiet state
+    for i, kind in enumerate(shuffled(["filesystem_writer", "commitstore_writer"], repeat)):
+        if rank == 0:
+            quiet()
+        dist.barrier()
+        timed(kind, i)
     if rank == 0:
-        Path(out).write_text(json.dumps(times))
+        Path(out).write_text(json.dumps({"times": times, "quiet": _harness.quiet_state()}))
     dist.destroy_process_group()
 
 
@@ -78,7 +86,10 @@ def main(args: argparse.Namespace) -> None:
         out, rdv = os.path.join(tmp, "times.json"), os.path.join(tmp, "rdv")
         ctx = mp.get_context("spawn")
         procs = [
-            ctx.Process(target=_rank, args=(r, (rdv, tmp, out), size, args.repeat)) for r in (0, 1)
+            ctx.Process(
+                target=_rank, args=(r, (rdv, tmp, out), size, args.repeat, dict(_harness.QUIET))
+            )
+            for r in (0, 1)
         ]
         for p in procs:
             p.start()
@@ -86,34 +97,24 @@ def main(args: argparse.Namespace) -> None:
             p.join()
         if any(p.exitcode != 0 for p in procs):
             raise RuntimeError(f"dcp benchmark ranks exited {[p.exitcode for p in procs]}")
-        times = json.loads(Path(out).read_text())
-    base = statistics.median(times["filesystem_writer"])
-    ours = statistics.median(times["commitstore_writer"])
+        got = json.loads(Path(out).read_text())
+    times = got["times"]
+    _harness.count_quiet(got["quiet"]["drop_caches"])
     measurement = {
-        "baseline": "dcp.FileSystemWriter",
-        "ours": "commitstore.dcp.StorageWriter",
-        "size_bytes": size,
-        "baseline_runs_s": times["filesystem_writer"],
-        "ours_runs_s": times["commitstore_writer"],
-        "baseline_s": base,
-        "ours_s": ours,
-        "ratio": ours / base,
-        "baseline_mib_s": size / base / MiB,
-        "ours_mib_s": size / ours / MiB,
+        **entry(
+            "dcp.FileSystemWriter",
+            "commitstore.dcp.StorageWriter",
+            times["filesystem_writer"],
+            times["commitstore_writer"],
+            size,
+        ),
         "peak_rss_mib": None,
         "baseline_peak_rss_mib": None,
-        "target": 1.10,
-        "meets": ours / base <= 1.10,
     }
-    write_results(
-        "dcp_local",
-        f"dcp: 2-rank save, {size // MiB} MiB, {args.repeat} runs each (alternating), medians, "
-        "timed on rank 0 between barriers",
+    report(
+        f"dcp: 2-rank save, {size // MiB} MiB, {args.repeat} runs a side (shuffled, each from the "
+        "quiet state), medians, timed on rank 0 between barriers",
         {"dcp 2-rank save vs FileSystemWriter": measurement},
-    )
-    verdict = "meets" if ours / base <= 1.10 else "MISSES"
-    print(
-        f"dcp 2-rank save, {size // MiB} MiB, {args.repeat} runs each, medians: "
-        f"time ratio {ours / base:.3f} (target <= 1.10) {verdict}; "
-        f"FileSystemWriter {base:.3f} s, ours {ours:.3f} s"
+        {"dcp 2-rank save vs FileSystemWriter": TARGET},
+        suite="dcp_local",
     )

@@ -12,7 +12,7 @@
   ``CommitStoreCallback.on_save``, with ``asynchronous=False`` and ``True``.
 
 Medians of ``--repeat`` runs (perf_counter, in-process); no target: reported. Written to
-``benchmarks/results/async_integrations.json``.
+``benchmarks/results/async_integrations.json`` (or ``BENCH_RESULTS_DIR``), with the commit measured.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results" / "async_integrations.json"
+from ._harness import commit, results_dir
 
 
 def _lightning(size_mib: int, repeat: int, work: Path) -> dict[str, float]:
@@ -138,8 +138,11 @@ def main() -> None:
             "size_mib": a.size_mib,
             "repeat": a.repeat,
             "hf, s (median)": _hf(a.repeat, work),
+            "commit": commit(),
         }
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    out = results_dir() / "async_integrations.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

@@ -1,16 +1,19 @@
 """Local disk: commit and verify against the physical limits measured in the same run.
 
-Baselines: ``dd if=/dev/zero bs=16M oflag=direct`` (the device's write limit), a naive write of
-the final name + fsync (the unsafe way), a plain ``readinto`` read into one preallocated buffer
+Baselines: ``fio`` writing with ``O_DIRECT`` and 16 writes in flight (the device's write limit;
+``dd if=/dev/zero bs=16M oflag=direct``, one write in flight, beside it), a naive write of the
+final name + fsync (the unsafe way), a plain ``readinto`` read into one preallocated buffer
 (warm and cold cache) at its best buffer size, and xxh3_128 of a buffer already in memory (the
 hash's own limit).
 
 Reads: before the read pairs, ``plain_read`` is swept over the buffer sizes of
 ``worker.READ_BUFFERS`` (128 KiB to the whole file; warm, then cold), and each pair's baseline
 reads with the size that was fastest by median in that sweep (the sweep is kept in the result
-file, ``read_sweeps``). Writes: every write run of either side starts from the same state: the
-previous file and the store's records are deleted (its pages go with it) and ``sync`` runs,
-untimed. Pair counts: ``--repeat`` (15 for this suite by default), in alternating order.
+file, ``read_sweeps``). Every timed run of either side starts from the same quiet state
+(``_harness.quiet``: for writes, the previous file and the store's records deleted first; then
+``sync``, the page cache dropped where permitted, a settle), and a warm pair's run reads its file
+once, untimed, after it. Runs: ``--repeat`` a side (15 for this suite by default, at least
+``LOCAL_MIN_RUNS`` recommended), in a shuffled order.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ REPEAT = 15
 SWEEP_REPEAT = 5
 
 TARGETS = {
-    "commit_vs_dd_direct": 1 / 0.9,  # >= 0.9x of the device's throughput
+    "commit_vs_fio_direct": 1 / 0.9,  # >= 0.9x of the device's throughput
     "commit_vs_naive_write_fsync": 0.75,
     "verify_full_warm_vs_readinto_warm": 1.0,
     "verify_full_cold_vs_readinto_cold": 1.02,
@@ -47,8 +50,12 @@ def _measure(tmp: str, size: int, repeat: int, sweeps: dict[str, Any]) -> dict[s
         shutil.rmtree(target.parent / ".commitstore", ignore_errors=True)
         os.sync()
 
+    def warm() -> None:  # untimed, after the quiet state: the file's pages back in the cache
+        run("plain_read", t, size)
+
     run("naive_write", t, size)  # warm-up: the first big write after boot is slow
     results = {
+        "commit_vs_fio_direct": pair("fio_direct", "stage_commit", t, size, repeat, clear=clear),
         "commit_vs_dd_direct": pair("dd_direct", "stage_commit", t, size, repeat, clear=clear),
         "commit_vs_naive_write_fsync": pair(
             "naive_write", "stage_commit", t, size, repeat, clear=clear
@@ -59,25 +66,24 @@ def _measure(tmp: str, size: int, repeat: int, sweeps: dict[str, Any]) -> dict[s
     }
     clear()
     run("stage_commit", t, size)  # the file verify reads must carry a record
-    run("plain_read", t, size)  # warm the cache
     variants = {name: {"BENCH_READ_BUFFER": name} for name in READ_BUFFERS}
     mib = size // MiB
-    warm = sweeps[f"plain_read warm, {mib} MiB"] = sweep(
-        "plain_read", t, size, variants, SWEEP_REPEAT
+    sweep_repeat = min(SWEEP_REPEAT, repeat)
+    warm_sweep = sweeps[f"plain_read warm, {mib} MiB"] = sweep(
+        "plain_read", t, size, variants, sweep_repeat, prepare=warm
     )
-    cold = sweeps[f"plain_read cold, {mib} MiB"] = sweep(
-        "plain_read_cold", t, size, variants, SWEEP_REPEAT
+    cold_sweep = sweeps[f"plain_read cold, {mib} MiB"] = sweep(
+        "plain_read_cold", t, size, variants, sweep_repeat
     )
-    run("plain_read", t, size)  # warm again after the cold sweep
+    best_warm, best_cold = variants[warm_sweep["best"]], variants[cold_sweep["best"]]
     results["verify_full_warm_vs_readinto_warm"] = pair(
-        "plain_read", "verify_full", t, size, repeat, env=variants[warm["best"]]
+        "plain_read", "verify_full", t, size, repeat, prepare=warm, env=best_warm
     )
     results["verify_full_cold_vs_readinto_cold"] = pair(
-        "plain_read_cold", "verify_full_cold", t, size, repeat, env=variants[cold["best"]]
+        "plain_read_cold", "verify_full_cold", t, size, repeat, env=best_cold
     )
-    run("plain_read", t, size)
     results["xxh3_in_memory_vs_readinto_warm"] = pair(
-        "plain_read", "xxh3_memory", t, size, repeat, env=variants[warm["best"]]
+        "plain_read", "xxh3_memory", t, size, repeat, prepare=warm, env=best_warm
     )
     return results
 
@@ -95,8 +101,8 @@ def main(args: argparse.Namespace) -> None:
                 if name in TARGETS:
                     targets[f"{name}, {mib} MiB"] = TARGETS[name]
     report(
-        f"local, {' and '.join(f'{m} MiB' for m in sizes)}, {repeat} runs each "
-        "(alternating pairs), medians",
+        f"local, {' and '.join(f'{m} MiB' for m in sizes)}, {repeat} runs a side "
+        "(shuffled, each from the quiet state), medians",
         results,
         targets,
         suite="local",

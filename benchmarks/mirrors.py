@@ -87,7 +87,8 @@ def main(args: argparse.Namespace) -> None:
         finally:
             moto.stop()
     report(
-        f"mirrors, 20 x {size // 20 // MiB} MiB, {args.repeat} runs each, medians",
+        f"mirrors, 20 x {size // 20 // MiB} MiB, {args.repeat} runs a side "
+        "(shuffled, each from the quiet state), medians",
         results,
         {BLOCKING: 1.10, SYNC: 1.0, SYNC_PARALLEL: 0.95},
         suite="mirrors",

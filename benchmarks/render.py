@@ -1,31 +1,88 @@
-"""Render the tables of ``docs/benchmarks.md`` from ``benchmarks/results/*.json``.
+"""Render the results blocks of the docs from the result files, and check that nothing typed by
+hand passes for a measurement.
 
 ``python -m benchmarks.render`` rewrites every block between ``<!-- results: SUITE -->`` and
-``<!-- /results -->`` from that suite's result file; ``--check`` changes nothing and exits 1 when a
-block differs from its file (the docs check runs it), or when a figure (a ratio such as ``1.05x``,
-a throughput, a time in seconds) appears outside a block: every number on the page comes from a
-committed result file.
+``<!-- /results -->`` (on any docs page) from ``benchmarks/results/SUITE.json``; ``--check``
+changes nothing and exits 1 on any of :func:`problems`:
+
+- a block that differs from what its file renders to;
+- a result file without its block in ``docs/benchmarks.md``, or without declared sources
+  (:data:`SOURCES`);
+- a result file that contradicts its own runs: each ratio, median and throughput is computed
+  again from the runs it lists (a ratio of counted bytes from its counts), and a stored interval
+  or verdict from those (:func:`contradictions`);
+- a measured-looking figure anywhere on the README or a docs page outside a results block that
+  no rule of ``benchmarks/_figures.py`` accepts (a target, code, or a marker that declares it a
+  default, a limit, a version...).
+
+A result is **stale** when the code it times changed after the commit it was measured at: the
+last commit touching the suite's :data:`SOURCES` is not an ancestor of (or equal to) the result
+file's ``commit``, or that commit is not in this repository's history. A stale result's block
+says so in its header (so a stale block that does not say so differs from its rendering).
+
+Verdicts are rendered from the runs, whatever the file says: a ratio with a target ``meets`` it
+only when its 95% bootstrap interval's upper bound does, is ``within noise`` when only the median
+does, and ``misses`` it otherwise (``_harness.verdict``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
+import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from ._figures import stray_figures
+from ._harness import MiB, bootstrap, verdict
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-DOCS = ROOT / "docs"
-DOC = DOCS / "benchmarks.md"
-"""The benchmarks page; other pages may carry results blocks too (``docs/dcp.md``)."""
 BLOCK = re.compile(
     r"(<!-- results: (?P<suite>[a-z0-9_-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S
 )
-FIGURE = re.compile(r"\b\d+(\.\d+)?\s*(x\b|MiB/s|GB/s|GiB/s|ms\b|s\b)")
-"""What counts as a measured figure in prose (targets are written as ``<= 1.05`` without a unit)."""
+BENCH_PAGE = "docs/benchmarks.md"
+
+_CORE = (":(glob)src/commitstore/*.py", "benchmarks/_harness.py")
+_WORKER = ("benchmarks/worker.py",)
+_RENAME = ("src/commitstore/backends/base.py", "src/commitstore/backends/rename")
+_OBJECT = ("src/commitstore/backends/base.py", "src/commitstore/backends/object")
+SOURCES: dict[str, tuple[str, ...]] = {
+    "local": (*_CORE, *_WORKER, *_RENAME, "benchmarks/local.py"),
+    "smb": (*_CORE, *_WORKER, *_RENAME, "benchmarks/smb.py"),
+    "bridge": (*_CORE, *_WORKER, *_RENAME, "benchmarks/bridge.py"),
+    "s3": (*_CORE, *_WORKER, *_OBJECT, "benchmarks/s3.py"),
+    "s3resume": (*_CORE, *_WORKER, *_OBJECT, "benchmarks/s3resume.py"),
+    "s3resume-bytes": (*_CORE, *_WORKER, *_OBJECT, "benchmarks/s3resume.py"),
+    "gcs": (*_CORE, *_WORKER, *_OBJECT, "benchmarks/gcs.py"),
+    "mirrors": (
+        *_CORE,
+        *_WORKER,
+        *_RENAME,
+        *_OBJECT,
+        "src/commitstore/mirrors",
+        "benchmarks/mirrors.py",
+    ),
+    "scale": (*_CORE, *_RENAME, *_OBJECT, "src/commitstore/maintenance", "benchmarks/scale.py"),
+    "dcp_local": (*_CORE, *_RENAME, "benchmarks/dcp.py"),
+    "torch": (*_CORE, *_RENAME, "benchmarks/torchio.py"),
+    "torch-s3": (*_CORE, *_OBJECT, "benchmarks/torchio.py"),
+    "asyncsave": (*_CORE, *_RENAME, "benchmarks/asyncsave.py"),
+    "async_integrations": (*_CORE, *_RENAME, "benchmarks/integrations.py"),
+}
+"""For each result file, the code it times (git pathspecs): the suite, the harness, the worker it
+runs, the package's top-level modules and the backends and packages the suite goes through."""
+
+RERUN = {
+    "s3resume-bytes": "./dev.sh bench s3resume",
+    "torch-s3": "./dev.sh bench torch",
+    "dcp_local": "./dev.sh bench dcp",
+    "async_integrations": "python -m benchmarks.integrations",
+}
+"""The command that writes a result file, where it is not ``./dev.sh bench <file's name>``."""
 
 
 def _rss(mib: float | None) -> str:
@@ -36,52 +93,98 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds:.3f} s" if seconds < 10 else f"{seconds:.1f} s"
 
 
-def _header(doc: dict[str, Any]) -> str:
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+
+
+def staleness(root: Path, suite: str, measured: str) -> str | None:
+    """Why the result of ``suite`` measured at commit ``measured`` is stale, or None (see the
+    module docstring)."""
+    sources = SOURCES.get(suite)
+    if sources is None:
+        return "no sources are declared for it"
+    rev = measured.split("+", 1)[0]
+    full = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").stdout.strip()
+    if not full:
+        return f"its commit `{rev}` is not in this repository's history"
+    last = _git(root, "log", "-1", "--format=%H", "--", *sources).stdout.strip()
+    if last and _git(root, "merge-base", "--is-ancestor", last, full).returncode != 0:
+        return "the code it times changed after its commit"
+    return None
+
+
+_DROP_WORDS = {"dropped": "dropped", "off": "not dropped (--no-drop-caches)"}
+"""How a header says each drop-caches outcome (``not permitted: ...`` is shown as it is)."""
+
+
+def _rerun(suite: str) -> str:
+    return RERUN.get(suite, f"./dev.sh bench {suite}")
+
+
+def _header(doc: dict[str, Any], stale: str | None) -> str:
     m = doc["machine"]
     load = ", ".join(f"{x:g}" for x in m["load_average"])
     if m.get("load_average_at_start"):
         load = ", ".join(f"{x:g}" for x in m["load_average_at_start"]) + "; at the end " + load
+    quiet = doc.get("quiet_state")
+    quiet_text = ""
+    if quiet:
+        drops = "; ".join(
+            f"{n} with the page cache {_DROP_WORDS.get(k, k)}"
+            for k, n in sorted(quiet["drop_caches"].items())
+        )
+        quiet_text = f"; every timed run after sync and a {quiet['settle_s']:g} s settle" + (
+            f" ({drops})" if drops else ""
+        )
+    banner = f"**Stale**: {stale}; run `{_rerun(doc['suite'])}` again.\n\n" if stale else ""
     return (
-        f"_{doc['title']}. From `benchmarks/results/{doc['suite']}.json`: commit "
+        banner + f"_{doc['title']}. From `benchmarks/results/{doc['suite']}.json`: commit "
         f"`{doc['commit']}`, {doc['date']}, {m['cpus']} CPUs, {m['memory_gib']:g} GiB, "
         f"{m['machine']}, Python {m['python']}, load average "
         f"{'at the start ' if m.get('load_average_at_start') else 'at the end '}{load}"
         + (f"; the suite ran {doc['suite_wall_s']:g} s" if doc.get("suite_wall_s") else "")
+        + quiet_text
         + "._\n"
     )
 
 
+def judged(r: dict[str, Any]) -> tuple[list[float], str | None]:
+    """A measurement's 95% interval (from its runs; one point for counted bytes) and its
+    verdict against its target, computed again from the runs."""
+    if "ours_runs_s" in r:
+        bounds = bootstrap(r["ours_runs_s"], r["baseline_runs_s"])
+    else:
+        bounds = [r["ratio"], r["ratio"]]
+    return bounds, verdict(r["ratio"], bounds, r.get("target"))
+
+
+def _verdict_text(r: dict[str, Any], digits: int = 3) -> str:
+    (lo, hi), word = judged(r)
+    shown = "" if word is None else (" (**misses**)" if word == "misses" else f" ({word})")
+    interval = f" [95%: {lo:.{digits}f}-{hi:.{digits}f}]" if "ours_runs_s" in r else ""
+    return shown + interval
+
+
 def _pairs(doc: dict[str, Any]) -> str:
     robust = any("ratio_trimmed_mean" in r for r in doc["measurements"].values())
-    extra_head = (
-        " trimmed-mean ratio | median of pair ratios | IQR ours / baseline (s) |" if robust else ""
-    )
+    extra_head = " trimmed-mean ratio | IQR ours / baseline (s) |" if robust else ""
     rows = [
         "| measurement | ours | baseline | ours MiB/s | baseline MiB/s | time ratio "
         f"(median) |{extra_head} runs (ours / baseline, s) | target | peak RSS ours / baseline |",
-        "|---|---|---|---|---|---|" + "---|" * (3 * robust) + "---|---|---|",
+        "|---|---|---|---|---|---|" + "---|" * (2 * robust) + "---|---|---|",
     ]
     for name, r in doc["measurements"].items():
         target = "reported" if r.get("target") is None else f"<= {r['target']:.3g}"
-        verdict = {True: " (meets)", False: " (**misses**)", None: ""}[r.get("meets")]
-        if r.get("within_noise"):
-            verdict = " (within noise)"
-        if "ratio_interval_95" in r:
-            lo, hi = r["ratio_interval_95"]
-            verdict += f" [95%: {lo:.3f}-{hi:.3f}]"
         runs = " ".join(f"{x:.3g}" for x in r["ours_runs_s"]) + " / "
         runs += " ".join(f"{x:.3g}" for x in r["baseline_runs_s"])
         extra = ""
         if robust:
             (oq1, oq3), (bq1, bq3) = r["ours_iqr_s"], r["baseline_iqr_s"]
-            extra = (
-                f" {r['ratio_trimmed_mean']:.3f} | {r['pair_ratio_median']:.3f} | "
-                f"{oq1:.3g}-{oq3:.3g} / {bq1:.3g}-{bq3:.3g} |"
-            )
+            extra = f" {r['ratio_trimmed_mean']:.3f} | {oq1:.3g}-{oq3:.3g} / {bq1:.3g}-{bq3:.3g} |"
         rows.append(
             f"| {name} | `{r['ours']}` | `{r['baseline']}` | {r['ours_mib_s']:.0f} | "
-            f"{r['baseline_mib_s']:.0f} | **{r['ratio']:.3f}**{verdict} |{extra} {runs} | "
-            f"{target} | {_rss(r.get('peak_rss_mib'))} / {_rss(r.get('baseline_peak_rss_mib'))} |"
+            f"{r['baseline_mib_s']:.0f} | **{r['ratio']:.3f}**{_verdict_text(r)} |{extra} {runs} |"
+            f" {target} | {_rss(r.get('peak_rss_mib'))} / {_rss(r.get('baseline_peak_rss_mib'))} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -104,6 +207,18 @@ def _sweeps(doc: dict[str, Any]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _scale_verdict(r: dict[str, Any], t: float) -> str:
+    """Each scan's median against the target ``t`` (seconds), with the interval of its median
+    (its runs resampled against a constant): meets, within noise, misses; the worse of the two."""
+    words = []
+    for key in ("prune_plan", "latest_size"):
+        runs = r.get(f"{key}_runs_s") or [r[f"{key}_s"]]
+        lo_hi = bootstrap(runs, [1.0] * len(runs))
+        words.append(verdict(r[f"{key}_s"], lo_hi, t) or "")
+    word = max(words, key=["meets", "within noise", "misses"].index)
+    return " (**misses**)" if word == "misses" else f" ({word})"
+
+
 def _scale(doc: dict[str, Any]) -> str:
     rows = [
         '| store | artifacts | prune plan | `latest(level="size")` | target (each) | requests '
@@ -122,12 +237,7 @@ def _scale(doc: dict[str, Any]) -> str:
             )
             continue
         t = r.get("target_s")
-        worst = max(r["prune_plan_s"], r["latest_size_s"])
-        target = (
-            "reported"
-            if t is None
-            else f"< {t:g} s" + (" (meets)" if worst < t else " (**misses**)")
-        )
+        target = "reported" if t is None else f"< {t:g} s" + _scale_verdict(r, t)
         req = (
             f"{r['prune_calls'].get('s3_requests', 0)} / {r['latest_calls'].get('s3_requests', 0)}"
         )
@@ -146,16 +256,10 @@ def _bytes(doc: dict[str, Any]) -> str:
     ]
     for name, r in doc["measurements"].items():
         target = "reported" if r.get("target") is None else f"<= {r['target']:.3g}"
-        verdict = {True: " (meets)", False: " (**misses**)", None: ""}[r.get("meets")]
-        if r.get("within_noise"):
-            verdict = " (within noise)"
-        if "ratio_interval_95" in r:
-            lo, hi = r["ratio_interval_95"]
-            verdict += f" [95%: {lo:.3f}-{hi:.3f}]"
         rows.append(
             f"| {name} | `{r['ours']}` | `{r['baseline']}` | {r['artifact_bytes']} | "
-            f"{r['ours_bytes']} | {r['baseline_bytes']} | **{r['ratio']:.4f}**{verdict} | "
-            f"{target} |"
+            f"{r['ours_bytes']} | {r['baseline_bytes']} | **{r['ratio']:.4f}**"
+            f"{_verdict_text(r, 4)} | {target} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -173,12 +277,34 @@ def _memory(doc: dict[str, Any]) -> str:
     )
 
 
-def render_suite(suite: str) -> str:
+def _integrations(doc: dict[str, Any]) -> str:
+    """``async_integrations.json`` (medians only, no target): one row per measured call."""
+    rows = [
+        f"_Asynchronous commits in the integrations. From "
+        f"`benchmarks/results/async_integrations.json`: {doc['size_mib']} MiB state, medians "
+        f"of {doc['repeat']} runs, in-process, reported without a target._\n",
+        "| integration | variant | call | median |",
+        "|---|---|---|---|",
+    ]
+    for variant, s in doc["lightning save_checkpoint blocks the caller, s (median)"].items():
+        rows.append(f"| Lightning | {variant} | `save_checkpoint` blocks the caller | {s:.3f} s |")
+    for variant, calls in doc["hf, s (median)"].items():
+        for call, s in calls.items():
+            rows.append(f"| HF Trainer | {variant} | {call.removesuffix(' s')} | {s:.3f} s |")
+    return "\n".join(rows) + "\n"
+
+
+def render_suite(suite: str, root: Path = ROOT) -> str:
     """The markdown block body for one suite's result file."""
-    path = RESULTS / f"{suite}.json"
+    path = root / "benchmarks" / "results" / f"{suite}.json"
     if not path.exists():
         return f"_No result file yet: run `./dev.sh bench {suite}`._\n"
     doc = json.loads(path.read_text())
+    if suite == "async_integrations":
+        measured = doc.get("commit")
+        stale = staleness(root, suite, measured) if measured else "it records no commit it measured"
+        banner = f"**Stale**: {stale}; run `{_rerun(suite)}` again.\n\n" if stale else ""
+        return banner + _integrations(doc)
     first: dict[str, Any] = next(iter(doc["measurements"].values()), {})
     if "prune_plan_s" in first:
         table = _scale(doc)
@@ -188,47 +314,95 @@ def render_suite(suite: str) -> str:
         table = _pairs(doc) + _sweeps(doc) + _memory(doc)
     notes = f"\n{doc['notes']}\n" if doc.get("notes") else ""
     stat = f"\nStatistic: {doc['statistic']}.\n" if doc.get("statistic") else ""
-    return _header(doc) + stat + "\n" + table + notes
+    header = _header(doc, staleness(root, suite, doc["commit"]))
+    return header + stat + "\n" + table + notes
 
 
-def render(text: str) -> str:
+def render(text: str, root: Path = ROOT) -> str:
     """``text`` with every results block re-rendered from its file."""
-    return BLOCK.sub(lambda m: m.group(1) + render_suite(m.group("suite")) + m.group(4), text)
+    return BLOCK.sub(lambda m: m.group(1) + render_suite(m.group("suite"), root) + m.group(4), text)
 
 
-def stray_figures(text: str) -> list[str]:
-    """Lines outside results blocks that carry a measured figure."""
-    outside = BLOCK.sub("", text)
-    in_code = False
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def contradictions(doc: dict[str, Any]) -> list[str]:
+    """Where a result file's figures disagree with its own runs or counts (see the module
+    docstring)."""
     found = []
-    for line in outside.splitlines():
-        if line.startswith("```"):
-            in_code = not in_code
-        if not in_code and FIGURE.search(line):
-            found.append(line)
+    for name, r in (doc.get("measurements") or {}).items():
+        if "ours_runs_s" in r:
+            o, b = statistics.median(r["ours_runs_s"]), statistics.median(r["baseline_runs_s"])
+            size = r.get("size_bytes")
+            checks = {
+                "ratio": (r.get("ratio"), o / b),
+                "ours_s": (r.get("ours_s"), o),
+                "baseline_s": (r.get("baseline_s"), b),
+            }
+            if size:
+                checks["ours_mib_s"] = (r.get("ours_mib_s"), size / o / MiB)
+                checks["baseline_mib_s"] = (r.get("baseline_mib_s"), size / b / MiB)
+        elif "ours_bytes" in r:
+            checks = {"ratio": (r.get("ratio"), r["ours_bytes"] / r["baseline_bytes"])}
+        elif "prune_plan_runs_s" in r:
+            checks = {
+                f"{k}_s": (r.get(f"{k}_s"), statistics.median(r[f"{k}_runs_s"]))
+                for k in ("prune_plan", "latest_size")
+            }
+        else:
+            continue
+        for key, (stated, computed) in checks.items():
+            if not isinstance(stated, (int, float)) or not _close(stated, computed):
+                found.append(f"{name}: {key} {stated} is not what its runs give ({computed:.6g})")
+        if "ratio" not in checks or not isinstance(r.get("ratio"), (int, float)):
+            continue
+        bounds, word = judged(r)
+        stated_bounds = r.get("ratio_interval_95")
+        if stated_bounds is not None and not all(map(_close, stated_bounds, bounds)):
+            found.append(f"{name}: its interval {stated_bounds} is not what its runs give")
+        if "verdict" in r and r["verdict"] != word:
+            found.append(f"{name}: verdict {r['verdict']!r}, its runs give {word!r}")
+        if "ratio_interval_95" in r and word is not None and r.get("meets") != (word == "meets"):
+            found.append(f"{name}: meets={r.get('meets')}, its runs give {word!r}")
     return found
 
 
-def problems() -> list[str]:
-    """Stale blocks on any docs page, and stray figures on the benchmarks page."""
+def pages(root: Path) -> list[Path]:
+    """The pages the check reads: the README and every docs page."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def problems(root: Path = ROOT) -> list[str]:
+    """Everything the check fails on (see the module docstring)."""
     found = []
-    for page in sorted(DOCS.glob("*.md")):
+    for page in pages(root):
         text = page.read_text()
-        if BLOCK.search(text) and render(text) != text:
-            found.append(f"{page.name}: a results table differs from benchmarks/results")
-    found += [
-        f"benchmarks.md: a figure outside a results table: {line}"
-        for line in stray_figures(DOC.read_text())
-    ]
+        shown = page.relative_to(root)
+        if BLOCK.search(text) and render(text, root) != text:
+            found.append(f"{shown}: a results block differs from its file (or its staleness)")
+        found += [f"{shown}: {p}" for p in stray_figures(text)]
+    bench = (root / BENCH_PAGE).read_text()
+    sections = {m.group("suite") for m in BLOCK.finditer(bench)}
+    for path in sorted((root / "benchmarks" / "results").glob("*.json")):
+        suite = path.stem
+        if suite not in sections:
+            found.append(f"{BENCH_PAGE}: no results block for benchmarks/results/{path.name}")
+        if suite not in SOURCES:
+            found.append(f"benchmarks/results/{path.name}: no sources declared (render.SOURCES)")
+        found += [
+            f"benchmarks/results/{path.name}: {p}"
+            for p in contradictions(json.loads(path.read_text()))
+        ]
     return found
 
 
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.render")
-    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if stale")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 on a problem")
     args = p.parse_args()
     if not args.check:
-        for page in sorted(DOCS.glob("*.md")):
+        for page in pages(ROOT):
             text = page.read_text()
             if BLOCK.search(text):
                 page.write_text(render(text))

@@ -41,7 +41,8 @@ def main(args: argparse.Namespace) -> None:
         finally:
             server.stop()
     report(
-        f"smb (Samba on 127.0.0.1), {size // MiB} MiB, {args.repeat} runs each, medians",
+        f"smb (Samba on 127.0.0.1), {size // MiB} MiB, {args.repeat} runs a side "
+        "(shuffled, each from the quiet state), medians",
         results,
         {"smb_commit_vs_raw_write": 1.11},
         suite="smb",

@@ -1,4 +1,4 @@
-"""commitstore.torch vs plain torch: in-process, ``time.perf_counter``, alternating pairs, medians.
+"""commitstore.torch vs plain torch: in-process, ``time.perf_counter``, shuffled runs, medians.
 
 - save: ``commitstore.torch.save`` of a state_dict vs ``torch.save`` to a local file + fsync
   (target <= 1.05x).
@@ -20,14 +20,13 @@ import argparse
 import os
 import resource
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._harness import MiB, report, write_results
+from ._harness import MiB, entry, judge, quiet, report, shuffled, write_results
 
 
 def _state(size: int) -> dict[str, Any]:
@@ -44,32 +43,29 @@ def _pair(
     ours: tuple[str, Callable[[], object]],
     size: int,
     repeat: int,
+    *,
     clear: Callable[[], None] | None = None,
+    prepare: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Time ``base`` and ``ours`` (label, call) ``repeat`` times each, alternating; the shape of
-    ``_harness.pair`` (peak RSS: this one process's, the same for both)."""
+    """Time ``base`` and ``ours`` (label, call) ``repeat`` times each in a shuffled order, each
+    run from the quiet state (``clear``, ``_harness.quiet``, ``prepare``, all untimed); the
+    shape of ``_harness.pair`` (peak RSS: this one process's, the same for both)."""
     times: dict[str, list[float]] = {"baseline": [], "ours": []}
-    for i in range(repeat):
-        order = (("baseline", base[1]), ("ours", ours[1]))
-        for key, fn in order if i % 2 == 0 else order[::-1]:
-            if clear is not None:
-                clear()
-            start = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - start)
-    b, o = statistics.median(times["baseline"]), statistics.median(times["ours"])
+    calls = {"baseline": base[1], "ours": ours[1]}
+    order = shuffled(["baseline", "ours"], repeat)
+    for key in order:
+        if clear is not None:
+            clear()
+        quiet()
+        if prepare is not None:
+            prepare()
+        start = time.perf_counter()
+        calls[key]()
+        times[key].append(time.perf_counter() - start)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
-        "baseline": base[0],
-        "ours": ours[0],
-        "size_bytes": size,
-        "baseline_runs_s": times["baseline"],
-        "ours_runs_s": times["ours"],
-        "baseline_s": b,
-        "ours_s": o,
-        "ratio": o / b,
-        "baseline_mib_s": size / b / MiB,
-        "ours_mib_s": size / o / MiB,
+        **entry(base[0], ours[0], times["baseline"], times["ours"], size),
+        "run_order": order,
         "peak_rss_mib": rss,
         "baseline_peak_rss_mib": rss,
     }
@@ -108,7 +104,7 @@ def local(size: int, repeat: int, tmp: Path) -> dict[str, dict[str, Any]]:
             ("commitstore.torch.save", ours_save),
             size,
             repeat,
-            clear,
+            clear=clear,
         )
     }
     clear()
@@ -124,12 +120,15 @@ def local(size: int, repeat: int, tmp: Path) -> dict[str, dict[str, Any]]:
     def ours_load() -> float:
         return _touch(cs_torch.load(store, "model.pt", mmap=True, cache_dir=cache))
 
-    base_load(), ours_load()  # warm the page cache for both files
+    def warm() -> None:  # untimed, after the quiet state: both files' pages in the cache
+        base_load(), ours_load()
+
     out["resume_mmap_warm_vs_torch_load_mmap"] = _pair(
         ("torch.load(mmap=True) + touch", base_load),
         ("load(mmap=True), cached + touch", ours_load),
         size,
         repeat,
+        prepare=warm,
     )
     out["resume_mmap_warm_load_only"] = _pair(
         ("torch.load(mmap=True)", lambda: torch.load(plain, mmap=True, weights_only=True)),
@@ -139,6 +138,7 @@ def local(size: int, repeat: int, tmp: Path) -> dict[str, dict[str, Any]]:
         ),
         size,
         repeat,
+        prepare=warm,
     )
     return out
 
@@ -237,14 +237,13 @@ def main(args: argparse.Namespace) -> None:
         timed = local(size, args.repeat, Path(tmp))
         counted = s3(size, Path(tmp))
     title = (
-        f"torch, {size // MiB} MiB state_dict (16 float32 tensors), {args.repeat} alternating "
-        "runs each in one process, medians"
+        f"torch, {size // MiB} MiB state_dict (16 float32 tensors), {args.repeat} runs a side "
+        "in one process (shuffled, each from the quiet state), medians"
     )
     note = "Timed in-process with time.perf_counter; peak RSS is the process's, shared by both."
     report(title, timed, TARGETS, suite="torch", notes=note)
     for name, r in counted.items():
-        limit = TARGETS.get(name)
-        r["target"], r["meets"] = limit, None if limit is None else bool(r["ratio"] <= limit)
+        judge(r, TARGETS.get(name))
     write_results(
         "torch-s3",
         f"torch resume on S3 (moto through a counting proxy), {size // MiB} MiB state_dict: bytes "

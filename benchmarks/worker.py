@@ -54,12 +54,46 @@ def naive_write(path: Path, size: int) -> None:
 
 
 def dd_direct(path: Path, size: int) -> None:
-    """The device's write limit: ``dd if=/dev/zero bs=16M oflag=direct`` (no page cache)."""
+    """A device write limit: ``dd if=/dev/zero bs=16M oflag=direct conv=fsync`` (no page cache,
+    one write in flight; smaller blocks for a size under 16 MiB)."""
     import subprocess
 
-    argv = ["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={size // (16 << 20)}"]
+    bs = min(16 << 20, size)
+    argv = ["dd", "if=/dev/zero", f"of={path}", f"bs={bs}", f"count={size // bs}"]
     with timed():
         subprocess.run([*argv, "oflag=direct", "conv=fsync"], check=True, capture_output=True)
+
+
+FIO_IODEPTH = 16
+"""Writes ``fio_direct`` keeps in flight."""
+
+
+def fio_direct(path: Path, size: int) -> float:
+    """The device's write limit as ``fio`` measures it: a sequential write of ``size`` bytes with
+    ``O_DIRECT`` through libaio, :data:`FIO_IODEPTH` 4 MiB writes in flight; then an ``fsync`` of
+    the file. The time is fio's own measure of its writes (whole milliseconds, at least one) plus
+    the ``fsync``'s: the ``fio`` process itself spends about half a second starting and stopping
+    even with no I/O at all, which a time of the whole process would charge to the device."""
+    import subprocess
+
+    bs = min(CHUNK, size)
+    argv = [
+        "fio", "--name=limit", f"--filename={path}", "--rw=write", f"--bs={bs}",
+        f"--size={size // bs * bs}", "--direct=1", "--ioengine=libaio",
+        f"--iodepth={FIO_IODEPTH}", "--fallocate=none", "--output-format=json",
+    ]  # fmt: skip
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    job = json.loads(out[out.index("{") :])["jobs"][0]
+    if job["error"] or job["write"]["io_bytes"] != size // bs * bs:
+        raise RuntimeError(f"fio wrote {job['write']['io_bytes']} bytes, error {job['error']}")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t0 = time.perf_counter()
+        os.fsync(fd)
+        synced = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+    return max(int(job["write"]["runtime"]), 1) / 1000 + synced
 
 
 def stage_commit(path: Path, size: int) -> None:
@@ -154,6 +188,31 @@ def s3fs_put_file(url: str, size: int) -> None:
         fs.put_file(os.environ["BENCH_SOURCE"], url[len("s3://") :])
 
 
+def s3fs_put_file_like_ours(url: str, size: int) -> None:
+    """Baseline: ``s3fs.put_file`` configured as commitstore's own client
+    (``backends/object/s3.py``): no SHA-256 payload signing, checksums (CRC32) only where the
+    operation requires them, no ``Expect: 100-continue``."""
+    import s3fs
+
+    from commitstore.backends.object._timestamps import fast_session
+
+    o = _s3_options()
+    fs = s3fs.S3FileSystem(
+        key=o["key"],
+        secret=o["secret"],
+        endpoint_url=o["endpoint_url"],
+        skip_instance_cache=True,
+        session=fast_session(),
+        config_kwargs={
+            "request_checksum_calculation": "when_required",
+            "response_checksum_validation": "when_required",
+            "s3": {"payload_signing_enabled": False},
+        },
+    )
+    with timed():
+        fs.put_file(os.environ["BENCH_SOURCE"], url[len("s3://") :])
+
+
 def s3_resume(url: str, size: int) -> None:
     """commitstore resume: the newest artifact of the store at URL that passes
     ``latest(level="size")``, copied to BENCH_DEST with ``get_file`` (hashed on the way, published
@@ -205,9 +264,20 @@ def _rclone_argv(*args: str) -> list[str]:
 
 
 def rclone_copyto(url: str, size: int) -> None:
-    """Baseline: ``rclone copyto`` of the same file to the same server."""
+    """Baseline: ``rclone copyto`` of the same file to the same server (rclone's defaults)."""
     with timed():
         _rclone("copyto", os.environ["BENCH_SOURCE"], ":s3:" + url[len("s3://") :])
+
+
+RCLONE_FAST = ("--s3-upload-concurrency", "8", "--s3-chunk-size", "64M", "--s3-disable-checksum")
+"""rclone's documented S3 upload options for large files: more parts in flight, larger parts,
+and no MD5 pass over the whole file before the upload (``rclone help backend s3``)."""
+
+
+def rclone_copyto_fast(url: str, size: int) -> None:
+    """Baseline: ``rclone copyto`` with :data:`RCLONE_FAST`."""
+    with timed():
+        _rclone("copyto", *RCLONE_FAST, os.environ["BENCH_SOURCE"], ":s3:" + url[len("s3://") :])
 
 
 def gcs_put_file(url: str, size: int) -> None:
@@ -223,8 +293,22 @@ def gcs_put_file(url: str, size: int) -> None:
         store.put_file(name, os.environ["BENCH_SOURCE"], overwrite=True)
 
 
+GCSFS_FAST_CHUNK = 256 * 1024 * 1024
+"""``gcsfs_put_file_fast``'s ``chunksize`` (gcsfs's documented ``put_file`` argument; its default
+is 50 MiB): fewer, larger requests of the resumable upload."""
+
+
 def gcsfs_put_file(url: str, size: int) -> None:
     """Baseline: ``gcsfs.GCSFileSystem.put_file`` of the same file (no hash, no record)."""
+    _gcsfs_put(url, {})
+
+
+def gcsfs_put_file_fast(url: str, size: int) -> None:
+    """Baseline: the same with ``chunksize=GCSFS_FAST_CHUNK``."""
+    _gcsfs_put(url, {"chunksize": GCSFS_FAST_CHUNK})
+
+
+def _gcsfs_put(url: str, kwargs: dict[str, Any]) -> None:
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     import gcsfs
 
@@ -235,7 +319,7 @@ def gcsfs_put_file(url: str, size: int) -> None:
         skip_instance_cache=True,
     )
     with timed():
-        fs.put_file(os.environ["BENCH_SOURCE"], url[len("gs://") :])
+        fs.put_file(os.environ["BENCH_SOURCE"], url[len("gs://") :], **kwargs)
 
 
 def _mirror_targets() -> list[object]:
@@ -378,6 +462,7 @@ PATH_OPS = {
     for f in (
         naive_write,
         dd_direct,
+        fio_direct,
         stage_commit,
         stage_commit_no_writeback,
         bridge_commit_no_readback,
@@ -401,11 +486,14 @@ URL_OPS = {
         smb_raw_write,
         s3_put_file,
         s3fs_put_file,
+        s3fs_put_file_like_ours,
         s3_resume,
         s3fs_get_file,
         rclone_copyto,
+        rclone_copyto_fast,
         gcs_put_file,
         gcsfs_put_file,
+        gcsfs_put_file_fast,
     )
 }
 

@@ -4,8 +4,12 @@
 - Every public name of ``commitstore`` is mentioned in the README or docs.
 - The layout paths in docs/format.md match what the code computes.
 - The layout block of docs/backends.md lists every module as the code has it (``docs/layout.py``).
-- docs/benchmarks.md's tables are what ``benchmarks/results/*.json`` renders to, and no measured
-  figure appears on that page outside them.
+- The results tables on every page are what ``benchmarks/results/*.json`` renders to (a result
+  older than the code it times rendered **Stale**); every result file has its table in
+  docs/benchmarks.md; no result file's ratio, medians, interval or verdict contradict its own
+  runs; and no measured-looking figure appears on the README or any docs page outside a table,
+  unless the check's rules accept it (a target, code, or a marker declaring it a default, a limit,
+  a version: ``benchmarks/render.py``).
 - Every ```python block after a ``<!-- run -->`` marker in docs/*.md runs without error, each in a
   fresh empty folder (its own interpreter state: ``runpy`` over a temporary file).
 
