@@ -11,7 +11,7 @@ Guarantees:
 - **The budget is honoured within one artifact**: a copy is started only while the bytes read
   are below ``budget_bytes`` and the seconds spent below ``budget_seconds``; the run stops before
   the next copy once either is reached (so it passes a budget by at most the one copy, with its
-  repair, in progress).
+  repair, in progress). The first copy always runs, so every run makes progress.
 - **Repair only from a copy that verifies, never over one that does, never by deleting.** A
   mirror's bad or missing copy is copied from the primary through the mirror copy path (the
   primary's bytes are checked against its record on the way; nothing is published on a
@@ -204,9 +204,10 @@ def scrub(
         total = min(total, int(budget_bytes))
     spent = 0
     complete = True
-    for _last, i, name in queue:
-        if (budget_bytes is not None and spent >= budget_bytes) or (
-            budget_seconds is not None and time.monotonic() - started >= budget_seconds
+    for n, (_last, i, name) in enumerate(queue):
+        if n and (
+            (budget_bytes is not None and spent >= budget_bytes)
+            or (budget_seconds is not None and time.monotonic() - started >= budget_seconds)
         ):
             complete = False
             break
@@ -266,8 +267,8 @@ def _summary(t: _Target, i: int, main: _Target | None) -> TargetScrub:
 def _one(t: _Target, i: int, name: str, targets: list[_Target | None], repair: bool) -> int:
     """Verify (and, with ``repair``, repair) target ``i``'s copy of ``name``; the bytes read."""
     rec = t.records.get(name)
-    if name in t.checks:
-        return 0  # verified already by this run (as a repair's source)
+    if name in t.checks or name in t.found:
+        return 0  # seen already by this run (as a repair's source, or while repairing)
     if rec is None:
         why = f"bad_record: {t.bad[name]}" if name in t.bad else "missing: not on this mirror"
         spent = 0
@@ -297,7 +298,8 @@ def _one(t: _Target, i: int, name: str, targets: list[_Target | None], repair: b
         t.unrepaired[name] = "the primary holds no copy of it to repair from"
         log.warning("scrub: %s on %s not repaired: the primary holds no copy", name, t.store.url)
         return spent
-    return spent + _repair_mirror(main, t, name)
+    others = [m for m in targets[1:] if m is not None and m is not t]
+    return spent + _repair_mirror(main, t, name, others)
 
 
 def _current(store: Committer, name: str) -> tuple[bytes | None, Record | None]:
@@ -326,8 +328,12 @@ def _still_bad(store: Committer, name: str, seen: bytes | None) -> Callable[[], 
     return guard
 
 
-def _repair_mirror(main: _Target, t: _Target, name: str) -> int:
-    """Copy the primary's ``name`` over the mirror's damaged (or missing) copy; bytes read."""
+def _repair_mirror(
+    main: _Target, t: _Target, name: str, mirrors: list[_Target], *, retry: bool = True
+) -> int:
+    """Copy the primary's ``name`` over the mirror's damaged (or missing) copy; bytes read.
+    When the primary's own copy turns out damaged (the copy checks it), it is repaired first
+    from another mirror (``_repair_primary``), then the copy is made once more."""
     rec = main.records[name]
     try:
         seen = _current(t.store, name)[0]
@@ -341,9 +347,16 @@ def _repair_mirror(main: _Target, t: _Target, name: str) -> int:
         log.info("scrub: %s", exc)
         return rec.size
     except SourceMismatch as exc:
+        spent = rec.size
+        if retry and name not in main.found:  # the primary's copy is damaged: repair it first
+            main.found[name] = f"{exc.status}: found while copying to {t.store.url}"
+            log.warning("scrub: %s on %s: %s", name, main.store.url, exc)
+            spent += _repair_primary(main, name, mirrors)
+            if name in main.repaired:
+                return spent + _repair_mirror(main, t, name, mirrors, retry=False)
         t.unrepaired[name] = f"the primary's copy is bad too: {exc}"
         log.warning("scrub: %s on %s not repaired: %s", name, t.store.url, exc)
-        return rec.size
+        return spent
     except Exception as exc:  # this copy's failure: reported, the scrub goes on
         t.unrepaired[name] = f"copy from {main.store.url} failed: {exc}"
         log.warning("scrub: %s on %s not repaired: %s", name, t.store.url, exc)
