@@ -23,9 +23,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from commitstore._recordcheck import MAX_RECORD_BYTES as MAX_SMALL_BYTES
 from commitstore._small import put_small
 from commitstore.backends import PutMode
-from commitstore.backends.base import MAX_SMALL_BYTES
 from commitstore.errors import CommitStoreError, InvalidNameError, NotFoundError
 from commitstore.layout import META_DIR, SCRUB_DIR, Parts, validate_name
 from commitstore.records import RecordFormatError
