@@ -340,3 +340,14 @@ def test_cli_scrub_exit_status_and_json(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_report_type_is_exported() -> None:
     assert ScrubReport.__module__ == "commitstore.maintenance.scrub"
+
+
+def test_benchmark_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
+    """The scrub benchmark's pair (plain read vs scrub of the same copies) at a tiny size: both
+    ops run in their worker processes and the scrub finds every copy whole."""
+    from benchmarks import scrub as bench
+
+    bench.prepare(tmp_path, 64 * 1024)
+    result = bench.measure(tmp_path, 2 * 64 * 1024, 1)
+    assert (result["baseline"], result["ours"]) == ("read_copies", "scrub_copies")
+    assert result["ratio"] > 0
