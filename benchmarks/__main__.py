@@ -31,7 +31,7 @@ Targets (time ratios ours/baseline, lower is better):
   1 GiB state dict <= 0.15, and vs ``dcp.async_save`` returning <= 1.0; a training-shaped loop
   with asynchronous checkpoints vs none <= 1.10; peak RSS overhead with ``async_inflight=1``.
 - scrub: ``scrub()`` of a primary and a local mirror (8 artifacts each, every copy in full) vs a
-  plain ``readinto`` read of the same copies, <= 1.10x (warm cache).
+  plain ``readinto`` read of the same copies, <= 1.10x, warm cache and cold.
 """
 
 from __future__ import annotations
