@@ -352,3 +352,29 @@ def test_benchmark_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
         result = bench.measure(tmp_path, 2 * 64 * 1024, 1, cold=cold)
         assert (result["baseline"], result["ours"]) == ("read_copies", "scrub_copies")
         assert result["ratio"] > 0
+
+
+def test_bad_records_and_foreign_copies(tmp_path: Path) -> None:
+    """A mirror's unreadable record is a damaged copy, repaired from the primary; the primary's
+    own unreadable record is reported (no record to compare copies with), never "repaired"; a
+    damaged mirror copy of a name the primary does not hold is reported, never touched."""
+    p, m = tmp_path / "p", tmp_path / "m"
+    with open_store(str(p), mirrors=[str(m)], mirror_mode="sync") as store:
+        fill(store, payloads(3, 8))
+    with open_store(str(m)) as other:
+        other.put_bytes("only-here.bin", b"x" * 3000)
+    pdoor, mdoor = LocalBackdoor(p), LocalBackdoor(m)
+    mdoor.write(record_path("ckpt/step_000.pt"), b"{not a record")
+    pdoor.write(record_path("ckpt/step_001.pt"), b"\x00" * 10)
+    truncate(mdoor, "only-here.bin", random.Random(2))
+    with open_store(str(p), mirrors=[str(m)]) as store:
+        report = store.scrub()
+    primary, mirror = report.targets
+    assert primary.found["ckpt/step_001.pt"].startswith("bad_record")
+    assert "unreadable" in primary.unrepaired["ckpt/step_001.pt"]
+    assert pdoor.read(record_path("ckpt/step_001.pt")) == b"\x00" * 10  # left as it is
+    assert mirror.found["ckpt/step_000.pt"].startswith("bad_record")
+    assert mirror.repaired == {"ckpt/step_000.pt": str(p)}
+    assert "primary holds no copy" in mirror.unrepaired["only-here.bin"]
+    assert open_store(str(m)).verify("ckpt/step_000.pt").ok
+    assert not report.ok
