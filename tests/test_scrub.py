@@ -332,7 +332,7 @@ def test_cli_scrub_exit_status_and_json(tmp_path: Path, capsys: pytest.CaptureFi
     assert cli_main(["scrub", str(p), str(m), "--no-repair", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert list(doc["targets"][1]["unrepaired"]) == ["ckpt/step_001.pt"]
-    assert cli_main(["scrub", str(p), str(m)]) == 0
+    assert cli_main(["scrub", str(p), "--mirror", str(m)]) == 0  # --mirror names one too
     out = capsys.readouterr().out
     assert "repaired ckpt/step_001.pt (hash_mismatch" in out
     assert cli_main(["scrub", str(p), "--budget-bytes", "0"]) == 2
@@ -378,3 +378,28 @@ def test_bad_records_and_foreign_copies(tmp_path: Path) -> None:
     assert "primary holds no copy" in mirror.unrepaired["only-here.bin"]
     assert open_store(str(m)).verify("ckpt/step_000.pt").ok
     assert not report.ok
+
+
+def test_cli_progress_bar_and_budget_summary(tmp_path: Path) -> None:
+    """``--progress`` draws the bytes read against the most the run reads (its budget here),
+    ending at 100%; never with ``--json``. Runs as a real process, stderr as a user sees it."""
+    p = tmp_path / "p"
+    with open_store(str(p)) as store:
+        for i in range(4):
+            store.put_bytes(f"a{i}.bin", bytes([i]) * 4096)
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "commitstore", *argv],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT_DIR / "src")},
+            check=False,
+        )
+
+    done = run("scrub", str(p), "--budget-bytes", "8192", "--progress")
+    assert done.returncode == 0, done.stderr
+    assert "scrub [" in done.stderr and "100.0%" in done.stderr and "8.0 KiB" in done.stderr
+    assert "2 of 4 copies verified (8192 bytes)" in done.stdout
+    assert "budget spent" in done.stdout
+    assert run("scrub", str(p), "--progress", "--json").stderr == ""

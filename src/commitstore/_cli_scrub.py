@@ -99,7 +99,8 @@ def report_text(report: ScrubReport) -> str:
 def cmd_scrub(args: argparse.Namespace) -> int:
     budget_bytes = check_budget(args.budget_bytes, "--budget-bytes")
     budget_seconds = check_budget(args.budget_seconds, "--budget-seconds")
-    store = _open(args, args.primary, list(args.mirrors))
+    # mirrors: the MIRROR arguments, then any --mirror (the same targets either way)
+    store = _open(args, args.primary, [*args.mirrors, *(args.mirror or [])])
     store.flush()
     bar: ProgressBar | None = None
 
