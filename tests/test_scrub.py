@@ -316,10 +316,13 @@ def test_state_is_untrusted_and_survives_gc(tmp_path: Path) -> None:
             assert len(store.scrub(budget_bytes=10**9).targets[0].verified) == 4
         doc = json.loads(door.read(STATE) or b"")
         doc["verified"]["ckpt/step_000.pt"] = ["x", None, "y"]  # one bad entry: that one only
-        doc["verified"]["../../etc"] = [1, "xxh3_128:00", 1e18]
+        doc["verified"]["../../etc"] = [1, "xxh3_128:00", 1]
+        doc["verified"]["ckpt/step_001.pt"][2] = time.time() + 10**9  # far ahead: no state
         door.write(STATE, json.dumps(doc).encode())
         report = store.scrub(budget_bytes=1)
         assert report.targets[0].verified == ("ckpt/step_000.pt",)
+        report = store.scrub(budget_bytes=1)
+        assert report.targets[0].verified == ("ckpt/step_001.pt",)
         store.gc(min_age=0)
         assert door.read(STATE) is not None
 
@@ -403,3 +406,53 @@ def test_cli_progress_bar_and_budget_summary(tmp_path: Path) -> None:
     assert "2 of 4 copies verified (8192 bytes)" in done.stdout
     assert "budget spent" in done.stdout
     assert run("scrub", str(p), "--progress", "--json").stderr == ""
+
+
+def test_mirror_copy_met_first_waits_for_the_primary_repair_in_the_same_run(
+    tmp_path: Path,
+) -> None:
+    """When a mirror's damaged copy comes up before the primary's (its check is older) and the
+    primary's copy turns out damaged too while it is copied, the primary is repaired first from
+    the other mirror, then the copy is made: one run repairs both."""
+    p, m1, m2 = (tmp_path / n for n in ("p", "m1", "m2"))
+    with open_store(str(p), mirrors=[str(m1), str(m2)], mirror_mode="sync") as store:
+        store.put_bytes("x.bin", b"x" * 9000)
+        store.scrub()  # every copy checked once: state on each target
+    later = json.loads(LocalBackdoor(p).read(STATE) or b"")
+    later["verified"]["x.bin"][2] += 3600  # the primary's check is the newest
+    LocalBackdoor(p).write(STATE, json.dumps(later).encode())
+    flip(LocalBackdoor(p), "x.bin", random.Random(4))
+    truncate(LocalBackdoor(m1), "x.bin", random.Random(4))
+    with open_store(str(p), mirrors=[str(m1), str(m2)]) as store:
+        report = store.scrub(budget_bytes=9000)  # one copy's worth: the first in order
+        primary, first, _second = report.targets
+        assert first.repaired == {"x.bin": str(p)}
+        assert primary.repaired == {"x.bin": str(m2)}
+        assert report.ok
+        assert store.read_bytes("x.bin") == b"x" * 9000
+
+
+def test_a_mirror_that_cannot_be_listed_is_reported_and_the_others_scrubbed(
+    tmp_path: Path,
+) -> None:
+    """An S3 mirror whose endpoint accepts connections and never answers: the scrub reports
+    it (``error``, not ok, exit 1) and still verifies the primary and the other mirror."""
+    from .helpers.blackhole import Blackhole
+
+    p, m = tmp_path / "p", tmp_path / "m"
+    with open_store(str(p), mirrors=[str(m)], mirror_mode="sync") as store:
+        fill(store, payloads(2, 6))
+    with Blackhole() as hole:
+        down = open_store(
+            "s3://bucket/down",
+            endpoint_url=hole.url,
+            key="k",
+            secret="s",
+            connect_timeout=1,
+            read_timeout=1,
+            retries=1,
+        )
+        report = open_store(str(p), mirrors=[str(m), down]).scrub()
+    primary, mirror, hung = report.targets
+    assert len(primary.verified) == 2 and len(mirror.verified) == 2
+    assert hung.error and not hung.verified and not report.ok

@@ -8,11 +8,12 @@ newest check of each version wins), so two scrubs of one target lose at most eac
 concurrent progress, never an entry neither of them checked.
 
 The file is untrusted input: one that is missing, unreadable, larger than the small-file bound,
-not JSON of this schema, or whose entries are malformed, is (in whole or for those entries) no
-state: the copies concerned are simply verified again. Reading it never raises for the storage's
-state; writing it is best effort (a failure is logged: the checks stand, only their dates are
-forgotten). gc never removes it (it removes staging names, pending records and folder markers
-only), and nothing else under ``.commitstore/scrub/`` is read.
+not JSON of this schema, or whose entries are malformed (or dated more than :data:`MAX_SKEW`
+ahead), is (in whole or for those entries) no state: the copies concerned are simply verified
+again. Reading it never raises for the storage's state; writing it is best effort (a failure is
+logged: the checks stand, only their dates are forgotten). gc never removes it (it removes
+staging names, pending records and folder markers only), and nothing else under
+``.commitstore/scrub/`` is read.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +54,12 @@ State = dict[str, Checked]
 """Name -> its last full check on one target."""
 
 
-def _entry(value: Any) -> Checked | None:
+MAX_SKEW = 86400.0
+"""Seconds a check may lie in the future (clocks of the machines that scrub differ); an entry
+further ahead is damaged (dropped), so no entry can keep a copy from being verified again."""
+
+
+def _entry(value: Any, now: float) -> Checked | None:
     if not isinstance(value, list) or len(value) != 3:
         return None
     size, digest, at = value
@@ -61,6 +68,8 @@ def _entry(value: Any) -> Checked | None:
     if not isinstance(digest, str) or len(digest) > 200:
         return None
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        return None
+    if at > now + MAX_SKEW:
         return None
     return Checked(size, digest, float(at))
 
@@ -77,8 +86,9 @@ def decode(blob: bytes) -> State | None:
     if not isinstance(entries, dict):
         return None
     out: State = {}
+    now = time.time()
     for name, value in entries.items():
-        checked = _entry(value)
+        checked = _entry(value, now)
         if checked is None:
             continue
         try:
