@@ -4,8 +4,9 @@ Guarantees:
 
 - **Oldest verification first.** Each target keeps, on itself, when each artifact version was
   last verified in full (``scrubstate``). A scrub lists every target, orders all copies by that
-  time (never verified, or a version other than the one checked, first) and fully verifies them
-  in that order until the budget is spent, so successive runs from any machine cover every copy:
+  time (never verified, or a version other than the one checked, first; among equals, a name's
+  copies together, the primary's first) and fully verifies them in that order until the budget
+  is spent, so successive runs from any machine cover every copy:
   with a byte budget ``B`` and ``T`` bytes of copies in all, every copy is verified at least once
   every ``ceil(T / B)`` runs (plus one for repairs, which also count against the budget).
 - **The budget is honoured within one artifact**: a copy is started only while the bytes read
@@ -132,6 +133,8 @@ class _Target:
     unrepaired: dict[str, str] = field(default_factory=dict)
     superseded: dict[str, str] = field(default_factory=dict)
     unsaved: int = 0
+    seen: set[str] = field(default_factory=set)
+    """Names whose copy this run has verified or found damaged already."""
 
     def last(self, name: str) -> float:
         """When this target's copy of ``name`` was last verified in full (-inf: never, or
@@ -143,6 +146,7 @@ class _Target:
         return seen.at
 
     def note_ok(self, rec: Record) -> None:
+        self.seen.add(rec.name)
         self.checks[rec.name] = scrubstate.Checked(rec.size, rec.digest, time.time())
         self.unsaved += 1
         if self.unsaved >= SAVE_EVERY:
@@ -188,23 +192,23 @@ def scrub(
             errors[i] = str(exc) or type(exc).__name__
             targets.append(None)
     main = targets[0]
-    queue: list[tuple[float, int, str]] = []
+    queue: list[tuple[float, str, int]] = []
     for i, t in enumerate(targets):
         if t is None:
             continue
         names = set(t.records) | set(t.bad)
         if i and main is not None:
             names |= set(main.records)
-        queue += [(t.last(n), i, n) for n in names]
-    queue.sort()
+        queue += [(t.last(n), n, i) for n in names]
+    queue.sort()  # oldest check first; a name's copies together, the primary's first
     total = sum(
-        t.records[n].size for _, i, n in queue if (t := targets[i]) is not None and n in t.records
+        t.records[n].size for _, n, i in queue if (t := targets[i]) is not None and n in t.records
     )
     if budget_bytes is not None:
         total = min(total, int(budget_bytes))
     spent = 0
     complete = True
-    for n, (_last, i, name) in enumerate(queue):
+    for n, (_last, name, i) in enumerate(queue):
         if n and (
             (budget_bytes is not None and spent >= budget_bytes)
             or (budget_seconds is not None and time.monotonic() - started >= budget_seconds)
@@ -267,7 +271,7 @@ def _summary(t: _Target, i: int, main: _Target | None) -> TargetScrub:
 def _one(t: _Target, i: int, name: str, targets: list[_Target | None], repair: bool) -> int:
     """Verify (and, with ``repair``, repair) target ``i``'s copy of ``name``; the bytes read."""
     rec = t.records.get(name)
-    if name in t.checks or name in t.found:
+    if name in t.seen:
         return 0  # seen already by this run (as a repair's source, or while repairing)
     if rec is None:
         why = f"bad_record: {t.bad[name]}" if name in t.bad else "missing: not on this mirror"
@@ -287,6 +291,7 @@ def _one(t: _Target, i: int, name: str, targets: list[_Target | None], repair: b
             return spent
         why = f"{result.status}: {result.detail}"
     t.found[name] = why
+    t.seen.add(name)
     log.warning("scrub: %s on %s: %s", name, t.store.url, why)
     if not repair:
         t.unrepaired[name] = "not repaired (repair=False)"
@@ -348,8 +353,9 @@ def _repair_mirror(
         return rec.size
     except SourceMismatch as exc:
         spent = rec.size
-        if retry and name not in main.found:  # the primary's copy is damaged: repair it first
+        if retry and name not in main.seen:  # the primary's copy is damaged: repair it first
             main.found[name] = f"{exc.status}: found while copying to {t.store.url}"
+            main.seen.add(name)
             log.warning("scrub: %s on %s: %s", name, main.store.url, exc)
             spent += _repair_primary(main, name, mirrors)
             if name in main.repaired:
@@ -396,10 +402,10 @@ def _repair_primary(t: _Target, name: str, mirrors: list[_Target]) -> int:
         except CommitStoreError:
             continue
         spent += theirs.record.size
+        if result.status != "ok" or version != theirs.record:
+            continue  # that copy's own turn reports it
         m.bytes += theirs.record.size
         m.verified.append(name)
-        if result.status != "ok" or version != theirs.record:
-            continue
         m.note_ok(theirs.record)
         source = m
 
