@@ -106,16 +106,18 @@ def whole_everywhere(sides: list[Side], data: dict[str, bytes], names: set[str])
                 assert store.read_bytes(name) == data[name], (s.url, name)
 
 
+@pytest.mark.parametrize("primary_kind", ["local", "s3", "smb"])
 def test_random_damage_on_local_s3_and_smb_found_and_repaired_in_one_cycle(
-    servers: dict[str, Any], tmp_path: Path
+    servers: dict[str, Any], tmp_path: Path, primary_kind: str
 ) -> None:
     """Bit flips, truncations and deletions of data (and, on mirrors, of records) at random
-    across a local primary, an S3 mirror and an SMB mirror: one unbudgeted run (a full cycle)
-    finds every damaged copy, repairs every one that has a whole copy under the same record
-    somewhere, and reports the others; a second run finds nothing."""
+    across a primary and two mirrors, local, S3 (moto) and SMB (Samba) each in turn the
+    primary: one unbudgeted run (a full cycle) finds every damaged copy, repairs every one that
+    has a whole copy under the same record somewhere, and reports the others; a second run
+    finds only those."""
     rng = random.Random(2711)
-    primary = side("local", servers, tmp_path)
-    mirrors = [side("s3", servers, tmp_path), side("smb", servers, tmp_path)]
+    primary = side(primary_kind, servers, tmp_path)
+    mirrors = [side(k, servers, tmp_path) for k in ("local", "s3", "smb") if k != primary_kind]
     sides = [primary, *mirrors]
     data = payloads(24, 5)
     with primary.open(mirrors=[m.open() for m in mirrors], mirror_mode="sync") as store:
