@@ -35,6 +35,8 @@ Targets (time ratios ours/baseline, lower is better):
 - asyncsave: time until ``commitstore.torch.save_async`` returns vs the synchronous ``save`` of a
   1 GiB state dict <= 0.15, and vs ``dcp.async_save`` returning <= 1.0; a training-shaped loop
   with asynchronous checkpoints vs none <= 1.10; peak RSS overhead with ``async_inflight=1``.
+- scrub: ``scrub()`` of a primary and a local mirror (8 artifacts each, every copy in full) vs a
+  plain ``readinto`` read of the same copies, <= 1.10x, warm cache and cold.
 
 Every timed run of a pair starts from the same quiet state (``_harness.quiet``) in a shuffled
 order; suites on local storage take at least 8 runs a side by default, the others 5. Each ratio
@@ -58,6 +60,7 @@ from . import (
     s3,
     s3resume,
     scale,
+    scrub,
     smb,
     torchio,
 )
@@ -75,6 +78,7 @@ SUITES = {
     "dcp": dcp.main,
     "torch": torchio.main,
     "asyncsave": asyncsave.main,
+    "scrub": scrub.main,
 }
 
 DEFAULT_REPEAT = {

@@ -443,6 +443,48 @@ def xxh3_memory(path: Path, size: int) -> None:
         xxhash.xxh3_128(data).digest()
 
 
+def _scrub_roots(path: Path) -> tuple[Path, Path]:
+    """The primary and the mirror of the scrub suite's store at ``path`` (``benchmarks.scrub``)."""
+    return path / "primary", path / "mirror"
+
+
+def _scrub_copies(path: Path) -> list[Path]:
+    """The artifact files of the scrub suite's primary and mirror; with ``BENCH_COLD=1`` their
+    pages are evicted first (untimed), as a scrub of data not read lately finds them."""
+    files = [
+        f
+        for root in _scrub_roots(path)
+        for f in sorted(root.rglob("*"))
+        if f.is_file() and not f.relative_to(root).parts[0].startswith(".commitstore")
+    ]
+    if os.environ.get("BENCH_COLD") == "1":
+        for f in files:
+            _drop_cache(f)
+    return files
+
+
+def read_copies(path: Path, size: int) -> None:
+    """Baseline: a plain read (``readinto``, one 8 MiB buffer) of every artifact file on the
+    scrub suite's primary and mirror, the copies a scrub verifies."""
+    buf = bytearray(8 << 20)
+    files = _scrub_copies(path)
+    with timed():
+        for f in files:
+            with open(f, "rb", buffering=0) as fh:
+                while fh.readinto(buf):
+                    pass
+
+
+def scrub_copies(path: Path, size: int) -> None:
+    """commitstore: ``scrub()`` of the scrub suite's primary and mirror (every copy, in full)."""
+    primary, mirror = _scrub_roots(path)
+    store = open_store(str(primary), mirrors=[str(mirror)])
+    _scrub_copies(path)
+    with timed():
+        report = store.scrub()
+    assert report.ok and report.complete, report
+
+
 def verify_full(path: Path, size: int) -> None:
     store = open_store(path.parent)
     store.record(path.name)  # set-up: the store is open and its record folder looked up
@@ -476,6 +518,8 @@ PATH_OPS = {
         sync_to_mirrors,
         rclone_copy_checksum,
         rclone_copy_checksum_parallel,
+        read_copies,
+        scrub_copies,
     )
 }
 URL_OPS = {

@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 
 from commitstore import open_store
-from commitstore.testing import LocalBackdoor, S3Backdoor, Target, pending_paths
+from commitstore.testing import GcsBackdoor, LocalBackdoor, S3Backdoor, Target, pending_paths
 from commitstore.testing.crashmachine import run_crash_machine
 
 from .helpers.fusemount import FaultMount
+from .helpers.gcsserver import BUCKET as GCS_BUCKET
+from .helpers.gcsserver import FakeGcs
 from .helpers.s3servers import BUCKET, S3Server
 from .helpers.samba import PASSWORD, SambaServer
 from .helpers.serverfixture import module_server
@@ -356,3 +358,29 @@ def test_a_pending_record_is_not_replaced_while_it_is_what_verifies(
         ]
         assert _recorded_size(t) == 2 or 2 in sizes, sizes
     assert t.reopen().verify("s_1", level="full").ok
+
+
+def gcs_targets(server: FakeGcs) -> Factory:
+    def make() -> Target:
+        sub = f"m{time.monotonic_ns()}"
+        url = server.url(sub)
+        return Target(
+            open_store(url, **server.options()),
+            GcsBackdoor(server.endpoint, GCS_BUCKET, sub),
+            lambda: open_store(url, **server.options()),
+        )
+
+    return make
+
+
+@pytest.mark.parametrize("kind", ["local", "s3", "gcs"])
+def test_scrub_in_the_machine(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Rule ``scrub_repairs`` alone: damage a copy on the store, on a local mirror of it or on
+    both, scrub; one side's damage is repaired from the other, both sides' is reported, nothing
+    else changes (local disk, S3 on moto, fake-gcs-server)."""
+    make = (
+        gcs_targets(request.getfixturevalue("gcs"))
+        if kind == "gcs"
+        else factory(kind, request, tmp_path)
+    )
+    run_crash_machine(make, max_examples=3, steps=4, folder=False, only=("scrub_repairs",))

@@ -29,6 +29,7 @@ from commitstore.maintenance.adopt import AdoptReport
 from commitstore.maintenance.gc import GcItem, GcReport
 from commitstore.maintenance.prune import PruneReport, TargetPrune
 from commitstore.maintenance.retention import Retention
+from commitstore.maintenance.scrub import ScrubReport, TargetScrub
 from commitstore.mirrors.replicator import MirrorState
 from commitstore.mirrors.sync import MirrorSync, SyncReport
 from commitstore.records import CommitOutcome, FileRecord, Record, VerifyReport, VerifyResult
@@ -60,11 +61,13 @@ __all__ = [
     "PruneReport",
     "Record",
     "Retention",
+    "ScrubReport",
     "Stage",
     "StorageError",
     "StoragePathError",
     "SyncReport",
     "TargetPrune",
+    "TargetScrub",
     "VerifyReport",
     "VerifyResult",
     "__version__",

@@ -38,6 +38,9 @@ from commitstore._cli_commands import (
     record_json,
 )
 from commitstore._cli_log import error_doc, exit_code_of, fail, logging_for, stderr_json
+from commitstore._cli_scrub import DESCRIPTION as SCRUB_DESCRIPTION
+from commitstore._cli_scrub import HELP as SCRUB_HELP
+from commitstore._cli_scrub import add_arguments as scrub_arguments
 
 __all__ = ["EXIT_FAIL", "EXIT_OK", "EXIT_USAGE", "build_parser", "main", "record_json"]
 
@@ -286,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-repair", action="store_true", help="report bad mirror copies, replace nothing"
     )
     sp.set_defaults(func=cmd_sync)
+    scrub_arguments(add("scrub", SCRUB_HELP, SCRUB_DESCRIPTION), _URL)
     sp = add("demo", "simulated training run: crash, resume, corruption caught")
     sp.add_argument(
         "dir", metavar="DIR", nargs="?", default="commitstore-demo", help="folder to run it in"

@@ -32,6 +32,7 @@ from commitstore.maintenance.adopt import AdoptReport, adopt
 from commitstore.maintenance.gc import GcReport, collect
 from commitstore.maintenance.prune import PruneReport, prune
 from commitstore.maintenance.retention import Retention, check_age
+from commitstore.maintenance.scrub import ScrubReport, check_budget, scrub
 from commitstore.mirrors.replicator import MirrorState, Replicator
 from commitstore.mirrors.sync import SyncReport, latest_any, restore, sync_mirrors
 from commitstore.options import Level, MirrorMode, MirrorPolicy, ReadLevel, Source
@@ -169,6 +170,42 @@ class CommitStore:
         if self.replicator is not None:  # what sync made whole is no longer owed
             for m in report.mirrors:
                 self.replicator.settled(m.url, {*m.copied, *m.repaired, *m.ok})
+        return report
+
+    def scrub(
+        self,
+        *,
+        budget_bytes: int | None = None,
+        budget_seconds: float | None = None,
+        repair: bool = True,
+    ) -> ScrubReport:
+        """Fully verify copies on the primary and every mirror, least recently verified first,
+        until ``budget_bytes`` bytes were read or ``budget_seconds`` spent (None: no limit; the
+        budget is honoured within one artifact). When each version was last verified is kept on
+        each target (``.commitstore/scrub/``), so successive runs from any machine cover every
+        copy. With ``repair``: a mirror's bad or missing copy is copied from the primary, a
+        primary copy that fails its record is restored from a mirror copy with a byte-identical
+        record that verifies; a copy that verifies is never overwritten (checked again right
+        before publishing, so a version a writer committed meanwhile is kept), nothing is
+        deleted, and a name whose copies disagree on the record is reported, not repaired.
+
+        Raises:
+            ConfigurationError: a budget that is not a positive number (before any I/O).
+        """
+        budget_b = check_budget(budget_bytes, "budget_bytes")
+        budget_s = check_budget(budget_seconds, "budget_seconds")
+        repair = check_flag(repair, "repair")
+        self.flush()
+        report = scrub(
+            self.committer,
+            [m.committer for m in self._mirrors],
+            budget_bytes=budget_b,
+            budget_seconds=budget_s,
+            repair=repair,
+        )
+        if self.replicator is not None:  # what scrub made whole on a mirror is no longer owed
+            for t in report.targets[1:]:
+                self.replicator.settled(t.url, set(t.repaired))
         return report
 
     def restore(

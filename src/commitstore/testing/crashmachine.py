@@ -33,8 +33,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from commitstore import CommitStore, NameConflictError, NotFoundError
+from commitstore import CommitStore, NameConflictError, NotFoundError, open_store
 from commitstore import _commit as commit_module
+from commitstore.maintenance.scrub import scrub
+from commitstore.mirrors.sync import sync_mirrors
+from commitstore.testing.backdoor import LocalBackdoor
 from commitstore.testing.pausing import HOWS, PausingWriter, Plan, is_typed, staged_state
 from commitstore.testing.target import Target, pending_paths, record_path, xxh
 
@@ -249,6 +252,7 @@ RULES = (
     "gc",
     "two_writers",
     "pausing_writer",
+    "scrub_repairs",
 )
 """The machine's rules."""
 
@@ -526,6 +530,57 @@ def run_crash_machine(
             damaged[pos % len(damaged)] ^= 0x10
             self.t.door.write(name, bytes(damaged))
             self.damaged.add(name)
+
+        @rule(
+            name=st.sampled_from(FILES),
+            pos=st.integers(0, 199),
+            where=st.sampled_from(("primary", "mirror", "both")),
+        )
+        def scrub_repairs(self, name: str, pos: int, where: str) -> None:
+            """Damage, scrub, repair: a fresh local mirror gets the store's copies (``sync``),
+            a bit of ``name`` flips on the store, the mirror or both, then a scrub runs. A copy
+            damaged on one side is repaired from the other (under the identical record), one
+            damaged on both is reported and left as it is; every other name reads as before."""
+            (only,) = self.model[name] if len(self.model[name]) == 1 else (None,)
+            if not isinstance(only, bytes) or name in self.damaged or not self.verify_ok(name):
+                return
+            before = {n: read_version(self.store, n) for n in self.verifying()}
+            with _scratch() as tmp:
+                mirror = open_store(tmp / "mirror")
+                sync_mirrors(self.store.committer, [mirror.committer], repair=True)
+                mdoor = LocalBackdoor(tmp / "mirror")
+                if mdoor.read(record_path(name)) != self.t.door.read(record_path(name)):
+                    return  # the store's copy is a pending version: the mirror's record differs
+                if where != "mirror":
+                    self.flip(name, pos)
+                if where != "primary":
+                    damaged = bytearray(only)
+                    damaged[pos % len(damaged)] ^= 0x10
+                    mdoor.write(name, bytes(damaged))
+                report = scrub(
+                    self.store.committer,
+                    [mirror.committer],
+                    budget_bytes=None,
+                    budget_seconds=None,
+                    repair=True,
+                )
+                ours, theirs = report.targets
+                assert (name in ours.found) == (where != "mirror"), ours
+                assert (name in theirs.found) == (where != "primary"), theirs
+                if where == "both":
+                    assert name in ours.unrepaired and name in theirs.unrepaired, report
+                    assert not self.verify_ok(name)
+                else:
+                    assert name in (ours if where == "primary" else theirs).repaired, report
+                    assert self.store.read_bytes(name) == only
+                    assert mirror.read_bytes(name) == only
+                    self.damaged.discard(name)
+            for other, version in before.items():
+                if other != name:
+                    assert read_version(self.store, other) == version, other
+
+        def verify_ok(self, name: str) -> bool:
+            return self.store.verify(name).ok
 
         @rule(keep=st.integers(1, 3))
         def prune(self, keep: int) -> None:
