@@ -28,6 +28,7 @@ from benchmarks import (
     s3,
     s3resume,
     scale,
+    scrub,
     smb,
     torchio,
 )
@@ -46,6 +47,7 @@ SUITES: dict[str, tuple[Any, int, int, tuple[str, ...]]] = {
     "dcp": (dcp, 16, 2, ("dcp_local",)),
     "torch": (torchio, 4, 2, ("torch", "torch-s3")),
     "asyncsave": (asyncsave, 4, 2, ("asyncsave",)),
+    "scrub": (scrub, 8, 1, ("scrub",)),
 }
 
 
