@@ -234,27 +234,7 @@ class Committer:
         self.check_place(parts)
         if mode is PutMode.CREATE:
             self.check_name_free(parts)
-        else:
-            self.check_not_a_folder(parts)
         return self.backend.open_sink(parts, mode=mode)
-
-    def check_not_a_folder(self, parts: Parts) -> None:
-        """Where a file cannot replace a folder in one commit (``Capabilities.file_over_folder``
-        False: object stores), raise NameConflictError if ``parts`` is a folder now (a committed
-        folder artifact, or keys below the name that no record claims): nothing is sent, and
-        the folder stays whole. One stat (on an object store, a HEAD and a one-key listing)."""
-        if self.backend.capabilities.file_over_folder:
-            return
-        info = self.backend.stat(parts)
-        if info is not None and info.is_dir:
-            name = "/".join(parts)
-            raise NameConflictError(
-                f"{name} is a folder on this store; on an object store a file cannot replace a "
-                "folder in one commit (the file object and the folder's keys are separate "
-                f"objects), so it is refused and nothing was changed: delete {name} first "
-                "(store.delete), then commit the file",
-                name=name,
-            )
 
     def open_dir(self, parts: Parts, mode: PutMode) -> DirSink:
         """Start staging a folder artifact (same early checks as :meth:`open_file`)."""

@@ -83,12 +83,6 @@ class Capabilities:
     and Azure listings, SFTP and WebDAV: whole seconds). gc counts every entry that much
     younger, so a writer whose heartbeat is within ``min_age`` is never judged dead by a
     truncated time."""
-    file_over_folder: bool = True
-    """A file artifact can replace a folder artifact of the same name in one versioned commit
-    (the rename family: the folder goes aside). False on object stores, where a file object and
-    the keys of a folder under one name are separate objects (``rclone serve s3``, which keeps a
-    real tree, refuses the upload and then lists a phantom object over the folder's files): the
-    core refuses such a replace with NameConflictError before any byte is sent."""
     client_retries: bool = False
     """Each request is retried by the store's own client as often as the store allows, each
     attempt bounded by its timeouts (object stores): a mirror copy that timed out there is not

@@ -66,7 +66,6 @@ class ObjectBackend(Backend):
             free_space=False,
             empty_folders=False,
             mtime_resolution=self.mtime_resolution,
-            file_over_folder=False,
             client_retries=True,
         )
 
