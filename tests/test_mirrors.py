@@ -32,6 +32,7 @@ from commitstore.testing import (
     xxh,
 )
 
+from .helpers.faultproxy import FaultProxy
 from .helpers.fusemount import FaultMount
 from .helpers.gcsserver import BUCKET as GCS_BUCKET
 from .helpers.gcsserver import FakeGcs
@@ -256,8 +257,16 @@ def test_back_pressure_bounds_the_queue(
 
 
 def test_sigkill_mid_replication_to_s3_and_smb(servers: dict[str, Any], tmp_path: Path) -> None:
+    """A process SIGKILLed while its commit is being copied to an S3 and an SMB mirror leaves
+    each mirror without the artifact or with it whole, and the next sync completes both. Both
+    mirrors are reached through proxies that slow every connection, and the kill comes once one
+    of them has carried a MiB of the copy: the copy is in flight when the process dies (a fixed
+    sleep let a fast machine finish both copies first)."""
     s3m = side("s3", servers, tmp_path)
     smbm = side("smb", servers, tmp_path)
+    moto: MotoServer = servers["moto"]
+    samba: SambaServer = servers["samba"]
+    s3p, smbp = FaultProxy(moto.port), FaultProxy(samba.port)
     primary = tmp_path / "primary"
     script = (
         "import os, sys\n"
@@ -273,28 +282,37 @@ def test_sigkill_mid_replication_to_s3_and_smb(servers: dict[str, Any], tmp_path
         "import time; time.sleep(60)\n"
     )
     o = s3m.options
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            script,
-            str(primary),
-            s3m.url,
-            o["endpoint_url"],
-            o["key"],
-            o["secret"],
-            PASSWORD,
-            smbm.url,
-        ],
-        cwd=ROOT_DIR,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "committed"
-    time.sleep(0.3)  # replication is under way in the background
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    try:
+        for p in (s3p, smbp):
+            p.set(delay=0.02, faulty=None)  # each forwarded chunk waits: ~20 s for 64 MiB
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                script,
+                str(primary),
+                s3m.url,
+                s3p.endpoint,
+                o["key"],
+                o["secret"],
+                PASSWORD,
+                smbm.url.replace(f":{samba.port}/", f":{smbp.port}/", 1),
+            ],
+            cwd=ROOT_DIR,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "committed"
+        deadline = time.monotonic() + 60
+        while max(s3p.received, smbp.received) < MiB and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert max(s3p.received, smbp.received) >= MiB  # a copy is under way
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        s3p.stop()
+        smbp.stop()
     for mirror in (s3m, smbm):
         data = mirror.door.read("step_0001.pt")
         assert data is None or len(data) == 64 * MiB  # never a partial artifact

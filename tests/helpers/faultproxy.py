@@ -4,7 +4,8 @@ Faults apply to the next ``faulty`` connections (then traffic passes untouched),
 ``faulty=None``: ``cut_after`` closes a connection after that many client-to-server bytes,
 ``reset_after`` resets it (RST), ``flip_every`` inverts one bit of every so many client-to-server
 bytes (corruption in transit that TCP did not catch; at most ``flips`` in all, None: no limit),
-``delay`` sleeps before forwarding each chunk. ``served`` counts the bytes the server sent back.
+``delay`` sleeps before forwarding each chunk. ``served`` counts the bytes the server sent back,
+``received`` the bytes clients sent to the server.
 ``freeze()`` makes every connection, open or new, stop forwarding in both directions while
 keeping it open (a server that hangs mid-session: a NAS that stopped answering); ``thaw()``
 lets traffic pass again.
@@ -45,6 +46,8 @@ class FaultProxy:
         """How many connections a fault was applied to."""
         self.served = 0
         """Bytes the server sent to clients, over all connections so far."""
+        self.received = 0
+        """Bytes clients sent to the server, over all connections so far."""
         self.frozen = threading.Event()
         self._lock = threading.Lock()
         self._sock = socket.socket()
@@ -157,6 +160,8 @@ class FaultProxy:
                             data = self._corrupt(data, sent, every)
                         sent += len(data)
                         server.sendall(data)
+                        with self._lock:
+                            self.received += len(data)
                     else:
                         with self._lock:
                             self.served += len(data)
