@@ -4,7 +4,8 @@ forked by the test), FSDP2-sharded model and optimizer state, on a local store, 
 coordinator before ``finish`` of an ``async_save``, flipped bytes in a shard. ``dcp.async_save``
 under both ``AsyncCheckpointerType.THREAD`` and ``PROCESS`` (the writer pickled into torch's
 checkpoint process) with torch's ``DefaultStager`` (pinned memory where CUDA is there), 2 ranks on
-a local store, 4 on S3 (THREAD) and local (PROCESS); a rank killed from its background writer
+a local store, 4 on S3 (THREAD) and local (PROCESS), 2 on S3 (PROCESS: the S3 store opened again
+there from its URL and options); a rank killed from its background writer
 thread leaves the previous step as ``latest()``."""
 
 from __future__ import annotations
@@ -382,7 +383,13 @@ def test_single_process_overwrite_and_bad_arguments(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("kind", "world", "where"),
-    [("THREAD", 2, "local"), ("PROCESS", 2, "local"), ("THREAD", 4, "s3"), ("PROCESS", 4, "local")],
+    [
+        ("THREAD", 2, "local"),
+        ("PROCESS", 2, "local"),
+        ("THREAD", 4, "s3"),
+        ("PROCESS", 4, "local"),
+        ("PROCESS", 2, "s3"),
+    ],
 )
 def test_async_save_thread_and_process_with_staging(
     kind: str, world: int, where: str, tmp_path: Path, request: pytest.FixtureRequest

@@ -45,6 +45,7 @@ The facade never looks at URL schemes: this table is the one place a store is ch
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import threading
@@ -260,6 +261,7 @@ def resolve(url: str | os.PathLike[str], options: dict[str, Any]) -> Backend:
     """
     text = os.fspath(url)
     scheme = text.split("://", 1)[0].lower() if "://" in text else ""
+    given = dict(options)
     options = dict(options)
     forced = _forced(options)
     with _lock:
@@ -273,7 +275,7 @@ def resolve(url: str | os.PathLike[str], options: dict[str, Any]) -> Backend:
         raise ConfigurationError(f"no commit strategy for {scheme}:// URLs (known: {known})")
     spec = None if forced else _BUILTIN.get(scheme)
     try:
-        return factory(text, options)
+        backend = factory(text, options)
     except CommitStoreError:
         raise
     except ImportError as exc:  # a dependency imported by the factory itself
@@ -282,3 +284,6 @@ def resolve(url: str | os.PathLike[str], options: dict[str, Any]) -> Backend:
         raise ConfigurationError(f"{scheme}:// backend could not be imported: {exc}") from exc
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"{scheme}:// options are not valid: {exc}") from exc
+    with contextlib.suppress(AttributeError):  # a plugin's backend may not take attributes
+        backend.opened_from = (text, given)
+    return backend

@@ -273,6 +273,12 @@ class Backend(abc.ABC):
         """
         return True
 
+    opened_from: tuple[str, dict[str, Any]] | None = None
+    """The URL and storage options this backend was opened from (set by ``resolve``), so that
+    another process can open the same root again (``commitstore.dcp`` under torch's PROCESS
+    checkpointer) where the backend itself holds what cannot be pickled (an object store's
+    client). None for a backend built directly."""
+
     read_concurrency: int = 1
     """How many small reads (records) may run at once; object stores raise it."""
 
