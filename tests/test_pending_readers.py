@@ -31,7 +31,13 @@ import pytest
 import torch
 
 import commitstore.torch as cs_torch
-from commitstore import AlreadyExistsError, CommitStore, open_store
+from commitstore import (
+    AlreadyExistsError,
+    CommitStore,
+    ConfigurationError,
+    IntegrityError,
+    open_store,
+)
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target, pending_paths, record_path, xxh
 
 from .helpers.s3servers import BUCKET, MotoServer
@@ -329,3 +335,49 @@ def test_a_pending_folder_version_is_synced_restored_and_latest(
     with open_store(primary_root, mirrors=[p.t.reopen()]) as primary:
         assert_new_record(primary.restore(FOLDER), FOLDER, size)
     assert_mirror_holds_new(LocalBackdoor(primary_root), FOLDER)
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("where", WHERE)
+def test_a_pending_folder_version_is_read_member_by_member(
+    where: str, tmp_path: Path, moto: MotoServer
+) -> None:
+    """Members of a folder in the pending state are served from the new version, decided for
+    the folder as a whole: ``record(name, level=...)`` is the new version (the stored record
+    stays the old one), ``read_member`` checks against exactly the record it is given, and
+    the ``commit://`` view opens members of the new version."""
+    import fsspec
+
+    p = pending_folder(where, tmp_path, moto)
+    crash_folder(p, tmp_path)
+    size = sum(map(len, NEW_DIR.values()))
+    store = p.t.reopen()
+    old = store.record(FOLDER)
+    assert (old.step, old.size) == (1, sum(map(len, OLD_DIR.values())))
+    for level in ("size", "full"):
+        assert_new_record(store.record(FOLDER, level=level), FOLDER, size)
+    new = store.record(FOLDER, level="size")
+    assert store.read_member(new, "model.bin") == NEW_DIR["model.bin"]
+    with pytest.raises(IntegrityError):
+        store.read_member(old, "model.bin")  # the old record's file is gone: never mixed
+    with pytest.raises(ConfigurationError):
+        store.record(FOLDER, level="quick")  # type: ignore[arg-type]
+    fs = fsspec.filesystem("commit", root=p.url, **p.opts)
+    base = p.url.rstrip("/")
+    for rel, data in NEW_DIR.items():
+        assert fs.cat(f"{base}/{FOLDER}/{rel}") == data
+
+
+@pytest.mark.parametrize("where", ["local"])
+def test_record_at_a_level_refuses_a_folder_that_matches_no_version(
+    where: str, tmp_path: Path, moto: MotoServer
+) -> None:
+    """A folder whose file was truncated behind the store's back verifies as no version:
+    ``record(name, level="size")`` raises IntegrityError (fail loud), the plain record reads."""
+    p = pending_folder(where, tmp_path, moto)
+    (Path(p.url) / FOLDER / "model.bin").write_bytes(b"short")
+    store = p.t.reopen()
+    assert store.record(FOLDER).step == 1
+    with pytest.raises(IntegrityError) as caught:
+        store.record(FOLDER, level="size")
+    assert caught.value.status == "size_mismatch"

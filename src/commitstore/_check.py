@@ -183,6 +183,25 @@ def record_of(backend: Backend, url: str, name: str) -> StoredRecord:
     return found
 
 
+def verified_record(backend: Backend, url: str, name: str, level: str) -> Record:
+    """The version ``name`` verifies as at ``level``: its record, or the new version of a
+    commit that stopped after its data step (its pending record; a folder replace stopped among
+    its copies, from its staged copy), the version every reader serves (:func:`resolve`, the one
+    resolution). A folder's version is decided for the folder as a whole, never file by file.
+
+    Raises:
+        NotFoundError: no record. IntegrityError: the record is unreadable (``bad_record``), or
+            the stored artifact matches neither its record nor a pending version (its status).
+    """
+    rec = record_of(backend, url, name).record
+    result, version = resolve(backend, rec, level)
+    if result.status != "ok":
+        raise IntegrityError(
+            f"{name}: {result.detail or result.status}", name=name, status=result.status
+        )
+    return version
+
+
 # -- checks of one artifact ------------------------------------------------------------------
 def check(backend: Backend, record: Record, level: str) -> VerifyResult:
     """Compare the stored artifact with ``record`` at ``level`` (``"size"`` or ``"full"``).

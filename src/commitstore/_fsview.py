@@ -10,7 +10,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from commitstore import Stage
-from commitstore.errors import NotFoundError
+from commitstore.errors import CommitStoreError, NotFoundError
 from commitstore.records import Record
 from commitstore.store import CommitStore
 
@@ -128,7 +128,9 @@ def commit_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def folder_owner(store: CommitStore, name: str) -> tuple[Record, str] | None:
-    """The folder artifact that holds ``name`` as one of its recorded files, and its path."""
+    """The folder artifact that holds ``name`` as one of its recorded files, and its path. A
+    file its record does not list may be one of the version the folder verifies as (a commit
+    that stopped after its data step: ``store.record(..., level="size")``), then that version."""
     parts = name.split("/")
     for i in range(len(parts) - 1, 0, -1):
         try:
@@ -136,8 +138,16 @@ def folder_owner(store: CommitStore, name: str) -> tuple[Record, str] | None:
         except (NotFoundError, ValueError):
             continue
         member = "/".join(parts[i:])
-        if rec.kind == "dir" and any(f.path == member for f in rec.files):
+        if rec.kind != "dir":
+            return None
+        if any(f.path == member for f in rec.files):
             return rec, member
+        try:
+            version = store.record(rec.name, level="size")
+        except CommitStoreError:
+            return None
+        if version != rec and any(f.path == member for f in version.files):
+            return version, member
         return None
     return None
 

@@ -308,7 +308,9 @@ class StorageReader(dcp.StorageReader):  # type: ignore[misc]
         if self.record is not None:
             return self.record
         if self.name is not None:
-            rec = self.store.record(self.name)
+            # the version the folder verifies as (a save whose record was not written yet is
+            # the new version, as every reader serves it), its files' sizes checked
+            rec = self.store.record(self.name, level="size")
             if not _is_dcp(rec):
                 raise ConfigurationError(f"{self.name} is not a DCP folder (no {METADATA_FILE})")
         else:

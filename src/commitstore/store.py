@@ -556,13 +556,25 @@ class CommitStore:
         return report
 
     # -- reading and checking ---------------------------------------------------------------
-    def record(self, name: str) -> Record:
-        """The committed record of ``name``.
+    def record(self, name: str, *, level: Level | None = None) -> Record:
+        """The committed record of ``name``, as stored (one record read).
+
+        With ``level`` (``"size"`` or ``"full"``): the version ``name`` verifies as at that
+        level instead, checked now: the record, or the new version of a commit that stopped
+        after its data step (its pending record, which every reader serves and gc makes the
+        record). Use it before reading members of a folder artifact with :meth:`read_member` /
+        :meth:`open_member`, which check against exactly the record they are given.
 
         Raises:
-            NotFoundError: no record. IntegrityError: the record is unreadable (``bad_record``).
+            NotFoundError: no record. IntegrityError: the record is unreadable (``bad_record``),
+                or (with ``level``) the artifact matches neither its record nor a pending
+                version (``missing``, ``size_mismatch``, ``hash_mismatch``).
+            ConfigurationError: an unknown ``level``, before any I/O.
         """
-        return _check.record_of(self.backend, self.url, name).record
+        if level is None:
+            return _check.record_of(self.backend, self.url, name).record
+        _check.check_level(level)
+        return _check.verified_record(self.backend, self.url, name, level)
 
     def list(self) -> list[Record]:
         """Committed artifacts (valid records only), oldest to newest: by step; artifacts without
