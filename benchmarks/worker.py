@@ -190,11 +190,11 @@ def s3fs_put_file(url: str, size: int) -> None:
 
 def s3fs_put_file_like_ours(url: str, size: int) -> None:
     """Baseline: ``s3fs.put_file`` configured as commitstore's own client
-    (``backends/object/s3.py``): no SHA-256 payload signing, checksums (CRC32) only where the
-    operation requires them, no ``Expect: 100-continue``."""
+    (``backends/object/s3/backend.py``): no SHA-256 payload signing, checksums (CRC32) only
+    where the operation requires them, no ``Expect: 100-continue``."""
     import s3fs
 
-    from commitstore.backends.object._timestamps import fast_session
+    from commitstore.backends.object.s3.timestamps import fast_session
 
     o = _s3_options()
     fs = s3fs.S3FileSystem(

@@ -104,7 +104,7 @@ def proxies(request: pytest.FixtureRequest) -> Iterator[dict[str, RequestProxy]]
 @pytest.fixture(autouse=True)
 def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """One retry per request on S3 (botocore's default is four, with backoff); GCS's tries (the
-    store's ``retries``, ``backends/object/_gcsfs.py``) without their backoff (1, 2, 4, 8 s): a
+    store's ``retries``, ``backends/object/gcs/client.py``) without their backoff (1, 2, 4, 8 s): a
     fault still meets each SDK's retry, and a fault that stays costs a fraction of a second."""
     # Imported the way the GCS backend imports gcsfs (which otherwise, once imported, probes
     # every bucket over gRPC/TLS first, and hangs against a plain-HTTP server).
@@ -120,7 +120,8 @@ def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     shim.__dict__.update(vars(asyncio))
     shim.sleep = no_backoff  # type: ignore[attr-defined]
     monkeypatch.setattr(gcsfs.retry, "asyncio", shim)
-    from commitstore.backends.object import _gcsfs  # the store's own bounded tries, same backoff
+    # the store's own bounded tries, same backoff
+    from commitstore.backends.object.gcs import client as _gcsfs
 
     monkeypatch.setattr(_gcsfs, "asyncio", shim)
 

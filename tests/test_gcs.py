@@ -165,7 +165,7 @@ _WITHOUT_OTHER_SDKS = """
 import sys
 for name in {blocked!r}:
     sys.modules[name] = None  # an import of it raises ModuleNotFoundError
-from commitstore.backends.object.{module} import translate
+from commitstore.backends.object.{module}.backend import translate
 from commitstore.errors import BackendUnavailableError, CommitError
 
 class Http503(Exception):

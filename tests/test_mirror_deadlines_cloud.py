@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from commitstore import CommitStore, open_store
-from commitstore.backends.object.azure import sdk_deadlines
+from commitstore.backends.object.azure.backend import sdk_deadlines
 from commitstore.errors import BackendUnavailableError, ConfigurationError
 from commitstore.mirrors import copy as copy_mod
 

@@ -58,7 +58,7 @@ def pending_digests(door: Any, name: str) -> list[str]:
 
 FORKER = """
 import sys, json, os, signal
-import commitstore.backends.object.s3, s3fs  # imported once, before any fork
+import commitstore.backends.object.s3.backend, s3fs  # imported once, before any fork
 from commitstore import open_store
 url, name, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
 opts = json.loads(os.environ["STORE_OPTIONS"])

@@ -322,7 +322,7 @@ def test_an_unattested_completion_is_checked_with_a_head(
 ) -> None:
     """A server whose completion ETag does not follow S3's MD5 convention (KMS-encrypted
     buckets, some gateways) gets the fresh HEAD: the sink falls back to stating the object."""
-    from commitstore.backends.object.s3upload import S3Upload
+    from commitstore.backends.object.s3.upload import S3Upload
 
     monkeypatch.setattr(S3Upload, "attested", lambda self, written: False)
     t = make_target(moto)
@@ -347,7 +347,7 @@ def test_body_md5s_are_computed_while_the_bodies_fill(
     parts filled from writes) as it fills it, so nothing is hashed between the last write and
     the send. Writes straddle part boundaries; ``rclone serve s3`` refuses a body whose
     Content-MD5 does not match, and the completion ETag still attests the object."""
-    from commitstore.backends.object import s3upload
+    from commitstore.backends.object.s3 import upload as s3upload
 
     def hashed_at_send(body: object) -> bytes:
         raise AssertionError("a body's MD5 was computed at send time")

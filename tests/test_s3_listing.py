@@ -1,4 +1,4 @@
-"""S3 listings that list a prefix's folders side by side (``backends/object/s3list.py``): the
+"""S3 listings that list a prefix's folders side by side (``backends/object/s3/listing.py``): the
 same keys as boto3's paged listing, in S3's order, with the folders' pages overlapped. Pages of
 three keys (``PAGE_KEYS``) so a few dozen objects make many pages."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from commitstore import open_store
-from commitstore.backends.object import s3list
+from commitstore.backends.object.s3 import listing as s3list
 
 from .helpers.s3servers import BUCKET, MotoServer
 

@@ -1,4 +1,4 @@
-"""Pipelined ranged reads on S3 (``backends/object/s3read.py``), against moto and rclone.
+"""Pipelined ranged reads on S3 (``backends/object/s3/reads.py``), against moto and rclone.
 
 Small ranges (256 KiB, 3 in flight) so that test-sized artifacts cross many range boundaries.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from commitstore import BackendUnavailableError, CommitStoreError, NotFoundError, open_store
-from commitstore.backends.object.s3 import S3Backend
-from commitstore.backends.object.s3read import S3RangedReader
+from commitstore.backends.object.s3.backend import S3Backend
+from commitstore.backends.object.s3.reads import S3RangedReader
 
 from .helpers.requestproxy import RequestProxy
 from .helpers.s3servers import BUCKET, MotoServer, S3Server

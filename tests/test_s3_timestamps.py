@@ -1,4 +1,4 @@
-"""The S3 client's timestamp parser (``backends/object/_timestamps.py``): the same instants as
+"""The S3 client's timestamp parser (``backends/object/s3/timestamps.py``): the same instants as
 botocore's own parser for every format S3-compatible servers send, and the one a real listing's
 times go through."""
 
@@ -11,7 +11,7 @@ import pytest
 from botocore.utils import parse_timestamp as botocore_parse
 
 from commitstore import open_store
-from commitstore.backends.object._timestamps import parse_timestamp
+from commitstore.backends.object.s3.timestamps import parse_timestamp
 
 from .helpers.s3servers import BUCKET, MotoServer
 

@@ -257,8 +257,8 @@ def test_a_dropped_connection_to_a_port_with_412_in_it_is_unavailable_not_a_conf
     held "412", and the upload was reported as "already exists" (a create-only conflict)."""
     from aiohttp import ClientOSError
 
-    from commitstore.backends.object import _gcserrors
     from commitstore.backends.object._transport import says_status
+    from commitstore.backends.object.gcs import errors as _gcserrors
 
     url = "http://127.0.0.1:41251/upload/storage/v1/b/b/o?uploadType=resumable&upload_id=a412b"
     cut = ClientOSError(None, f"Can not write request body for {url}")

@@ -1,7 +1,7 @@
 """Request bodies of the upload sink that are not a buffer the sink owns: a read-only file over a
 buffer (:class:`ViewReader`), and a window over a source file read again by position
 (:class:`SourceWindow`), so a copy from a local file sends its bytes without holding them. Both,
-and S3's ranged reader (``s3read.py``), are a :class:`SeekableBody`."""
+and S3's ranged reader (``s3/reads.py``), are a :class:`SeekableBody`."""
 
 from __future__ import annotations
 

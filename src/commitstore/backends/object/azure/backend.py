@@ -23,13 +23,13 @@ from typing import Any, BinaryIO, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import MAX_SMALL_BYTES, take_options, too_large
-from commitstore.backends.object._azureerrors import translate
 from commitstore.backends.object._transport import (
     ATTEMPTS,
     CONNECT_TIMEOUT,
     READ_TIMEOUT,
     check_deadlines,
 )
+from commitstore.backends.object.azure.errors import translate
 from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.upload import ObjectStat, Upload, Written
 from commitstore.digest import READ_CHUNK

@@ -26,7 +26,6 @@ from fsspec.asyn import sync
 
 from commitstore._secrets import leaks, redact, secret_values, stand_in
 from commitstore.backends.base import MAX_SMALL_BYTES, take_options, too_large
-from commitstore.backends.object._gcserrors import translate
 from commitstore.backends.object._transport import (
     ATTEMPTS,
     CONNECT_TIMEOUT,
@@ -36,6 +35,7 @@ from commitstore.backends.object._transport import (
 )
 from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.bodies import ViewReader
+from commitstore.backends.object.gcs.errors import translate
 from commitstore.backends.object.upload import ObjectStat, Upload, Written, done
 from commitstore.errors import (
     AlreadyExistsError,
@@ -394,7 +394,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         raise ConfigurationError("GCS URLs look like gs://bucket[/prefix]")
     # gcsfs otherwise probes every bucket over gRPC/TLS first (hangs against plain-HTTP servers)
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    from commitstore.backends.object._gcsfs import TimedGCSFileSystem, client_timeout
+    from commitstore.backends.object.gcs.client import TimedGCSFileSystem, client_timeout
 
     endpoint = opts["endpoint_url"] or os.environ.get("STORAGE_EMULATOR_HOST")
     kw: dict[str, Any] = {

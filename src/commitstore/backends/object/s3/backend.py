@@ -8,11 +8,11 @@ to stay under S3's 10,000. Every failure path aborts the upload; nothing is comp
 ``__exit__`` after an exception (the upload is driven directly, never through an fsspec file's
 close). After completion the object must be shown to be what was sent: the completion's ETag
 equals the MD5-derived ETag of the bodies sent (each checked by the server: against its
-``Content-MD5``, or by its answer's ETag, ``s3upload``), or else a fresh HEAD must show the
+``Content-MD5``, or by its answer's ETag, ``s3/upload``), or else a fresh HEAD must show the
 expected size. ``IfNoneMatch="*"`` (create-only) is used for ``PutMode.CREATE`` exactly where
 the endpoint honours it, which is probed once per store (or set with ``conditional_writes=``),
 never assumed. The shared sink (``upload.py``) drives the upload; this module holds S3's
-primitives, ``s3upload.py`` the upload session (:class:`S3Upload`).
+primitives, ``s3/upload.py`` the upload session (:class:`S3Upload`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from typing import Any, BinaryIO, cast
 from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import MAX_SMALL_BYTES, PendingUpload, take_options, too_large
-from commitstore.backends.object._s3errors import probe_conditional_create, translate
-from commitstore.backends.object._timestamps import fast_session
 from commitstore.backends.object._transport import (
     ATTEMPTS,
     CONNECT_TIMEOUT,
@@ -35,9 +33,11 @@ from commitstore.backends.object._transport import (
 )
 from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.bodies import Body
-from commitstore.backends.object.s3list import list_prefix
-from commitstore.backends.object.s3read import S3RangedReader
-from commitstore.backends.object.s3upload import S3Upload, body_md5, content_md5, upload_marker
+from commitstore.backends.object.s3.errors import probe_conditional_create, translate
+from commitstore.backends.object.s3.listing import list_prefix
+from commitstore.backends.object.s3.reads import S3RangedReader
+from commitstore.backends.object.s3.timestamps import fast_session
+from commitstore.backends.object.s3.upload import S3Upload, body_md5, content_md5, upload_marker
 from commitstore.backends.object.upload import ObjectStat, Upload
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError
 from commitstore.layout import Parts
@@ -57,7 +57,7 @@ class S3Backend(ObjectBackend):
     thread), so a body is sent the moment it is complete."""
     reread_bodies = True
     """The server refuses a body that does not match its Content-MD5 (or answers a part with
-    an ETag that shows it, ``s3upload``), so a copy from a local file sends its bodies straight
+    an ETag that shows it, ``s3/upload``), so a copy from a local file sends its bodies straight
     from that file (read again, by position), holding none of its bytes: the bytes sent are the
     bytes hashed, or nothing is stored."""
 
@@ -98,9 +98,9 @@ class S3Backend(ObjectBackend):
         """A sequential read keeps up to ``read_inflight`` ranged GETs of ``read_part_size`` in
         flight: at most ``(read_inflight + 1) x read_part_size`` bytes of memory per reader."""
         self.part_etags_md5: bool | None = None
-        """Whether this server answers a part with its body's MD5 as ETag (``s3upload``)."""
+        """Whether this server answers a part with its body's MD5 as ETag (``s3/upload``)."""
         self.sign_payload = sign_payload
-        """Every body is checked by the server (a Content-MD5, or a part's ETag: ``s3upload``).
+        """Every body is checked by the server (a Content-MD5, or a part's ETag: ``s3/upload``).
         False: the body is otherwise UNSIGNED-PAYLOAD. True: the SDK also signs its SHA-256 on
         the event loop, which authenticates it on plain HTTP (the fs must be configured to
         match: ``payload_signing_enabled``)."""
@@ -131,7 +131,7 @@ class S3Backend(ObjectBackend):
         """An S3 call with ``body`` and its Content-MD5 (``md5``: the body's MD5, when the caller
         computed it already), on s3fs's event loop. The MD5 is computed on a worker thread, so
         parts are hashed side by side and the loop stays free. ``checked=False`` (parts only,
-        ``s3upload``): no Content-MD5, the caller checks the answer's ETag instead."""
+        ``s3/upload``): no Content-MD5, the caller checks the answer's ETag instead."""
         try:
             if checked and md5 is None:
                 assert isinstance(body, io.BytesIO), "a window's MD5 is always given"
@@ -159,7 +159,7 @@ class S3Backend(ObjectBackend):
 
     def list_objects(self, parts: Parts, *, limit: int | None = None) -> list[ObjectStat]:
         """One request per 1,000 keys (one only with ``limit``); a longer listing lists the
-        prefix's folders side by side (``s3list.py``)."""
+        prefix's folders side by side (``s3/listing.py``)."""
         return cast(
             "list[ObjectStat]",
             self.run_coro(list_prefix(self, parts, self.dir_prefix(parts), limit)),
@@ -219,7 +219,7 @@ class S3Backend(ObjectBackend):
     def open_read(self, parts: Parts) -> BinaryIO:
         """A fresh HEAD pins the version (size, ETag); the bytes come in ranged GETs of
         ``read_part_size``, up to ``read_inflight`` in flight while the reader reads on, each
-        conditioned on that ETag (``s3read.py``)."""
+        conditioned on that ETag (``s3/reads.py``)."""
         found = self.head(parts)
         if found is None:
             raise NotFoundError(f"{self.shown(parts)} does not exist")
@@ -260,7 +260,7 @@ class S3Backend(ObjectBackend):
         """Multipart uploads under this store's prefix only (``prefix/``, never a sibling).
 
         An upload's time is its last activity: the newest of its start, its parts' upload
-        times and its writer's last proof of life (``s3upload.upload_marker``, rewritten every
+        times and its writer's last proof of life (``s3/upload.upload_marker``, rewritten every
         ``heartbeat`` seconds while the writer lives), so a long upload still receiving parts,
         or whose writer pauses between parts, is young (and moto's fixed ``Initiated`` cannot
         make a live upload look old).

@@ -16,7 +16,7 @@ destination see the bytes sequentially. Memory is bounded by a byte budget of
 ``(depth + 1) x block``: the ranges in flight and the one being consumed never hold more
 (a range is only requested if it fits, and a consumed range is released first). No range is ever
 requested past the end of the object, and a sequential read of the whole object downloads each
-byte once. Every failure is typed (``_s3errors.translate``, the backend exception as
+byte once. Every failure is typed (``s3/errors.translate``, the backend exception as
 ``__cause__``); a failure, a seek away from the window, or :meth:`close` cancels every range in
 flight and waits until each has finished (no request keeps running; no thread is started: the
 requests run on s3fs's own loop).
@@ -31,8 +31,8 @@ import errno
 import io
 from typing import Any
 
-from commitstore.backends.object._s3errors import translate
 from commitstore.backends.object.bodies import SeekableBody
+from commitstore.backends.object.s3.errors import translate
 from commitstore.errors import BackendUnavailableError, CommitError, CommitStoreError, NotFoundError
 
 

@@ -1,0 +1,3 @@
+"""Google Cloud Storage (``gs://``, ``gcs://``): a resumable upload's finalisation or one
+whole-object put is the commit; ``backend`` holds the strategy, ``client`` the gcsfs session
+settings, ``errors`` the error translation."""
