@@ -33,7 +33,9 @@ venv() {
     # "$@": dependency groups of pyproject.toml (PEP 735, development only: test, lint,
     # typecheck, docs, bench), installed with the project (editable). pip >= 25.1 reads them.
     local groups=()
-    for group in "$@"; do groups+=(--group "$group"); done
+    for group in "$@"; do
+        if [ -n "$group" ]; then groups+=(--group "$group"); fi
+    done
     if [ ! -x "$VENV/bin/python" ]; then
         if ! "$PY" -m venv "$VENV" 2>/dev/null; then
             need_root_apt python3-venv
@@ -52,7 +54,7 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
     demo)
-        venv ""
+        venv
         exec "$VENV/bin/commitstore" demo "$@"
         ;;
     test)
