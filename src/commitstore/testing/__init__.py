@@ -1,6 +1,8 @@
 """Test helpers for commitstore and for third-party backends.
 
 - :class:`StoreConformance`: the conformance suite; subclass it with a ``target`` fixture.
+- :class:`BackendContract`: the backend contract, one level below (a ``Backend`` and a
+  backdoor, no store); subclass it with a ``subject`` fixture returning a :class:`BackendSubject`.
 - :class:`LocalBackdoor`, :class:`FsspecBackdoor`, :class:`S3Backdoor`, :class:`GcsBackdoor`,
   :class:`AzureBackdoor`: raw access to a target, not through commitstore, for assertions.
 - ``commitstore.testing.plugin``: pytest fixtures (``local_target``, ``memory_target``); enable
@@ -20,11 +22,15 @@ from commitstore.testing.backdoor import (
     S3Backdoor,
 )
 from commitstore.testing.conformance import StoreConformance
+from commitstore.testing.contract import BackendContract
+from commitstore.testing.subject import BackendSubject
 from commitstore.testing.target import Target, pending_paths, record_path, xxh
 
 __all__ = [
     "AzureBackdoor",
     "Backdoor",
+    "BackendContract",
+    "BackendSubject",
     "FsspecBackdoor",
     "GcsBackdoor",
     "LocalBackdoor",
