@@ -156,10 +156,10 @@ def _with_faults(
 CLIENT_RETRY_FINDING = pytest.mark.xfail(
     strict=True,
     raises=AlreadyExistsError,
-    reason="with the first connection reset mid-request, moto logs the create-only PUT stored "
-    "(200) and then the same PUT sent again and refused (412): a repeat of a create-only put "
-    "that had landed meets its own object, and the publish raises AlreadyExistsError though "
-    "the bytes under the name are this writer's",
+    reason="with the put's first connection reset mid-request, moto logs two PUTs of the name: "
+    "one stored (200) a 0-byte object (its body never arrived; moto did not check the "
+    "Content-MD5), the next, with the whole body, was refused (412) by that object; the publish "
+    "raises AlreadyExistsError and the name holds a 0-byte object no one committed",
 )
 
 
