@@ -256,3 +256,13 @@ def test_the_contract_catches_each_liar(
     subject = BackendSubject(liar(root), LocalBackdoor(root), reopen=lambda: liar(root))
     with pytest.raises((AssertionError, pytest.fail.Exception)):
         getattr(BackendContract(), case)(subject)
+
+
+def test_a_capability_without_its_case_fails_the_index() -> None:
+    """A contract missing the case of one ``Capabilities`` field fails its own index check."""
+
+    class Incomplete(BackendContract):
+        test_capability_free_space = None  # type: ignore[assignment]
+
+    with pytest.raises(AssertionError, match="free_space"):
+        Incomplete().test_every_capability_has_a_case()

@@ -4,10 +4,12 @@ declare a capability they do not have), so the test can show the contract catche
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import shutil
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from commitstore.backends.base import (
     CommitInfo,
@@ -201,6 +203,83 @@ class _Undurable(LinkFileSink):
         return info
 
 
+class _FilledInPlace(LinkDirSink):
+    """Hands out the final folder itself to fill: files visible while they are written."""
+
+    def __init__(self, backend: LinkDirBackend, parts: Parts, mode: PutMode) -> None:
+        super().__init__(backend, parts, mode)
+        os.rmdir(self.local_path)
+        os.makedirs(self.final, exist_ok=True)
+        self.local_path = self.final
+
+    def publish(self) -> CommitInfo:
+        return CommitInfo(bytes_written=0)
+
+
+class EarlyFolder(LinkDirBackend):
+    """Folder files appear under the folder's name as they are written."""
+
+    def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
+        return _FilledInPlace(self, parts, mode)
+
+
+class _Merges(LinkDirSink):
+    def publish(self) -> CommitInfo:
+        if self.mode is PutMode.REPLACE and self.final.is_dir():
+            shutil.copytree(self.local_path, self.final, dirs_exist_ok=True)
+            shutil.rmtree(self.local_path)
+            return CommitInfo(bytes_written=0)
+        return super().publish()
+
+
+class MergingReplace(LinkDirBackend):
+    """A folder ``REPLACE`` copies the new files over the old folder: old files stay."""
+
+    def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
+        return _Merges(self, parts, mode)
+
+
+class MakesRootAtOpen(LinkDirBackend):
+    """Opening writes a marker file into the root."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        super().__init__(root)
+        os.makedirs(self.root, exist_ok=True)
+        (self.root / ".opened").write_bytes(b"")
+
+
+class HidesDotfiles(LinkDirBackend):
+    """``walk`` leaves out hidden files."""
+
+    def walk(self, parts: Parts) -> list[tuple[Parts, FileInfo]]:
+        return [(rel, i) for rel, i in super().walk(parts) if not rel[-1].startswith(".")]
+
+
+class ReadsPrefix(LinkDirBackend):
+    """``open_read`` serves a reader that ignores ``seek``."""
+
+    def open_read(self, parts: Parts) -> BinaryIO:
+        data = super().open_read(parts).read()
+        reader = io.BytesIO(data)
+        reader.seek = lambda *_a, **_k: 0  # type: ignore[method-assign]
+        return reader
+
+
+class RemoveSaysTrue(LinkDirBackend):
+    """``remove`` says True even when nothing was there."""
+
+    def remove(self, parts: Parts) -> bool:
+        super().remove(parts)
+        return True
+
+
+class RemovesFullFolders(LinkDirBackend):
+    """``remove_empty_folder`` removes a folder whatever it holds."""
+
+    def remove_empty_folder(self, parts: Parts) -> bool:
+        return bool(parts) and self.remove(parts)
+
+
 LIARS: dict[type[LinkDirBackend], str] = {
     EarlyBytes: "test_staged_file_invisible_until_publish",
     NotExclusive: "test_capability_exclusive_create",
@@ -214,5 +293,12 @@ LIARS: dict[type[LinkDirBackend], str] = {
     CachedStat: "test_stat_reports_what_is_stored",
     GreedyRemoveFiles: "test_remove_files_removes_exactly_those",
     NotDurable: "test_capability_dir_fsync",
+    EarlyFolder: "test_staged_folder_invisible_until_publish",
+    MergingReplace: "test_replace_publishes_over_a_file",
+    MakesRootAtOpen: "test_opening_creates_nothing",
+    HidesDotfiles: "test_walk_lists_every_file_below",
+    ReadsPrefix: "test_open_read_reads_and_seeks",
+    RemoveSaysTrue: "test_remove_file_and_tree",
+    RemovesFullFolders: "test_remove_empty_folder_spares_a_full_one",
 }
 """Each liar and the contract case that must catch it."""

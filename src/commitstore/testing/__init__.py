@@ -13,7 +13,16 @@ Needs the ``test`` extra (pytest, hypothesis).
 
 from __future__ import annotations
 
-from commitstore.testing.backdoor import (
+import pytest
+
+# The contract's cases are asserts in this package: rewritten, so a failure shows the values.
+pytest.register_assert_rewrite(
+    "commitstore.testing._contract_caps",
+    "commitstore.testing._contract_publish",
+    "commitstore.testing._contract_tree",
+)
+
+from commitstore.testing.backdoor import (  # noqa: E402 (after the rewrite hook)
     AzureBackdoor,
     Backdoor,
     FsspecBackdoor,
@@ -21,10 +30,10 @@ from commitstore.testing.backdoor import (
     LocalBackdoor,
     S3Backdoor,
 )
-from commitstore.testing.conformance import StoreConformance
-from commitstore.testing.contract import BackendContract
-from commitstore.testing.subject import BackendSubject
-from commitstore.testing.target import Target, pending_paths, record_path, xxh
+from commitstore.testing.conformance import StoreConformance  # noqa: E402
+from commitstore.testing.contract import BackendContract  # noqa: E402
+from commitstore.testing.subject import BackendSubject  # noqa: E402
+from commitstore.testing.target import Target, pending_paths, record_path, xxh  # noqa: E402
 
 __all__ = [
     "AzureBackdoor",

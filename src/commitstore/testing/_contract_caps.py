@@ -32,7 +32,7 @@ class CapabilityContract:
             for f in dataclasses.fields(Capabilities)
             if not callable(getattr(self, f"test_capability_{f.name}", None))
         ]
-        assert missing == []
+        assert missing == [], f"no test_capability_<field> case for {missing}"
 
     def test_capability_dir_fsync(self, subject: BackendSubject) -> None:
         """Where ``dir_fsync`` is declared: a publish reports itself durable (``CommitInfo``

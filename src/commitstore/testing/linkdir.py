@@ -6,8 +6,9 @@ destination, fsynced, its size checked with a fresh ``fstat``, then published wi
 for ``CREATE`` (which fails, atomically, if the name exists: ``exclusive_create``) or
 ``rename(2)`` for ``REPLACE`` (``atomic_replace``); the folder is fsynced after either. A folder
 is staged as a staging folder and renamed into place under an ``flock`` publish lock (a replace
-moves the old folder aside first: ``backends/rename/aside.py``). Symlinks on a name's path are not
-followed for the final component only: a test backend, not a hardened one (``LocalBackend`` is).
+moves the old folder aside first: ``backends/rename/aside.py``). Only a name's last component is
+guarded against symlinks (``O_NOFOLLOW``, ``lstat``): a worked example, not a hardened backend
+(``LocalBackend`` walks every component with ``O_NOFOLLOW``).
 
 Open by URL after ``commitstore.backends.register("linkdir", factory)``: ``linkdir:///abs/path``.
 """
