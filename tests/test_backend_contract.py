@@ -116,11 +116,21 @@ class TestWebdav(BackendContract):
         return _remote_subject(remote(dav, {"password": DAV_PASSWORD}))
 
 
+_CLIENTS: dict[int, Any] = {}
+
+
+def _client(server: S3Server) -> Any:
+    """One boto3 client per server for the backdoors (making one costs more than a test)."""
+    if server.port not in _CLIENTS:
+        _CLIENTS[server.port] = server.client()
+    return _CLIENTS[server.port]
+
+
 def _s3_subject(server: S3Server) -> BackendSubject:
     prefix = _prefix()
     # small parts and single-PUT limit: the payloads of the staging cases go as multipart uploads
     opts = {**server.options(), "part_size": 5 * MiB, "single_put_max": 1 * MiB}
-    s = _subject(server.url(prefix), S3Backdoor(server.client(), BUCKET, prefix), **opts)
+    s = _subject(server.url(prefix), S3Backdoor(_client(server), BUCKET, prefix), **opts)
     return _with_faults(
         s, server.port, server.url(prefix), lambda endpoint: {**opts, "endpoint_url": endpoint}
     )
@@ -146,9 +156,13 @@ def _with_faults(
 ) -> BackendSubject:
     """``s`` with its ``faulty`` hook: the conditional-write probe is answered already (by
     ``s.backend``), so the first connection broken is the publish's own."""
-    probed = s.backend.capabilities.exclusive_create
     s.faulty = lambda: _faulty(
-        port, url, lambda endpoint: {**options(endpoint), "conditional_writes": probed}
+        port,
+        url,
+        lambda endpoint: {
+            **options(endpoint),
+            "conditional_writes": s.backend.capabilities.exclusive_create,
+        },
     )
     return s
 

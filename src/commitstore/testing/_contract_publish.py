@@ -185,7 +185,7 @@ class PublishContract:
         folder's commit; nothing to hold the backend to."""
         if not subject.backend.capabilities.atomic_dir_publish:
             pytest.skip("atomic_dir_publish not declared")
-        files = {f"part_{i:02d}.bin": bytes([i]) * 100 for i in range(24)}
+        files = {f"part_{i:02d}.bin": bytes([i]) * 100 for i in range(12)}
         done = threading.Event()
         seen: list[int] = []
 
