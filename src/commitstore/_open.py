@@ -9,7 +9,7 @@ from typing import Any
 from commitstore._background import check_inflight
 from commitstore._commit import check_flag
 from commitstore.backends import resolve
-from commitstore.errors import NotFoundError
+from commitstore.errors import ConfigurationError, NotFoundError
 from commitstore.layout import redact_url
 from commitstore.maintenance.retention import Retention
 from commitstore.mirrors.replicator import check_mirror_options
@@ -49,12 +49,22 @@ def open_store(
     for an existing store: its root is looked up now (one stat or one listing request).
 
     Raises:
-        ConfigurationError: unknown scheme, option, mode or policy, a ``create`` that is not a
-            bool, an ``async_inflight`` outside [1, 64], or a missing extra (with the pip
+        ConfigurationError: unknown scheme, option, mode or policy, ``mirrors`` given as one
+            URL rather than a list, a ``retention`` that is not a Retention, a ``create`` that
+            is not a bool, an ``async_inflight`` outside [1, 64], or a missing extra (with the pip
             command), before any I/O.
         NotFoundError: ``create=False`` and the store's root does not exist.
     """
     check_mirror_options(mirror_mode, mirror_policy, mirror_queue)
+    if isinstance(mirrors, str | bytes | os.PathLike):
+        raise ConfigurationError(
+            f"mirrors must be a list of URLs or stores, not one URL ({mirrors!r}, which would "
+            "be taken as one mirror per character): write mirrors=[url]"
+        )
+    if retention is not None and not isinstance(retention, Retention):
+        raise ConfigurationError(
+            f"retention must be a commitstore.Retention or None, not {retention!r}"
+        )
     check_flag(create, "create")
     check_inflight(async_inflight)
     backend = resolve(url, storage_options)

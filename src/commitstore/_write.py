@@ -115,7 +115,14 @@ def put_bytes(
 ) -> Record:
     """Commit ``data`` as ``name`` through ``stage``, after checking the free space."""
     parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
-    committer.check_free(parts, memoryview(data).nbytes)
+    try:
+        size = memoryview(data).nbytes
+    except TypeError:
+        hint = " (encode text first: data.encode())" if isinstance(data, str) else ""
+        raise ConfigurationError(
+            f"{name}: data must be bytes-like, not {type(data).__name__}{hint}"
+        ) from None
+    committer.check_free(parts, size)
     with stage(name, **kw) as st:
         st.write(data)
     assert st.record is not None

@@ -50,8 +50,9 @@ follow a letter or digit (``mystep3`` has no step), the number is all the digits
 
 Parts = tuple[str, ...]
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-"""NUL and the other control characters (below 0x20, and DEL)."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""NUL and the other control characters: C0 (below 0x20), DEL and C1 (0x80-0x9f: U+0085 is a
+line break to many tools, U+009B a terminal escape)."""
 
 
 def validate_name(name: object, *, inside_folder: bool = False) -> Parts:

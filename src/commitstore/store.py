@@ -31,7 +31,7 @@ from commitstore.layout import redact_url, validate_name
 from commitstore.maintenance.adopt import AdoptReport, adopt
 from commitstore.maintenance.gc import GcReport, collect
 from commitstore.maintenance.prune import PruneReport, prune
-from commitstore.maintenance.retention import Retention, check_age
+from commitstore.maintenance.retention import Retention, check_age, check_keep
 from commitstore.maintenance.scrub import ScrubReport, check_budget, scrub
 from commitstore.mirrors.replicator import MirrorState, Replicator
 from commitstore.mirrors.sync import SyncReport, latest_any, restore, sync_mirrors
@@ -209,10 +209,15 @@ class CommitStore:
         return report
 
     def restore(
-        self, name: str, *, source: CommitStore | None = None, overwrite: bool = False
+        self,
+        name: str,
+        *,
+        source: CommitStore | str | os.PathLike[str] | None = None,
+        overwrite: bool = False,
     ) -> Record:
-        """Copy a verified mirror copy of ``name`` (from ``source``, or the first mirror that
-        has a whole one) back to the primary, through the primary's commit protocol.
+        """Copy a verified mirror copy of ``name`` (from ``source``: a store, or the URL of one
+        of this store's mirrors; default: the first mirror that has a whole one) back to the
+        primary, through the primary's commit protocol.
 
         Copies only where nothing is lost: the primary's copy is missing or fails its full
         check, or verifies as a version whose record is byte-identical to the mirror's. A mirror
@@ -224,10 +229,34 @@ class CommitStore:
             NotFoundError: no mirror holds a whole copy.
             AlreadyExistsError: the primary holds a different version that verifies (the message
                 says which is newer by record ``created``), or one was committed meanwhile.
+            ConfigurationError: ``source`` is a URL that names none of this store's mirrors, or
+                neither a store nor a URL (before any I/O).
         """
         validate_name(name)
-        sources = [source] if source is not None else self._mirrors
+        sources = [self._source(source)] if source is not None else self._mirrors
         return restore(self.committer, [m.committer for m in sources], name, overwrite=overwrite)
+
+    def _source(self, source: object) -> CommitStore:
+        """``restore``'s ``source``: a store as it is, a URL as the mirror it names."""
+        if isinstance(source, CommitStore):
+            return source
+        if not isinstance(source, str | os.PathLike):
+            raise ConfigurationError(
+                f"source must be a CommitStore or the URL of one of its mirrors, not {source!r}"
+            )
+        text = os.fspath(source)
+        wanted = {redact_url(text)}
+        if "://" not in text:
+            wanted.add(os.path.abspath(text))
+        for mirror in self._mirrors:
+            url = mirror.url
+            if url in wanted or ("://" not in url and os.path.abspath(url) in wanted):
+                return mirror
+        shown = ", ".join(m.url for m in self._mirrors) or "none"
+        raise ConfigurationError(
+            f"source {redact_url(text)!r} is not one of this store's mirrors ({shown}); pass a "
+            "CommitStore to restore from another store"
+        )
 
     def _after_commit(self, record: Record) -> None:
         """After a successful (durable) commit: replicate, then apply automatic retention."""
@@ -506,10 +535,10 @@ class CommitStore:
         first. Idempotent; safe to run from two processes at once.
 
         Raises:
-            ConfigurationError: a negative count or a bad ``min_age``. InvalidNameError: a bad
-                name in ``keep``.
+            ConfigurationError: a negative count, a bad ``min_age``, or ``keep`` given as one
+                string or holding a non-string. InvalidNameError: a bad name in ``keep``.
         """
-        policy = Retention(keep_last, keep_every, tuple(keep), check_age(min_age))
+        policy = Retention(keep_last, keep_every, check_keep(keep), check_age(min_age))
         check_flag(dry_run, "dry_run")
         for name in keep:
             validate_name(name)

@@ -25,6 +25,7 @@ __all__ = [
     "Retention",
     "TargetPlan",
     "check_age",
+    "check_keep",
     "guard_window",
     "keep_set",
     "plan_target",
@@ -47,6 +48,7 @@ class Retention:
     """Never delete anything modified less than this many seconds ago."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "keep", check_keep(self.keep))
         if self.keep_last is not None and (not _is_int(self.keep_last) or self.keep_last < 0):
             raise ConfigurationError(f"keep_last must be an integer >= 0, not {self.keep_last!r}")
         if self.keep_every is not None and (not _is_int(self.keep_every) or self.keep_every < 1):
@@ -55,6 +57,26 @@ class Retention:
             raise ConfigurationError(f"min_age must be a finite number, not {self.min_age!r}")
         if self.min_age < 0:
             raise ConfigurationError(f"min_age must be >= 0, not {self.min_age!r}")
+
+
+def check_keep(keep: object) -> tuple[str, ...]:
+    """``keep`` as a tuple of names; ConfigurationError for one name given as a string (it
+    would be taken as one name per character, and the name itself not kept) or anything that
+    is not a collection of strings. The names themselves are checked where they are used."""
+    if isinstance(keep, str | bytes):
+        raise ConfigurationError(
+            f"keep must be a collection of names, not one string ({keep!r}): write keep=[{keep!r}]"
+        )
+    if not isinstance(keep, Iterable):
+        raise ConfigurationError(f"keep must be a collection of names, not {keep!r}")
+    try:
+        names: tuple[object, ...] = tuple(keep)
+    except TypeError:
+        raise ConfigurationError(f"keep must be a collection of names, not {keep!r}") from None
+    for name in names:
+        if not isinstance(name, str):
+            raise ConfigurationError(f"keep must hold names (strings), not {name!r}")
+    return tuple(str(name) for name in names)
 
 
 def check_age(min_age: float) -> float:
