@@ -45,6 +45,8 @@ from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK
 from commitstore.errors import (
+    CommitError,
+    CommitStoreError,
     InsufficientSpaceError,
     IntegrityError,
     InvalidNameError,
@@ -458,6 +460,37 @@ class LocalBackend(RenameBackend[int, Staging]):
     def remove_leftover(self, parts: Parts) -> bool:
         """:meth:`remove` without the folder fsync (see ``Backend.remove_leftover``)."""
         return self.remove(parts, durable=False)
+
+    def publish_small_from(self, src: Parts, dst: Parts, *, mode: PutMode) -> CommitInfo | None:
+        """``Backend.publish_small_from`` on a local filesystem: :meth:`rename` of ``src`` onto
+        ``dst`` (``publish_at``: ``renameat2(RENAME_NOREPLACE)`` for ``CREATE``, ``rename``
+        for ``REPLACE``; one step either way, so a crash leaves the file under exactly one of
+        the two names), then the folder's fsync. The file's bytes were fsynced when ``src`` was
+        written and a rename moves the name, not the bytes: no file sync is repeated. A refused
+        folder sync marks the info not durable (as step 8 of ``sink.py``)."""
+        shown = self.path_of(dst)
+        if src[:-1] != dst[:-1]:
+            raise CommitError(f"{self.path_of(src)}: not beside {shown}")
+        info = CommitInfo(0)
+        try:
+            dirfd = self.open_dir(dst[:-1], create=False)
+            try:
+                self.rename(dirfd, src[-1], dst[-1], mode=mode, is_dir=False, info=info)
+                try:
+                    fsync_dir(dirfd, info, self.policy.dir_fsync_tolerated)
+                except OSError as exc:
+                    info.durable = False
+                    info.notes.append(
+                        f"{shown} is published, but syncing its folder failed "
+                        f"({exc.strerror}): durability unconfirmed"
+                    )
+            finally:
+                close_quietly(dirfd)
+        except CommitStoreError:
+            raise
+        except OSError as exc:
+            raise storage_error(exc, "publishing", shown) from exc
+        return info
 
     @translated("removing")
     def remove_empty_folder(self, parts: Parts) -> bool:
