@@ -21,12 +21,13 @@ import logging
 import os
 import stat as statmod
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
 from commitstore.backends.localtree import close_quietly, fsync_dir
-from commitstore.backends.rename import _liveness, _syscalls
+from commitstore.backends.rename import _earlysync, _liveness, _syscalls
 from commitstore.backends.rename._direct import ALIGN, DirectWriter, set_direct
 from commitstore.backends.rename._dirreads import DIR_FLAGS, FolderReader, open_regular
 from commitstore.backends.rename._localfs import (
@@ -77,6 +78,8 @@ class Staging:
     closed: bool = False
     direct: DirectWriter | None = None
     tried_direct: bool = False
+    sync: Future[None] | None = None
+    """The early ``fsync`` of a buffered file (``_earlysync``), once its commit began."""
 
 
 _LOCK_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
@@ -256,14 +259,22 @@ class LocalBackend(RenameBackend[int, Staging]):
         return n
 
     def prepare(self, handle: Staging) -> None:
+        """At commit, before the pending record is written: the file's ``fsync`` is started
+        in a worker (the direct writer's own, or ``_earlysync`` for a buffered file), so it
+        runs while the pending record is written; :meth:`finish` waits for it."""
         if handle.direct is not None:
             handle.direct.start_sync()
+        elif handle.sync is None and not handle.closed:
+            handle.sync = _earlysync.start_fsync(handle.fd)
 
     def finish(self, handle: Staging) -> int:
         try:
             if handle.direct is not None:
                 handle.direct.flush()
-            if handle.direct is None or not handle.direct.synced:
+            if handle.sync is not None:
+                sync, handle.sync = handle.sync, None
+                sync.result()  # the early fsync's error, if it met one
+            elif handle.direct is None or not handle.direct.synced:
                 os.fsync(handle.fd)
             return os.fstat(handle.fd).st_size
         finally:
@@ -273,6 +284,8 @@ class LocalBackend(RenameBackend[int, Staging]):
         if not handle.closed:
             handle.closed = True
             try:
+                if handle.sync is not None:
+                    _earlysync.wait_quietly(handle.sync)
                 if handle.direct is not None:
                     handle.direct.close()
             finally:
