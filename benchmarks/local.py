@@ -4,7 +4,8 @@ Baselines: ``fio`` writing with ``O_DIRECT`` and 16 writes in flight (the device
 ``dd if=/dev/zero bs=16M oflag=direct``, one write in flight, beside it), a naive write of the
 final name + fsync (the unsafe way), a plain ``readinto`` read into one preallocated buffer
 (warm and cold cache) at its best buffer size, and xxh3_128 of a buffer already in memory (the
-hash's own limit).
+hash's own limit). Small commits: ``put_bytes`` of 1 KiB artifacts against a write of each to
+its final name + ``fsync`` of the file and of its folder (:func:`_measure_small`).
 
 Reads: before the read pairs, ``plain_read`` is swept over the buffer sizes of
 ``worker.READ_BUFFERS`` (128 KiB to the whole file; warm, then cold), and each pair's baseline
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ._harness import MiB, pair, report, run, sweep
-from .worker import READ_BUFFERS
+from .worker import READ_BUFFERS, SMALL_BYTES
 
 SIZES_MIB = (256, 1024)
 REPEAT = 15
@@ -38,7 +39,27 @@ TARGETS = {
     "commit_vs_naive_write_fsync": 0.75,
     "verify_full_warm_vs_readinto_warm": 1.0,
     "verify_full_cold_vs_readinto_cold": 1.02,
+    "small_commit_vs_naive_write_fsync_dir": 2.0,
 }
+SMALL_COMMITS = 50
+"""How many commits of :data:`worker.SMALL_BYTES` one run of the small-commit pair makes, timed
+together (one commit lasts a few syncs: too short to time alone)."""
+
+
+def _measure_small(tmp: str, repeat: int) -> dict[str, Any]:
+    """Small commits: ``put_bytes`` of 1 KiB artifacts against writing each to its final name
+    with an ``fsync`` of the file and of its folder, the same count a side, each run from a
+    folder emptied and synced (``clear``) and the quiet state."""
+    folder = Path(tmp) / "small"
+    folder.mkdir()
+
+    def clear() -> None:
+        shutil.rmtree(folder)
+        folder.mkdir()
+        os.sync()
+
+    size = SMALL_COMMITS * SMALL_BYTES
+    return pair("naive_small", "small_commit", str(folder / "item"), size, repeat, clear=clear)
 
 
 def _measure(tmp: str, size: int, repeat: int, sweeps: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -100,6 +121,10 @@ def main(args: argparse.Namespace) -> None:
                 results[f"{name}, {mib} MiB"] = r
                 if name in TARGETS:
                     targets[f"{name}, {mib} MiB"] = TARGETS[name]
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="cs-bench-") as tmp:
+        name = "small_commit_vs_naive_write_fsync_dir"
+        results[f"{name}, 1 KiB x {SMALL_COMMITS}"] = _measure_small(tmp, repeat)
+        targets[f"{name}, 1 KiB x {SMALL_COMMITS}"] = TARGETS[name]
     report(
         f"local, {' and '.join(f'{m} MiB' for m in sizes)}, {repeat} runs a side "
         "(shuffled, each from the quiet state), medians",

@@ -7,8 +7,9 @@ measured part with ``with timed():``. ``maxrss_kib`` is the whole process's peak
 TARGET is a local path, or for the ``smb_*`` ops an ``smb://user@host:port/share/dir/name`` URL
 (password from ``COMMITSTORE_SMB_PASSWORD``).
 OPs: ``naive_write`` (write the final name + fsync, no staging, no hash: the unsafe baseline),
-``stage_commit`` (commitstore ``stage()`` + commit), ``plain_read`` (read the file to the end),
-``verify_full`` (``verify(name, level="full")``).
+``stage_commit`` (commitstore ``stage()`` + commit), ``naive_small`` and ``small_commit`` (many
+1 KiB files: a write + fsync of file and folder each, against ``put_bytes``), ``plain_read``
+(read the file to the end), ``verify_full`` (``verify(name, level="full")``).
 """
 
 from __future__ import annotations
@@ -102,6 +103,43 @@ def stage_commit(path: Path, size: int) -> None:
     with timed(), store.stage(path.name, overwrite=True) as st:
         for _ in range(size // CHUNK):
             st.write(block)
+
+
+SMALL_BYTES = 1024
+"""The size of each artifact of the small-commit pair (``naive_small``, ``small_commit``)."""
+
+
+def naive_small(path: Path, size: int) -> None:
+    """The small commit's baseline: ``size // SMALL_BYTES`` files of :data:`SMALL_BYTES`, each
+    written to its final name beside ``path``, then ``fsync`` of the file and of its folder (the
+    unsafe way, made durable: no staging, no hash, no record)."""
+    data = os.urandom(SMALL_BYTES)
+    folder = path.parent
+    with timed():
+        for i in range(size // SMALL_BYTES):
+            fd = os.open(folder / f"{path.name}.{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            dirfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dirfd)
+            finally:
+                os.close(dirfd)
+
+
+def small_commit(path: Path, size: int) -> None:
+    """commitstore: ``put_bytes`` of ``size // SMALL_BYTES`` new artifacts of
+    :data:`SMALL_BYTES` into the store at ``path``'s folder (one commit each: pending record,
+    data, record). One untimed commit first, so the store's folders and lock file exist."""
+    data = os.urandom(SMALL_BYTES)
+    store = open_store(path.parent)
+    store.put_bytes(f"{path.name}.warm", data, overwrite=True)
+    with timed():
+        for i in range(size // SMALL_BYTES):
+            store.put_bytes(f"{path.name}.{i}", data)
 
 
 def stage_commit_no_writeback(path: Path, size: int) -> None:
@@ -506,6 +544,8 @@ PATH_OPS = {
         dd_direct,
         fio_direct,
         stage_commit,
+        naive_small,
+        small_commit,
         stage_commit_no_writeback,
         bridge_commit_no_readback,
         plain_read,

@@ -168,7 +168,7 @@ def _events(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[str]:
         kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
         real_fsync(fd)
         seen.append(f"{kind} {path}")
-        if threading.current_thread().name.startswith("commitstore-direct"):
+        if threading.current_thread().name.startswith(("commitstore-direct", "commitstore-sync")):
             WORKER.append(seen[-1])
 
     def rename(self: posix.LocalBackend, folder: int, src: str, dst: str, **kw: Any) -> None:
@@ -185,10 +185,11 @@ def _events(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[str]:
 def test_a_commit_makes_exactly_the_ordered_syncs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    """Six syncs, each an ordering of docs/guarantees.md: the pending record's file before its
+    """Five syncs, each an ordering of docs/guarantees.md: the pending record's file before its
     rename, its folder before the data rename; the data file before its rename, its folder
-    before the record's rename; the record's file before its rename, its folder last. (The
-    data's fsync of a direct-written file runs in the worker, beside the pending record.)"""
+    before the record's rename (the pending record renamed onto the record: no second copy
+    written and synced), its folder last. (The data's fsync runs in a worker, beside the
+    pending record's write.)"""
     root = tmp_path / "s"
     store = open_store(root)
     store.put_bytes("first.bin", b"x")  # the store's folders exist (their creation is synced)
@@ -206,20 +207,18 @@ def test_a_commit_makes_exactly_the_ordered_syncs(
     data_file = at(lambda e: e.startswith("file .commitstore.tmp.") and e.endswith("a.bin"))
     data_rename = at(lambda e: e == "rename a.bin")
     data_dir = at(lambda e: e == "dir .")
-    record_file = at(lambda e: e.startswith(f"file {records}/") and ".rec.a.bin" in e)
+    assert not [e for e in seen if e.startswith(f"file {records}/") and ".rec.a.bin" in e]
     record_rename = at(lambda e: e == "rename .commitstore.rec.a.bin.json")
     record_dirs = [i for i, e in enumerate(seen) if e == f"dir {records}"]
     assert len(record_dirs) == 2, seen
     assert pending_file < pending_rename < record_dirs[0] < data_rename, seen
-    assert data_file < data_rename < data_dir < record_file < record_rename < record_dirs[1]
-    assert record_dirs[1] == len(seen) - 1  # the pending record's removal is not synced
-    assert sum(not e.startswith("rename") for e in seen) == 6, seen
-    if size < posix.DIRECT_AFTER:
-        assert pending_file < pending_rename < record_dirs[0] < data_file, seen
-        assert WORKER == []
-    else:  # started when the last byte was queued, in the worker
-        assert [seen[data_file]] == WORKER, (WORKER, seen)
-    # the pending record is gone, though its removal was not synced
+    assert data_file < data_rename < data_dir < record_rename < record_dirs[1]
+    assert record_dirs[1] == len(seen) - 1
+    assert sum(not e.startswith("rename") for e in seen) == 5, seen
+    # started when the commit began, in a worker (the direct writer's, or the early sync of a
+    # buffered file), beside the pending record's write; the data's rename waited for it
+    assert [seen[data_file]] == WORKER, (WORKER, seen)
+    # the pending record is gone: it was renamed onto the record
     assert sorted(p.name for p in (root / records).iterdir()) == [
         ".commitstore.rec.a.bin.json",
         ".commitstore.rec.first.bin.json",

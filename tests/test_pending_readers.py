@@ -65,6 +65,7 @@ WRITER = textwrap.dedent(
     import json, os, shutil, signal, sys
     from pathlib import Path
     from commitstore import _commit, open_store
+    from commitstore.backends.rename.posix import LocalBackend
 
     url, opts, name, source = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
     original = _commit.put_small
@@ -75,6 +76,14 @@ WRITER = textwrap.dedent(
         return original(backend, parts, body, mode)
 
     _commit.put_small = put_small
+    renamed = LocalBackend.publish_small_from
+
+    def publish_small_from(self, src, dst, *, mode):  # the record as the pending one renamed
+        if dst[-1].startswith(".commitstore.rec."):
+            os.kill(os.getpid(), signal.SIGKILL)  # the data is published, its record not yet
+        return renamed(self, src, dst, mode=mode)
+
+    LocalBackend.publish_small_from = publish_small_from
     store = open_store(url, **opts)
     meta = {"version": 2}
     if source.is_dir():

@@ -23,6 +23,7 @@ import pytest
 
 from commitstore import AlreadyExistsError, InsufficientSpaceError, open_store
 from commitstore import _commit as commit_module
+from commitstore.backends.rename.posix import LocalBackend
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target, pending_paths, record_path, xxh
 
 from .helpers.s3servers import BUCKET, MotoServer
@@ -38,17 +39,28 @@ def pending_path(name: str) -> str:
 
 @pytest.fixture
 def fail_record_write(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
-    """Make the storage refuse the next record write (not the pending record) with ENOSPC."""
+    """Make the storage refuse the next record write (not the pending record) with ENOSPC,
+    whether the record is written anew or is the pending record renamed onto it (local disks:
+    ``publish_small_from``)."""
 
     def arm(name: str) -> None:
         original = commit_module.put_small
+        renamed = LocalBackend.publish_small_from
 
         def put_small(backend: Any, parts: tuple[str, ...], body: bytes, mode: Any) -> Any:
             if "/".join(parts) == record_path(name):
                 raise InsufficientSpaceError("no space left while writing the record")
             return original(backend, parts, body, mode)
 
+        def publish_small_from(
+            self: LocalBackend, src: tuple[str, ...], dst: tuple[str, ...], *, mode: Any
+        ) -> Any:
+            if "/".join(dst) == record_path(name):
+                raise InsufficientSpaceError("no space left while publishing the record")
+            return renamed(self, src, dst, mode=mode)
+
         monkeypatch.setattr(commit_module, "put_small", put_small)
+        monkeypatch.setattr(LocalBackend, "publish_small_from", publish_small_from)
 
     return arm
 
@@ -177,6 +189,7 @@ KILLER = textwrap.dedent(
     """
     import os, signal, sys
     from commitstore import _commit, open_store
+    from commitstore.backends.rename.posix import LocalBackend
 
     root, name, when = sys.argv[1], sys.argv[2], sys.argv[3]
     original = _commit.put_small
@@ -191,6 +204,14 @@ KILLER = textwrap.dedent(
         return result
 
     _commit.put_small = put_small
+    renamed = LocalBackend.publish_small_from
+
+    def publish_small_from(self, src, dst, *, mode):  # the record as the pending one renamed
+        if when == "before-record" and dst[-1].startswith(".commitstore.rec."):
+            os.kill(os.getpid(), signal.SIGKILL)  # data published, record not yet
+        return renamed(self, src, dst, mode=mode)
+
+    LocalBackend.publish_small_from = publish_small_from
     open_store(root).put_bytes(name, b"the new version " * 4000, overwrite=True)
     """
 )

@@ -150,8 +150,12 @@ class Committer:
         """:meth:`check_absent` for a create-only commit starting (outside the publish lock):
         data without a record that an interrupted commit of the name left, matching its pending
         record, is first made a commit (:meth:`promote_earlier`, under the lock), so the refusal
-        says "already committed" rather than advising to overwrite a whole version."""
-        if self.backend.stat(record_parts(parts)) is None and self.backend.stat(parts) is not None:
+        says "already committed" rather than advising to overwrite a whole version. Neither
+        record nor data: free, from the same two stats :meth:`check_absent` makes (not
+        repeated)."""
+        if self.backend.stat(record_parts(parts)) is None:
+            if self.backend.stat(parts) is None:
+                return
             with self.backend.publish_lock():
                 self.promote_earlier(parts)
         self.check_absent(parts)
@@ -271,6 +275,23 @@ class Committer:
         of this writer's own, kept alive by a heartbeat while the commit runs, and is removed
         afterwards only when no other writer of the name may need it (``_slots``).
 
+        Where the pending record is the record to publish (same bytes) and the backend renames
+        in one step (``Backend.publish_small_from``: local disks), the record is published by
+        renaming the pending record onto it, then syncing that folder, instead of writing and
+        syncing a second copy and removing the first. A small local commit then makes five
+        syncs, in this order: (1) the pending record's file, (2) the records folder (the
+        pending record is named), (3) the data's file, (4) the data's folder (its rename),
+        (5) the records folder again (the record's rename). Crash consistency, step by step:
+        before (2) completes, the data is not renamed yet, so the old version stands whatever
+        of the pending record survives (a pending record without matching data is ignored).
+        From (2) on, the pending record is whole and named durably before the data's rename is
+        even issued, so once that rename survives, the name verifies as the new version. (4)
+        completes before the record's rename is issued, so a record naming the new data never
+        survives without it. The rename of (5) is one step: a crash leaves the same bytes under
+        the pending name or under the record's (old record or none beside it), both of which
+        verify as the new version. (2) and (5) cannot be one sync: the pending record must be
+        durable before the data's rename and the record's rename must follow the data's sync.
+
         With ``CREATE`` on storage without an atomic create-only publish, the absence of record
         and data is checked first, under the lock. ``data_in_place``: the data under the name
         is this commit's own (a multi-writer folder on an object store, ``_folder``), so only
@@ -353,10 +374,18 @@ class Committer:
                 if info is not None:  # retries, refusals: said even when durable
                     durable = durable and info.durable
                     notes += info.notes
-                body = body if body is not None else encode_record(record)
+                if body is None:  # the intent's bytes when the record is the intent
+                    body = pending if record is intent and pending else encode_record(record)
                 published: CommitInfo | None = None
+                renamed = False
                 try:
-                    published = put_small(self.backend, record_parts(parts), body, mode)
+                    if slot is None and pending == body:
+                        published = self.backend.publish_small_from(
+                            intent_parts(parts), record_parts(parts), mode=mode
+                        )
+                        renamed = published is not None
+                    if published is None:
+                        published = put_small(self.backend, record_parts(parts), body, mode)
                 except CommitStoreError as exc:
                     if pending is None or pending != body:
                         raise
@@ -372,7 +401,7 @@ class Committer:
                 pass  # the pending record stays: it is what makes the name verify
             elif slot is not None:  # kept if another writer of the name may need it (_slots)
                 self._settle_slot(parts, slot, body, record)
-            elif pending is not None:
+            elif pending is not None and not renamed:
                 # a leftover only costs a lookup (it equals the durable record), so the removal
                 # need not be durable: no folder sync for it
                 try:

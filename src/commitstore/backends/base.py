@@ -225,6 +225,20 @@ class Backend(abc.ABC):
         there."""
         return self.remove(parts)
 
+    def publish_small_from(self, src: Parts, dst: Parts, *, mode: PutMode) -> CommitInfo | None:
+        """Publish the small file at ``src`` (whole and durable already: a commit's pending
+        record) under ``dst``, in the same folder, by one atomic rename that takes ``src`` away,
+        then make that rename durable (a folder sync). ``mode`` as for a publish: ``CREATE``
+        fails atomically (AlreadyExistsError) if ``dst`` exists, ``REPLACE`` swaps in one step,
+        so ``dst`` holds its old bytes or ``src``'s, never a mix, and a crash leaves ``src``'s
+        bytes under one of the two names. A failed folder sync after the rename is not raised:
+        the returned info says durability unconfirmed.
+
+        Returns None, having done nothing, where the storage has no such step (the default):
+        the caller then writes ``dst`` anew. Raises StorageError (and AlreadyExistsError) when
+        the rename fails; ``src`` is then left as it was."""
+        return None
+
     def remove_files(self, parts: Parts, files: list[Parts]) -> bool:
         """Remove exactly the files ``files`` (paths relative to the folder ``parts``, as a
         folder record names them), then every folder below ``parts``, and ``parts`` itself, that

@@ -47,7 +47,8 @@ DATA = st.binary(min_size=1, max_size=200)
 POINTS = ("writing", "before-pending", "before-data", "before-record", "before-cleanup", "mid-copy")
 """Where a writer is killed: while its bytes are staged; before its pending record is written;
 after its pending record, before its data is published; after its data is published, before its
-record; after its record, before the pending record is dropped; during the copies of an
+record; after its record, before the pending record is dropped (where the record is the pending
+record renamed onto it: right after that rename and its sync); during the copies of an
 object-store folder replace (other commits finish there)."""
 UNPUBLISHED = ("writing", "before-pending", "before-data")
 """Points where nothing of the new version is published yet: the model stands."""
@@ -106,6 +107,20 @@ def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) 
         return put_small(*args, **kw)
 
     commit_module.put_small = counted_put  # in the child only
+    if point in ("before-record", "before-cleanup"):
+        # where the record is the pending record renamed onto it (local disks): before that
+        # rename, or once it is done (nothing is left to clean up after it)
+        publish_from = backend.publish_small_from
+
+        def stopping_publish(src: tuple[str, ...], dst: tuple[str, ...], **kw: Any) -> Any:
+            if point == "before-record" and pending_written[0]:
+                signal_parent()
+            got = publish_from(src, dst, **kw)
+            if point == "before-cleanup" and got is not None:
+                signal_parent()
+            return got
+
+        backend.publish_small_from = stopping_publish
     if point == "before-cleanup":
         remove = backend.remove_leftover  # how a commit drops its pending record
 

@@ -15,11 +15,12 @@ import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from commitstore.backends.base import Backend, Capabilities, take_options
+from commitstore.backends.base import Backend, Capabilities, CommitInfo, PutMode, take_options
 from commitstore.backends.rename.mounts import Mount, mount_of
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.posix import LocalBackend
 from commitstore.errors import ConfigurationError
+from commitstore.layout import Parts
 
 BRIDGE_POLICY = CommitPolicy(
     rename_attempts=6,
@@ -49,6 +50,12 @@ class BridgeBackend(LocalBackend):
     rereads_locally = False
     """Reads go to the far side of the mount (its cached pages are dropped first): a second
     read is a second transfer."""
+
+    def publish_small_from(self, src: Parts, dst: Parts, *, mode: PutMode) -> CommitInfo | None:
+        """None: a bridge writes a record anew (``Backend.publish_small_from``), with every
+        check of :data:`BRIDGE_POLICY` (fresh stat, read-back, size after the rename) on the
+        record's own bytes; a rename on a FUSE or network mount is not taken as the local one."""
+        return None
 
     def __init__(
         self,

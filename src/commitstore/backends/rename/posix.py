@@ -21,12 +21,13 @@ import logging
 import os
 import stat as statmod
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
 from commitstore.backends.localtree import close_quietly, fsync_dir
-from commitstore.backends.rename import _liveness, _syscalls
+from commitstore.backends.rename import _earlysync, _liveness, _syscalls
 from commitstore.backends.rename._direct import ALIGN, DirectWriter, set_direct
 from commitstore.backends.rename._dirreads import DIR_FLAGS, FolderReader, open_regular
 from commitstore.backends.rename._localfs import (
@@ -45,6 +46,8 @@ from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK
 from commitstore.errors import (
+    CommitError,
+    CommitStoreError,
     InsufficientSpaceError,
     IntegrityError,
     InvalidNameError,
@@ -75,6 +78,8 @@ class Staging:
     closed: bool = False
     direct: DirectWriter | None = None
     tried_direct: bool = False
+    sync: Future[None] | None = None
+    """The early ``fsync`` of a buffered file (``_earlysync``), once its commit began."""
 
 
 _LOCK_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
@@ -254,14 +259,22 @@ class LocalBackend(RenameBackend[int, Staging]):
         return n
 
     def prepare(self, handle: Staging) -> None:
+        """At commit, before the pending record is written: the file's ``fsync`` is started
+        in a worker (the direct writer's own, or ``_earlysync`` for a buffered file), so it
+        runs while the pending record is written; :meth:`finish` waits for it."""
         if handle.direct is not None:
             handle.direct.start_sync()
+        elif handle.sync is None and not handle.closed:
+            handle.sync = _earlysync.start_fsync(handle.fd)
 
     def finish(self, handle: Staging) -> int:
         try:
             if handle.direct is not None:
                 handle.direct.flush()
-            if handle.direct is None or not handle.direct.synced:
+            if handle.sync is not None:
+                sync, handle.sync = handle.sync, None
+                sync.result()  # the early fsync's error, if it met one
+            elif handle.direct is None or not handle.direct.synced:
                 os.fsync(handle.fd)
             return os.fstat(handle.fd).st_size
         finally:
@@ -271,6 +284,8 @@ class LocalBackend(RenameBackend[int, Staging]):
         if not handle.closed:
             handle.closed = True
             try:
+                if handle.sync is not None:
+                    _earlysync.wait_quietly(handle.sync)
                 if handle.direct is not None:
                     handle.direct.close()
             finally:
@@ -458,6 +473,37 @@ class LocalBackend(RenameBackend[int, Staging]):
     def remove_leftover(self, parts: Parts) -> bool:
         """:meth:`remove` without the folder fsync (see ``Backend.remove_leftover``)."""
         return self.remove(parts, durable=False)
+
+    def publish_small_from(self, src: Parts, dst: Parts, *, mode: PutMode) -> CommitInfo | None:
+        """``Backend.publish_small_from`` on a local filesystem: :meth:`rename` of ``src`` onto
+        ``dst`` (``publish_at``: ``renameat2(RENAME_NOREPLACE)`` for ``CREATE``, ``rename``
+        for ``REPLACE``; one step either way, so a crash leaves the file under exactly one of
+        the two names), then the folder's fsync. The file's bytes were fsynced when ``src`` was
+        written and a rename moves the name, not the bytes: no file sync is repeated. A refused
+        folder sync marks the info not durable (as step 8 of ``sink.py``)."""
+        shown = self.path_of(dst)
+        if src[:-1] != dst[:-1]:
+            raise CommitError(f"{self.path_of(src)}: not beside {shown}")
+        info = CommitInfo(0)
+        try:
+            dirfd = self.open_dir(dst[:-1], create=False)
+            try:
+                self.rename(dirfd, src[-1], dst[-1], mode=mode, is_dir=False, info=info)
+                try:
+                    fsync_dir(dirfd, info, self.policy.dir_fsync_tolerated)
+                except OSError as exc:
+                    info.durable = False
+                    info.notes.append(
+                        f"{shown} is published, but syncing its folder failed "
+                        f"({exc.strerror}): durability unconfirmed"
+                    )
+            finally:
+                close_quietly(dirfd)
+        except CommitStoreError:
+            raise
+        except OSError as exc:
+            raise storage_error(exc, "publishing", shown) from exc
+        return info
 
     @translated("removing")
     def remove_empty_folder(self, parts: Parts) -> bool:
