@@ -203,18 +203,26 @@ class Committer:
         folder or a file): a new artifact inside a committed folder artifact would change that
         folder's files under its record, and one below a committed file cannot be a file of
         its own on a file system (one record read per leading part)."""
+        outer = self.outer_artifact(parts)
+        if outer is not None:
+            name = "/".join(parts)
+            raise AlreadyExistsError(
+                f"{name} would be inside the committed artifact {outer}; commit the folder "
+                "again with the file in it (stage_dir(..., overwrite=True)) instead",
+                name=name,
+            )
+
+    def outer_artifact(self, parts: Parts) -> str | None:
+        """The committed artifact (a folder or a file) that ``parts`` lies inside, None if no
+        leading part of ``parts`` has a record (one record stat per leading part)."""
         for i in range(1, len(parts)):
             try:
                 if self.backend.stat(record_parts(parts[:i])) is None:
                     continue
             except CommitStoreError:
                 continue
-            outer, name = "/".join(parts[:i]), "/".join(parts)
-            raise AlreadyExistsError(
-                f"{name} would be inside the committed artifact {outer}; commit the folder "
-                "again with the file in it (stage_dir(..., overwrite=True)) instead",
-                name=name,
-            )
+            return "/".join(parts[:i])
+        return None
 
     def check_not_inside(self, parts: Parts, name: str) -> None:
         """Raise NameConflictError if ``parts``, which has no record of its own, lies inside a
@@ -494,10 +502,15 @@ class Committer:
         or the data is no longer the one ``seen`` (size, mtime) before it was hashed (replaced
         meanwhile, so the record would not describe it). Both checks run under the publish
         lock, so no commit can publish between them and the record. A folder path that holds
-        committed artifacts is never adopted (its record would claim their files)."""
+        committed artifacts is never adopted (its record would claim their files), nor a path
+        inside a committed artifact (a member of a committed folder is not an artifact of its
+        own)."""
         with self.backend.publish_lock():
             if self.backend.stat(record_parts(parts)) is not None:
                 return "already has a record"
+            outer = self.outer_artifact(parts)
+            if outer is not None:
+                return f"inside the committed artifact {outer} (not adopted)"
             below = committed_below(self.backend, parts)
             if below:
                 return f"holds committed artifacts ({shown(below)}; not adopted)"

@@ -23,7 +23,14 @@ import stat
 from pathlib import Path
 
 from commitstore._check import pending_versions, resolve, served_version
-from commitstore._read import ATTEMPTS, _attempt, _file_record, _open_data, _record_changed
+from commitstore._read import (
+    ATTEMPTS,
+    _attempt,
+    _file_record,
+    _open_data,
+    _record_changed,
+    store_holding,
+)
 from commitstore.backends import Backend, PutMode, local_error, local_folder
 from commitstore.digest import copy_hashed, hash_stream
 from commitstore.errors import ConfigurationError, InsufficientSpaceError, IntegrityError
@@ -91,8 +98,17 @@ def fetch(
     version the name verifies as (a commit stopped after its data step; :func:`version_of`),
     with its own step and metadata. Raises what ``CommitStore.open`` raises (NotFoundError,
     IntegrityError: bytes that fail their record are never cached), a folder artifact is a
-    ConfigurationError; local errors are typed (InsufficientSpaceError...).
+    ConfigurationError, and so is a ``cache_dir`` inside the store's own folder (before any
+    I/O: a cached copy there would land among the store's names); local errors are typed
+    (InsufficientSpaceError...).
     """
+    root = store_holding(backend, cache_dir)
+    if root is not None:
+        raise ConfigurationError(
+            f"cache_dir {cache_dir} is inside the store's own folder ({root}): cached copies "
+            "there would land among the store's artifacts and records; choose a folder outside "
+            "the store"
+        )
     rec = _file_record(backend, url, name)
     version = version_of(backend, rec)
     path = cache_path(cache_dir, version)

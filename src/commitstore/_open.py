@@ -8,7 +8,7 @@ from typing import Any
 
 from commitstore._background import check_inflight
 from commitstore._commit import check_flag
-from commitstore.backends import resolve
+from commitstore.backends import Backend, resolve
 from commitstore.errors import ConfigurationError, NotFoundError
 from commitstore.layout import redact_url
 from commitstore.maintenance.retention import Retention
@@ -51,8 +51,9 @@ def open_store(
     Raises:
         ConfigurationError: unknown scheme, option, mode or policy, ``mirrors`` given as one
             URL rather than a list, a ``retention`` that is not a Retention, a ``create`` that
-            is not a bool, an ``async_inflight`` outside [1, 64], or a missing extra (with the pip
-            command), before any I/O.
+            is not a bool, an ``async_inflight`` outside [1, 64], a missing extra (with the pip
+            command), or a mirror that overlaps the primary or another mirror (the same folder
+            or bucket prefix, or one inside the other: :func:`check_separate`), before any I/O.
         NotFoundError: ``create=False`` and the store's root does not exist.
     """
     check_mirror_options(mirror_mode, mirror_policy, mirror_queue)
@@ -71,6 +72,7 @@ def open_store(
     if not create and not backend.root_exists():
         raise NotFoundError(f"no store at {redact_url(os.fspath(url))}: its root does not exist")
     opened = [m if isinstance(m, CommitStore) else open_store(m) for m in mirrors]
+    check_separate(backend, redact_url(os.fspath(url)), opened)
     return CommitStore(
         backend,
         url=redact_url(os.fspath(url)),
@@ -81,3 +83,31 @@ def open_store(
         retention=retention,
         async_inflight=async_inflight,
     )
+
+
+def _overlap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """True when one place is the other or lies inside it."""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def check_separate(primary: Backend, url: str, mirrors: Sequence[CommitStore]) -> None:
+    """Raise ConfigurationError when a mirror is the primary, lies inside it or holds it, or
+    overlaps another mirror (``Backend.place``: the same local folder, symlinks resolved, or
+    the same bucket prefix on the same server): a store's copies would land among its own
+    names, where replication, gc and retention of one would reach into the other's."""
+    seen: list[tuple[str, tuple[str, ...]]] = []
+    own = primary.place()
+    if own is not None:
+        seen.append((f"the primary {url}", own))
+    for m in mirrors:
+        place = m.backend.place()
+        if place is None:
+            continue
+        for what, other in seen:
+            if _overlap(place, other):
+                raise ConfigurationError(
+                    f"mirror {m.url} overlaps {what} (the same folder or prefix, or one "
+                    "inside the other): a mirror must be a separate store"
+                )
+        seen.append((f"the mirror {m.url}", place))

@@ -152,6 +152,31 @@ def read_with_record(backend: Backend, url: str, name: str, level: str) -> tuple
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def store_holding(backend: Backend, path: Path) -> str | None:
+    """The store's local root when the local ``path`` is that root or lies inside it (both with
+    symlinks resolved; ``path`` need not exist), else None. A copy out of the store written
+    there would land among the store's own names (another artifact's data, its records). Only
+    resolves paths: nothing is created or written."""
+    root = backend.local_root()
+    if root is None:
+        return None
+    where = os.path.realpath(os.fspath(path))
+    return root if os.path.commonpath((root, where)) == root else None
+
+
+def check_destination(backend: Backend, dest: Path, name: str) -> None:
+    """Raise NameConflictError when ``dest`` lies inside the store's own folder (before any
+    I/O): ``get_file`` there would replace another artifact's data or the store's records."""
+    root = store_holding(backend, dest)
+    if root is not None:
+        raise NameConflictError(
+            f"{dest} is inside the store's own folder ({root}): a copy of {name} there could "
+            "replace another artifact's data or the store's records, so it is refused and "
+            "nothing was changed; choose a path outside the store",
+            name=name,
+        )
+
+
 def local_destination(dest: Path, name: str, kind: str) -> Path:
     """Where ``get_file`` publishes artifact ``name`` (``kind``: ``"file"`` or ``"dir"``) for
     the local path ``dest``, as ``cp`` does: an existing folder ``dest`` receives it inside,
@@ -200,7 +225,9 @@ def get_verified(
     matched the record. The record and the data are read together, again, when a check fails
     because the name was overwritten meanwhile; the last attempt reads under the publish lock,
     so a commit racing the copy never makes it fail where the storage has a lock (local
-    disks, bridges, ``memory://``)."""
+    disks, bridges, ``memory://``). A ``dest`` inside the store's own folder is refused first
+    (:func:`check_destination`, NameConflictError)."""
+    check_destination(backend, dest, name)
     rec = record_of(backend, url, name).record
     for attempt in range(ATTEMPTS):
         with _attempt(backend, attempt):

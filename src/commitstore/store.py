@@ -666,7 +666,13 @@ class CommitStore:
         progress: Progress | None = None,
     ) -> None:
         """Copy ``name`` to ``local_path`` with the local commit protocol; the local file appears
-        only if the bytes matched the record (folder artifacts: the whole folder)."""
+        only if the bytes matched the record (folder artifacts: the whole folder).
+
+        Raises:
+            NameConflictError: ``local_path`` lies inside this store's own folder (a local
+                store; checked before any I/O), is an existing local folder's name for the
+                copy, or a file a folder artifact would replace: nothing was changed.
+        """
         _check.check_level(verify, allow_none=True)
         _read.get_verified(
             self.backend, self.url, name, dest=Path(local_path), level=verify, progress=progress
@@ -686,7 +692,8 @@ class CommitStore:
 
         Raises:
             InvalidNameError: a bad name, before any I/O.
-            ConfigurationError: a bad ``cache_dir`` or ``rehash``, or a folder artifact.
+            ConfigurationError: a bad ``cache_dir`` (also one inside this store's own
+                folder, before any I/O) or ``rehash``, or a folder artifact.
             NotFoundError: ``name`` is not committed.
             IntegrityError: the bytes fail their record (nothing is cached).
         """

@@ -318,6 +318,19 @@ class Backend(abc.ABC):
     they run, as the rename family does. Object stores upload to the final key and have none, so
     ``gc`` never looks for staging entries there."""
 
+    def place(self) -> tuple[str, ...] | None:
+        """Where the store lives, as a path: a kind of storage (and its server), then the
+        root's parts. Two stores overlap when one's place is the other's or starts with it (the
+        same folder or prefix, or one inside the other): ``open_store`` refuses such a mirror.
+        None: unknown (never compared). No I/O beyond resolving a local path's symlinks."""
+        return None
+
+    def local_root(self) -> str | None:
+        """The store's root as a local path with symlinks resolved, where it is one (local
+        disks and mounted bridges); None elsewhere. ``get_file`` and ``fetch`` refuse a
+        destination inside it."""
+        return None
+
     def local_path(self, parts: Parts) -> Path | None:
         """The path of ``parts`` on a file system this process opens directly (a local or
         mounted folder: the integrations and folder writes then work on it in place), or None

@@ -49,6 +49,10 @@ class MemoryBackend(Backend):
         free_space=False,
     )
 
+    def place(self) -> tuple[str, ...]:
+        """``("memory", *root parts)``."""
+        return ("memory", *(p for p in self.root.split("/") if p))
+
     def __init__(self, root: str, *, reason: str = "memory:// URL") -> None:
         self.fs = MemoryFileSystem(skip_instance_cache=True)
         self.root = "/" + root.strip("/")

@@ -22,19 +22,37 @@ from typing import BinaryIO
 
 from commitstore._check import check_exact
 from commitstore._commit import Committer
+from commitstore._hierarchy import shown
 from commitstore._scan import scan_records, unrecorded
-from commitstore._slots import read_slots
+from commitstore._slots import read_slots, uses_slots
 from commitstore._small import put_small
-from commitstore.backends import PutMode
+from commitstore.backends import Backend, FileInfo, PutMode
 from commitstore.digest import hash_stream, manifest_digest
 from commitstore.errors import (
     AlreadyExistsError,
     CommitStoreError,
     IntegrityError,
+    InvalidNameError,
+    NameConflictError,
     NotFoundError,
 )
-from commitstore.layout import FOLDERS_DIR, META_DIR, Parts, infer_step, record_parts, validate_name
-from commitstore.records import FileRecord, Record, encode_record
+from commitstore.layout import (
+    FOLDERS_DIR,
+    META_DIR,
+    PENDING_DIR,
+    RECORDS_DIR,
+    Parts,
+    infer_step,
+    is_aside_part,
+    is_intent_leaf,
+    is_slot_leaf,
+    is_staging_part,
+    name_from_record_parts,
+    record_of_intent,
+    record_parts,
+    validate_name,
+)
+from commitstore.records import FileRecord, Record, RecordFormatError, decode_record, encode_record
 
 ZIP_SUFFIXES = (".pt", ".pth", ".ckpt", ".zip", ".bin")
 EOCD = b"PK\x05\x06"
@@ -243,16 +261,112 @@ def _structure_problem(name: str, f: BinaryIO, *, trust: bool) -> str | None:
 _CHECKPOINT_DIR = re.compile(r"checkpoint-\d+")
 
 
-def _in_progress(store: Committer) -> set[str]:
-    """Names of multi-writer folder commits still running (their markers, object stores)."""
-    out = set()
-    for rel, _info in store.backend.walk((META_DIR, FOLDERS_DIR)):
+def _in_progress(
+    store: Committer, listing: list[tuple[Parts, FileInfo]]
+) -> tuple[set[str], set[str]]:
+    """Names with a write in flight: multi-writer folder commits still running (their markers,
+    object stores); and names with a pending record (beside its record, from ``listing``, the
+    records folder's; and, on object stores, every writer's slot): a commit that has not
+    published its record yet, whose data may already be in place."""
+    backend = store.backend
+    folders = set()
+    for rel, _info in backend.walk((META_DIR, FOLDERS_DIR)):
         try:
-            doc = json.loads(store.backend.read_small((META_DIR, FOLDERS_DIR, *rel)))
-            out.add(str(doc["name"]))
+            doc = json.loads(backend.read_small((META_DIR, FOLDERS_DIR, *rel)))
+            folders.add(str(doc["name"]))
         except (CommitStoreError, ValueError, KeyError, TypeError):
             continue
-    return out
+    intents = [((META_DIR, RECORDS_DIR), rel) for rel, _info in listing if is_intent_leaf(rel[-1])]
+    if uses_slots(backend):
+        intents += [
+            ((META_DIR, PENDING_DIR), rel[:-1])
+            for rel, _info in backend.walk((META_DIR, PENDING_DIR))
+            if len(rel) > 1 and is_intent_leaf(rel[-2]) and is_slot_leaf(rel[-1])
+        ]
+    pending = set()
+    for base, rel in intents:
+        name = name_from_record_parts(record_of_intent(rel))
+        if name is None:  # a hashed leaf: the name is only known from inside
+            name = _intent_name(backend, base, rel)
+        if name is not None:
+            pending.add(name)
+    return folders, pending
+
+
+def _in_flight(name: str, folders: set[str], pending: set[str]) -> str | None:
+    """Why ``name`` must not be adopted now, None if no write in flight touches it: it is, lies
+    in or holds a folder commit still running, or lies in or holds a name with a commit in
+    flight (its own pending record is :func:`_own_record_restored`'s)."""
+    for other in sorted(folders):
+        if name == other or name.startswith(other + "/"):
+            return "a folder commit is writing it (not adopted)"
+        if other.startswith(name + "/"):
+            return f"a folder commit is writing {other} inside it (not adopted)"
+    for other in sorted(pending):
+        if name != other and _related(name, other):
+            return f"a commit of {other} is in flight or was interrupted (not adopted)"
+    return None
+
+
+def _intent_name(backend: Backend, base: Parts, rel: Parts) -> str | None:
+    """The name a pending record with a hashed leaf (or a slot folder of one) names."""
+    where = (*base, *rel)
+    try:
+        if base[-1] == PENDING_DIR:
+            where = (*where, sorted(r for r, _i in backend.walk(where))[0][0])
+        return decode_record(backend.read_small(where)).name
+    except (CommitStoreError, RecordFormatError, IndexError):
+        return None
+
+
+def _related(a: str, b: str) -> bool:
+    """True when one of the names is the other or lies inside it."""
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def _nested_store(rel: Parts, base: Parts = ()) -> str | None:
+    """The folder path holding a store of its own (its ``.commitstore/``) that the path
+    ``base/rel`` lies in, None if it lies in none (the root's own ``.commitstore/`` is not
+    one)."""
+    full = (*base, *rel)
+    at = next((i for i, p in enumerate(full) if i and p == META_DIR), None)
+    return None if at is None else "/".join(full[:at])
+
+
+def _refuse_nested(nested: list[str], what: str) -> None:
+    """Raise NameConflictError (nothing adopted) when ``nested`` names folder paths that hold
+    stores of their own."""
+    if nested:
+        raise NameConflictError(
+            f"{shown(sorted(set(nested)))} holds a store of its own ({META_DIR}/ below the "
+            f"store root): {what} would claim that store's files and records as artifacts of "
+            "this one, so it is refused and nothing was adopted (open that store on its own)",
+            name=nested[0],
+        )
+
+
+def _check_named(store: Committer, parts: Parts, name: str) -> None:
+    """The early refusals of ``adopt(name)`` (before anything is written): ``name`` inside a
+    committed artifact (a member of a committed folder, a key below a committed file on an
+    object store), in a store of its own (a folder on its path holds ``.commitstore/``), or
+    holding one."""
+    outer = store.outer_artifact(parts)
+    if outer is not None:
+        raise NameConflictError(
+            f"{name} lies inside the committed artifact {outer}: a part of a committed "
+            "artifact is not an artifact of its own, so it is not adopted (nothing was changed)",
+            name=name,
+        )
+    backend = store.backend
+    nested = [
+        "/".join(parts[:i])
+        for i in range(1, len(parts) + 1)
+        if backend.stat((*parts[:i], META_DIR)) is not None
+    ]
+    info = backend.stat(parts)
+    if not nested and info is not None and info.is_dir:
+        nested = [inner for rel, _i in backend.walk(parts) if (inner := _nested_store(rel, parts))]
+    _refuse_nested(nested, f"adopting {name}")
 
 
 def _group(names: list[str]) -> list[str]:
@@ -271,6 +385,14 @@ def _folder_record(store: Committer, name: str, parts: Parts, *, trust: bool) ->
     before = sorted(backend.walk(parts))
     if not before:
         return "empty folder"
+    busy = next(
+        (r for r, _i in before if any(map(is_staging_part, r)) or any(map(is_aside_part, r))), None
+    )
+    if busy is not None:
+        return (
+            f"{'/'.join(busy)}: a write in progress (or one a dead writer left, which gc removes) "
+            "lies in it (not adopted)"
+        )
     files = []
     for rel, info in before:
         path = "/".join(rel)
@@ -320,22 +442,68 @@ def _own_record_restored(store: Committer, parts: Parts) -> bool:
     return False
 
 
+def _plan(
+    store: Committer, name: str | None, listing: list[tuple[Parts, FileInfo]]
+) -> tuple[list[str], dict[str, str]]:
+    """The names ``adopt`` tries, and those it refuses up front with the reason; raises
+    (before anything is written) what refuses the whole call.
+
+    Raises:
+        InvalidNameError: ``name`` is not a valid name.
+        NameConflictError: ``name`` lies inside a committed artifact; or a store of its own
+            (a folder holding ``.commitstore/``) is on its path or below it (``name=None``:
+            anywhere below the root).
+    """
+    if name is not None:
+        parts = validate_name(name)
+        _check_named(store, parts, name)
+        return [name], {}
+    records, bad = scan_records(store.backend, listing)
+    found = unrecorded(store.backend, records, bad)
+    _refuse_nested(
+        [n for f in found if (n := _nested_store(tuple(f.split("/")))) is not None], "adopt()"
+    )
+    files = {r.name for r in records if r.kind == "file"}
+    names: list[str] = []
+    rejected: dict[str, str] = {}
+    for n in found:
+        split = n.split("/")
+        outer = next(
+            ("/".join(split[:i]) for i in range(1, len(split)) if "/".join(split[:i]) in files),
+            None,
+        )
+        if outer is not None:
+            rejected[n] = f"inside the committed file artifact {outer} (not adopted)"
+            continue
+        try:
+            validate_name(n)
+        except InvalidNameError as exc:
+            rejected[n] = str(exc)
+            continue
+        names.append(n)
+    return _group(names), rejected
+
+
 def adopt(store: Committer, name: str | None, *, trust: bool) -> AdoptReport:
     """Write records for unrecorded files and folders that pass their structural check.
 
-    A name whose data matches a pending record its own interrupted commit left gets that
-    record (:func:`_own_record_restored`), never a made-up one. A name that cannot be read as a
-    regular file (a symlink, FIFO or device: never followed) is rejected with the reason; the
-    other names are still adopted."""
-    records, bad = scan_records(store.backend)
-    busy = _in_progress(store)
-    names = [name] if name is not None else _group(unrecorded(store.backend, records, bad))
+    Every refusal of the whole call comes before any record is written (:func:`_plan`): a
+    name inside a committed artifact, a store of its own below the root. A name inside
+    another (an unrecorded key below a committed file on an object store) is reported, never
+    adopted; so is a name that is, holds or lies inside a write in flight (a folder commit, a
+    pending record, a staging entry). A name whose data matches a pending record its own
+    interrupted commit left gets that record (:func:`_own_record_restored`), never a made-up
+    one. A name that cannot be read as a regular file (a symlink, FIFO or device: never
+    followed) is rejected with the reason; the other names are still adopted."""
+    listing = store.backend.walk((META_DIR, RECORDS_DIR))
+    names, rejected = _plan(store, name, listing)
+    folders, pending = _in_progress(store, listing)
     adopted: list[str] = []
-    rejected: dict[str, str] = {}
     for n in names:
         parts = validate_name(n)
-        if any(n == b or n.startswith(b + "/") for b in busy):
-            rejected[n] = "a folder commit is writing it (not adopted)"
+        busy = _in_flight(n, folders, pending)
+        if busy is not None:
+            rejected[n] = busy
             continue
         if _own_record_restored(store, parts):
             rejected[n] = (

@@ -87,6 +87,13 @@ class ObjectBackend(Backend):
         key = self.key(parts)
         return f"{key}/" if key else ""
 
+    def place(self) -> tuple[str, ...]:
+        """``(scheme, endpoint, bucket, *prefix parts)``; the endpoint is the backend's
+        ``endpoint`` where it has one (S3), else empty."""
+        server = str(getattr(self, "endpoint", None) or "")
+        prefix = tuple(p for p in self.prefix.split("/") if p)
+        return (self.scheme, server, self.bucket, *prefix)
+
     def shown(self, parts: Parts) -> str:
         """A credential-free URL for messages."""
         return f"{self.scheme}://{self.bucket}/{self.key(parts)}".rstrip("/")

@@ -161,6 +161,14 @@ class LocalBackend(RenameBackend[int, Staging]):
     def __repr__(self) -> str:
         return f"LocalBackend({self.root!r})"
 
+    def local_root(self) -> str:
+        """The root with symlinks resolved (it need not exist yet)."""
+        return os.path.realpath(self.root)
+
+    def place(self) -> tuple[str, ...]:
+        """``("file", *parts of the resolved root)``."""
+        return ("file", *Path(self.local_root()).parts)
+
     def path_of(self, parts: Parts) -> str:
         """The absolute path of ``parts`` (for messages and for tools outside the store)."""
         return os.path.join(self.root, *parts)
