@@ -480,7 +480,16 @@ class CommitStore:
 
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be
-        whole. Raises NotFoundError if neither exists."""
+        whole. Never removes a write in progress of another writer: data without a record that
+        holds a staging entry, or (object stores) that a ``begin_folder`` write still in progress
+        uploads to (at, below or above ``name``), is refused with NameConflictError and nothing
+        is removed; a committed artifact's delete removes only the files its record names.
+
+        Raises:
+            NotFoundError: neither record nor data exists.
+            NameConflictError: a write in progress there, or committed artifacts below
+                ``name`` (nothing removed).
+        """
         self.committer.delete(name)
 
     # -- keeping storage bounded --------------------------------------------------------------
