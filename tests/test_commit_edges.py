@@ -166,3 +166,20 @@ def test_a_new_name_whose_record_write_fails_raises_and_nothing_is_visible(
         return
     t.reopen().gc(min_age=0)
     assert t.door.read(record_path("ckpt")) is None  # gc does not complete it either
+
+
+# -- 6. stage_dir of a name a begin_folder write is filling --------------------------------------
+def test_stage_dir_over_an_open_folder_write_says_what_to_do(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    t = _target("moto", request, tmp_path)
+    folder = t.store.begin_folder("f")
+    files = [folder.write_bytes("a.bin", b"in flight")]
+    with pytest.raises(AlreadyExistsError) as caught, t.reopen().stage_dir("f") as d:
+        (d / "b.bin").write_bytes(b"other")
+    message = str(caught.value)
+    assert "pass overwrite=True" not in message  # it would replace the other write's files
+    assert "begin_folder" in message and "abort()" in message and "commit" in message
+    assert t.door.read("f/a.bin") == b"in flight" and t.door.read("f/b.bin") is None
+    folder.commit(files)
+    assert t.door.read(record_path("f")) is not None

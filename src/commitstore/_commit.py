@@ -141,6 +141,17 @@ class Committer:
         if self.backend.stat(record_parts(parts)) is not None:
             raise AlreadyExistsError(f"{name} is already committed (overwrite=False)", name=name)
         if self.backend.stat(parts) is not None:
+            writes = folder_writes_over(self.backend, parts)
+            if writes:  # object stores: a begin_folder write uploading to its final keys
+                raise AlreadyExistsError(
+                    f"{name} is being written by a folder write in progress "
+                    f"({shown(writes)}, begin_folder), whose files are already under the name; "
+                    "nothing was changed. Add files through that write (join_folder with its "
+                    "token) and let its coordinator commit it, or abort() it first; or use "
+                    "another name. overwrite=True would replace that write's files. A write "
+                    "whose writers died is removed by gc once older than min_age",
+                    name=name,
+                )
             raise AlreadyExistsError(
                 f"{name} exists without a record (left by another tool or an interrupted commit); "
                 "pass overwrite=True to replace it",
