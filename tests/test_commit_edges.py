@@ -183,3 +183,53 @@ def test_stage_dir_over_an_open_folder_write_says_what_to_do(
     assert t.door.read("f/a.bin") == b"in flight" and t.door.read("f/b.bin") is None
     folder.commit(files)
     assert t.door.read(record_path("f")) is not None
+
+
+# -- 4. commit:// transactions ---------------------------------------------------------------
+def test_a_transaction_checks_every_file_before_committing_any(tmp_path: Path) -> None:
+    """A create-only file whose name another writer takes before the transaction ends:
+    refused before the first file is published, so the transaction publishes nothing."""
+    import fsspec
+
+    root = tmp_path / "store"
+    door = LocalBackdoor(root)
+    fs = fsspec.filesystem("commit")
+    with pytest.raises(FileExistsError), fs.transaction:
+        with fs.open(f"{root}/a.pt", "wb") as f:
+            f.write(b"new a")
+        with fs.open(f"{root}/b.pt", "xb") as f:
+            f.write(b"new b")
+        open_store(root).put_bytes("b.pt", b"theirs")  # taken meanwhile
+    assert door.read(record_path("a.pt")) is None and door.read("a.pt") is None
+    assert door.read("b.pt") == b"theirs"
+    assert not [f for f in door.files() if ".commitstore.tmp." in f]
+
+
+def test_a_transaction_stopped_midway_says_which_names_were_committed(
+    tmp_path: Path, fail_record_write: Callable[[str], None]
+) -> None:
+    """The second of three commits fails after every check passed: the first stands (new), the
+    second and third keep their old state, and the error names each group."""
+    import fsspec
+
+    from commitstore.errors import TransactionError
+
+    root = tmp_path / "store"
+    open_store(root).put_bytes("c.pt", b"old c")
+    door = LocalBackdoor(root)
+    fs = fsspec.filesystem("commit")
+    fail_record_write("b.pt")  # a new name whose record write fails: its commit raises
+    with pytest.raises(TransactionError) as caught, fs.transaction:
+        for name in ("a.pt", "b.pt", "c.pt"):
+            with fs.open(f"{root}/{name}", "wb") as f:
+                f.write(b"new " + name.encode())
+    err = caught.value
+    assert isinstance(err.__cause__, InsufficientSpaceError)
+    assert [n.rsplit("/", 1)[-1] for n in err.committed] == ["a.pt"]
+    assert err.failed.endswith("/b.pt")
+    assert [n.rsplit("/", 1)[-1] for n in err.discarded] == ["c.pt"]
+    assert "a.pt" in str(err) and "b.pt" in str(err) and "c.pt" in str(err)
+    assert door.read("a.pt") == b"new a.pt" and door.read(record_path("a.pt")) is not None
+    assert door.read("b.pt") is None and door.read(record_path("b.pt")) is None
+    assert door.read("c.pt") == b"old c"
+    assert not fs._intrans  # the transaction ended
