@@ -8,7 +8,7 @@ disk and on moto (S3) where the edge is an object-store one.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from commitstore.errors import (
 )
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target, pending_paths, record_path
 
+from .helpers.requestproxy import RequestProxy
 from .helpers.s3servers import BUCKET, MotoServer
 
 KINDS = ["local", "moto"]
@@ -233,3 +234,43 @@ def test_a_transaction_stopped_midway_says_which_names_were_committed(
     assert door.read("b.pt") is None and door.read(record_path("b.pt")) is None
     assert door.read("c.pt") == b"old c"
     assert not fs._intrans  # the transaction ended
+
+
+# -- 5. retention with a mirror down ---------------------------------------------------------
+@pytest.fixture
+def proxy(moto: MotoServer) -> Iterator[RequestProxy]:
+    p = RequestProxy(moto.port)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def test_prune_goes_on_on_the_primary_and_healthy_mirrors_when_one_mirror_is_down(
+    tmp_path: Path, moto: MotoServer, proxy: RequestProxy
+) -> None:
+    prefix = f"pm{time.monotonic_ns()}"
+    s3_url = moto.url(prefix)
+    s3_opts = {**moto.options(), "endpoint_url": proxy.endpoint, "retries": 1}
+    down_door = S3Backdoor(moto.client(), BUCKET, prefix)
+    healthy = open_store(tmp_path / "mirror")
+    names = [f"step_{i}.pt" for i in range(1, 5)]
+    with open_store(
+        tmp_path / "primary",
+        mirrors=[healthy, open_store(s3_url, **s3_opts)],
+        mirror_mode="sync",
+    ) as store:
+        for i, name in enumerate(names, 1):
+            store.put_bytes(name, b"x" * i, step=i)
+        on_s3 = sorted(f for f in down_door.files() if not f.startswith(".commitstore/"))
+        assert on_s3 == names
+        proxy.fail(1, "error", sticky=True)  # the S3 mirror answers nothing but errors now
+        report = store.prune(keep_last=1, min_age=0)
+    assert list(report.errors) == [report.targets[2].url], report
+    assert report.targets[2].deleted == ()
+    for root in (tmp_path / "primary", tmp_path / "mirror"):
+        door = LocalBackdoor(root)
+        assert [n for n in names if door.read(record_path(n))] == ["step_4.pt"], root
+        assert [n for n in names if door.read(n)] == ["step_4.pt"], root
+    left = sorted(f for f in down_door.files() if not f.startswith(".commitstore/"))
+    assert left == names  # the mirror that was down lost nothing

@@ -512,11 +512,13 @@ class CommitStore:
         whose replication to that target is pending, anything without a record. Each delete
         re-checks, under the publish lock, that the record is still the one planned and the age
         still ``>= min_age`` (else it is skipped, with the reason). Deletion removes the record
-        first. Idempotent; safe to run from two processes at once.
+        first. Idempotent; safe to run from two processes at once. A mirror that cannot be
+        reached is left out and reported (``report.errors``, ``TargetPrune.error``, a warning in
+        the log); the primary and the reachable mirrors are pruned all the same.
 
         Raises:
             ConfigurationError: a negative count or a bad ``min_age``. InvalidNameError: a bad
-                name in ``keep``.
+                name in ``keep``. StorageError, BackendUnavailableError: the primary failed.
         """
         policy = Retention(keep_last, keep_every, tuple(keep), check_age(min_age))
         check_flag(dry_run, "dry_run")
