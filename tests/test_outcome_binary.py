@@ -82,6 +82,7 @@ def test_local_every_step_after_the_data_returns_before_it_raises(
     calls: list[str] = counted["calls"]
     published = data_rename(op, calls)
     name = next(iter(OPS[op].new_name), "w.bin")
+    new = name in OPS[op].new_name
     versions = OPS[op].versions[name]
     after_seen = before_seen = 0
     failures = []
@@ -94,7 +95,12 @@ def test_local_every_step_after_the_data_returns_before_it_raises(
         if not reply.get("fired"):
             failures.append(f"{what}: the fault did not fire")
             continue
-        if k > published:  # the data is published: the call returns the new version
+        if k > published and new and reply.get("outcome") == "raised":
+            # a new name whose record step failed: the commit is withdrawn, nothing visible
+            after_seen += 1
+            if not reply["chain"][0][2] or found != GONE:
+                failures.append(f"{what}: raised, name {found!r}")
+        elif k > published:  # the data is published: the call returns the new version
             after_seen += 1
             summary = reply.get("summary") or {}
             if reply.get("outcome") != "ok" or found != "new":
@@ -215,7 +221,11 @@ def test_s3_every_request_after_the_data_returns_before_it_raises(
         reply, _ = case.run(new_name, k)
         found = state(case.door, "w.bin", VERSIONS)
         what = f"[request {k} {call!r}] {reply.get('outcome')} {reply.get('message', '')[:120]}"
-        if k > published:
+        if k > published and new_name and reply["outcome"] == "raised":
+            # a new name whose record step failed: the commit is withdrawn, nothing visible
+            if not reply["chain"][0][2] or found != GONE:
+                failures.append(f"{what}: raised, the name is {found!r}")
+        elif k > published:
             if reply["outcome"] != "ok" or found != "new":
                 failures.append(f"{what}: the name is {found!r}")
             elif is_record_put(call) and (
@@ -355,6 +365,9 @@ def test_every_writer_returns_when_only_the_record_write_fails(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = open_store(tmp_path / "store")
+    OLD_VERSIONS[writer](store)
+    door = LocalBackdoor(tmp_path / "store")
+    old_record = door.read(record_path("ckpt"))
     fail_record_write("ckpt")
     with caplog.at_level(logging.WARNING, logger="commitstore"):
         rec = WRITERS[writer](store, "ckpt", tmp_path)  # no exception
@@ -366,12 +379,29 @@ def test_every_writer_returns_when_only_the_record_write_fails(
         assert (outcome.target, outcome.bytes) == (store.url, rec.size)
         assert outcome.seconds > 0
     assert "durability unconfirmed" in caplog.text
-    door = LocalBackdoor(tmp_path / "store")
-    assert door.read(record_path("ckpt")) is None  # the record write did fail
+    assert door.read(record_path("ckpt")) == old_record  # the record write did fail
     fresh = open_store(tmp_path / "store")
-    assert fresh.verify("ckpt").results[0].status == "no_record"  # gc completes it
+    result = fresh.verify("ckpt").results[0]
+    assert (result.status, result.detail) == ("ok", PENDING_NOTE)  # the new version
     fresh.gc(min_age=0)
-    assert fresh.verify().ok and fresh.record("ckpt").name == "ckpt"
+    assert fresh.verify().ok and door.read(record_path("ckpt")) != old_record
+
+
+def _old_file(store: CommitStore) -> None:
+    store.put_bytes("ckpt", b"an old version")
+
+
+def _old_folder(store: CommitStore) -> None:
+    with store.stage_dir("ckpt") as d:
+        (d / "model.bin").write_bytes(b"an old version")
+    with store.stage_dir("ckpt-b") as d:
+        (d / "model.bin").write_bytes(b"an old version")
+
+
+OLD_VERSIONS: dict[str, Callable[[CommitStore], None]] = {
+    w: _old_folder if w in ("stage_dir", "begin_folder") else _old_file for w in WRITERS
+}
+PENDING_NOTE = "the new version of a commit whose record is pending"
 
 
 def test_a_mirror_copy_whose_record_write_fails_is_delivered(

@@ -113,18 +113,19 @@ def test_overwrite_whose_record_write_fails_verifies_as_new(
     check_new_version_stands(t, "step_10.pt", NEW)
 
 
-def test_new_name_whose_record_write_fails_is_completed_by_gc(
+def test_new_name_whose_record_write_fails_raises_and_is_withdrawn(
     tmp_path: Path, fail_record_write: Callable[[str], None]
 ) -> None:
+    """No reader finds a name without a record: the commit is withdrawn and raises (a writer
+    killed at that point is the case gc completes: ``test_sigkill_at_each_step...``)."""
     t = local(tmp_path)
     fail_record_write("step_20.pt")
-    rec = t.store.put_bytes("step_20.pt", NEW)
-    assert rec.outcome is not None and rec.outcome.durable is False
+    with pytest.raises(InsufficientSpaceError):
+        t.store.put_bytes("step_20.pt", NEW)
     result = t.reopen().verify("step_20.pt").results[0]
-    assert (result.status, "gc completes it" in result.detail) == ("no_record", True)
-    assert [i.kind for i in t.reopen().gc(min_age=0).removed] == ["pending"]
-    assert t.reopen().verify("step_20.pt").ok
-    assert t.reopen().read_bytes("step_20.pt") == NEW
+    assert result.status == "missing"
+    assert not t.reopen().gc(min_age=0).removed
+    assert t.door.read(record_path("step_20.pt")) is None
 
 
 def test_folder_overwrite_whose_record_write_fails_verifies_as_new(

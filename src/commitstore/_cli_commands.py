@@ -300,7 +300,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
     doc = {
         "dry_run": report.dry_run,
         "targets": [
-            {"url": t.url, "deleted": t.deleted, "kept": t.kept, "skipped": t.skipped}
+            {
+                "url": t.url,
+                "deleted": t.deleted,
+                "kept": t.kept,
+                "skipped": t.skipped,
+                "error": t.error,
+            }
             for t in report.targets
         ],
     }
@@ -313,6 +319,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
             f"{t.url}: {len(t.deleted)} {verb}, {len(t.kept)} in the keep-set, "
             f"{len(t.skipped)} protected"
         )
+        if t.error is not None:
+            lines.append(f"{t.url}: {t.error}")
     _emit(args, doc, "\n".join(lines))
     return EXIT_OK
 

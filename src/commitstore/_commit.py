@@ -19,7 +19,8 @@ from typing import Any
 
 from commitstore import _recordcache, _slots, _staged
 from commitstore._check import check_exact
-from commitstore._hierarchy import committed_below, remove_data, shown
+from commitstore._hierarchy import committed_below, folder_writes_over, remove_data, shown
+from commitstore._scan import read_record
 from commitstore._small import put_small as put_small  # noqa: PLC0414 (re-exported: a test seam)
 from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
 from commitstore.errors import (
@@ -140,6 +141,17 @@ class Committer:
         if self.backend.stat(record_parts(parts)) is not None:
             raise AlreadyExistsError(f"{name} is already committed (overwrite=False)", name=name)
         if self.backend.stat(parts) is not None:
+            writes = folder_writes_over(self.backend, parts)
+            if writes:  # object stores: a begin_folder write uploading to its final keys
+                raise AlreadyExistsError(
+                    f"{name} is being written by a folder write in progress "
+                    f"({shown(writes)}, begin_folder), whose files are already under the name; "
+                    "nothing was changed. Add files through that write (join_folder with its "
+                    "token) and let its coordinator commit it, or abort() it first; or use "
+                    "another name. overwrite=True would replace that write's files. A write "
+                    "whose writers died is removed by gc once older than min_age",
+                    name=name,
+                )
             raise AlreadyExistsError(
                 f"{name} exists without a record (left by another tool or an interrupted commit); "
                 "pass overwrite=True to replace it",
@@ -188,6 +200,23 @@ class Committer:
                 f"{name} has no record and holds a write in progress "
                 f"({'/'.join((*parts, *staging[0]))}): deleting it would take that write's files, "
                 "so it is refused and nothing was changed (gc removes what dead writers left)",
+                name=name,
+            )
+
+    def check_no_folder_write(self, parts: Parts) -> None:
+        """Raise NameConflictError if a multi-writer folder write is in progress at, below or
+        above the unrecorded name ``parts`` (object stores, where such a write uploads its files
+        to their final keys, so deleting the name would take them: ``_hierarchy``). Storage
+        with staging names: no request (:meth:`check_no_staging_below` covers it)."""
+        writes = folder_writes_over(self.backend, parts)
+        if writes:
+            name = "/".join(parts)
+            raise NameConflictError(
+                f"{name} has no record and a folder write is in progress there "
+                f"({shown(writes)}, begin_folder): deleting {name} would take that write's "
+                "files, so it is refused and nothing was changed. Let the write commit (then "
+                "delete the artifact), or abort() it; gc removes what dead writers left once "
+                "they are older than min_age",
                 name=name,
             )
 
@@ -310,15 +339,25 @@ class Committer:
         the new version (the data matches the pending record), nothing after raises: a failed
         data-step confirmation (a stat or folder sync after the rename: the data is checked in
         full against the pending record, and the record is then written as usual), a failed
-        record write (the pending record makes the name verify as the new version; gc makes it
-        the record), a failed removal of the pending record, an object-store folder replace
-        stopped among its copies whose staged copy is whole (the name verifies as the new
-        version from there; this writer's slot stays, naming it, and gc completes the copies):
+        record write of a name that has a record (the pending record makes the name verify as
+        the new version; gc makes it the record), a failed removal of the pending record, an
+        object-store folder replace stopped among its copies whose staged copy is whole (the
+        name verifies as the new version from there; this writer's slot stays, naming it, and
+        gc completes the copies):
         each is a note of the returned record's outcome, with ``durable`` False and a warning
-        in the log.
+        in the log. A failed record write of a **new** name (no record, read again after the
+        failure) is raised instead: no reader finds a name without a record, so the commit is
+        withdrawn first (its pending record, then the data it published if still its own;
+        data of a multi-writer folder written in place stays, for a later commit), and the
+        name stays unpublished. Where the record cannot even be read then, the commit returns
+        as above (``durable`` False; gc completes it).
 
         Raises:
-            AlreadyExistsError: the name is taken (``CREATE``); nothing of this commit stands.
+            AlreadyExistsError: the name is taken (``CREATE``): at the data's publish, or by
+                the record's own create-only write (another writer's record published
+                meanwhile, as a folder written in place on an object store can meet). The
+                other writer's version stands, untouched; this commit's pending record is
+                removed, so the name never verifies as this commit's version.
             CommitError, StorageError, InsufficientSpaceError, BackendUnavailableError: a
                 failure before the new data was published (or one after it that leaves a name
                 not verifying as the new version: without a pending record, or a folder whose
@@ -394,8 +433,27 @@ class Committer:
                         renamed = published is not None
                     if published is None:
                         published = put_small(self.backend, record_parts(parts), body, mode)
+                except AlreadyExistsError:
+                    if not self._own_record(parts, body):
+                        # create-only, and another writer's record took the name meanwhile
+                        # (object stores: a folder written in place, whose record is the
+                        # commit): that version stands and this commit fails; its pending
+                        # record must not make the name verify as this one
+                        if pending is not None:
+                            with contextlib.suppress(CommitStoreError):
+                                self.backend.remove(slot or intent_parts(parts))
+                        raise
+                    published = CommitInfo(len(body))  # a retried write found its own record
                 except CommitStoreError as exc:
                     if pending is None or pending != body:
+                        raise
+                    now = self._record_now(parts)
+                    if now == body:  # the write landed after all (its answer was lost)
+                        published = CommitInfo(len(body), durable=False)
+                    elif now is None:
+                        # a new name: without its record no reader finds it, so the commit
+                        # is withdrawn (pending record, then the data it published) and fails
+                        self._withdraw(parts, slot, intent, data_in_place)
                         raise
                     durable = False
                     notes.append(
@@ -448,6 +506,43 @@ class Committer:
                 "; ".join(notes),
             )
         return dataclasses.replace(record, outcome=outcome)
+
+    def _record_now(self, parts: Parts) -> bytes | None:
+        """After a record write failed: the name's record as stored now (its exact bytes), None
+        if the name has none (a new name: no record, no aside entry of one), else ``b""`` when
+        it cannot be told (unreadable record, failed read)."""
+        try:
+            found = read_record(self.backend, parts)
+        except (CommitStoreError, RecordFormatError):
+            return b""
+        return None if found is None else found.raw
+
+    def _withdraw(
+        self, parts: Parts, slot: Parts | None, intent: Record | None, data_in_place: bool
+    ) -> None:
+        """Undo a commit of a new name whose record could not be written, best effort, so the
+        name stays unpublished: its pending record first (then nothing can make the name
+        verify as this version, whatever else fails), then the data this commit published,
+        only if it is still this commit's (checked in full). Data a multi-writer folder
+        uploaded in place (``data_in_place``) stays: it was there before the commit, and a
+        later :meth:`commit` may try again."""
+        try:
+            self.backend.remove(slot or intent_parts(parts))
+        except CommitStoreError:
+            log.warning("%s on %s: pending record not withdrawn", "/".join(parts), self.url)
+        if data_in_place or intent is None:
+            return
+        with contextlib.suppress(CommitStoreError):
+            if check_exact(self.backend, intent, "full").status == "ok":
+                self.backend.remove(parts)
+
+    def _own_record(self, parts: Parts, body: bytes) -> bool:
+        """After a create-only record write was refused: whether the record stored is this
+        commit's own (a retried request whose first attempt landed). A failed read is no."""
+        try:
+            return self.backend.read_small(record_parts(parts)) == body
+        except CommitStoreError:
+            return False
 
     def _stands(self, intent: Record) -> bool:
         """After the data step raised: whether the name verifies as ``intent`` all the same (the
@@ -547,6 +642,7 @@ class Committer:
             if not owns:
                 self.check_not_inside(parts, name)
                 self.check_no_staging_below(parts)
+                self.check_no_folder_write(parts)
             had_record = self.backend.remove(record_parts(parts))
             self.backend.remove(intent_parts(parts))
             had_data = remove_data(self.backend, parts, owns)

@@ -33,9 +33,10 @@ class CommitFile(io.RawIOBase):
       its finalizer: a finalizer never commits.
     """
 
-    def __init__(self, stage: Stage, *, autocommit: bool) -> None:
+    def __init__(self, stage: Stage, *, autocommit: bool, url: str = "") -> None:
         super().__init__()
         self._stage = stage
+        self._url = url
         self.autocommit = autocommit
         handling = sys.exc_info()[1]
         self._handling = (handling, None if handling is None else handling.__traceback__)
@@ -89,6 +90,21 @@ class CommitFile(io.RawIOBase):
             return False
         handled, tb = self._handling
         return current is not handled or current.__traceback__ is not tb
+
+    @property
+    def name(self) -> str:
+        """The artifact name this file commits to (in its store)."""
+        return self._stage.name
+
+    @property
+    def store_url(self) -> str:
+        """The URL of the store this file commits to."""
+        return self._url
+
+    def check(self) -> None:
+        """:meth:`Stage.check <commitstore.Stage.check>`: what the commit checks before it
+        publishes anything, run now (a transaction runs it on every file first)."""
+        self._stage.check()
 
     def commit(self) -> None:
         """Publish the bytes with their record (what a transaction calls at its end)."""

@@ -14,10 +14,13 @@ its record names and nothing else (:func:`remove_data`).
 
 from __future__ import annotations
 
+import json
 from typing import Protocol
 
 from commitstore.backends import Backend, FileInfo
+from commitstore.errors import CommitStoreError, InvalidNameError
 from commitstore.layout import (
+    FOLDERS_DIR,
     META_DIR,
     RECORDS_DIR,
     Parts,
@@ -25,6 +28,7 @@ from commitstore.layout import (
     is_record_leaf,
     name_from_record_parts,
     record_of_intent,
+    validate_name,
 )
 from commitstore.records import Record
 
@@ -61,6 +65,32 @@ def committed_below(backend: Lists, parts: Parts) -> list[str]:
             continue
         full = (*parts, *rel)
         found.add(name_from_record_parts(full) or "/".join((*full[:-1], "...")))
+    return sorted(found)
+
+
+def folder_writes_over(backend: Backend, parts: Parts) -> list[str]:
+    """The names of the multi-writer folder writes in progress (object stores: their markers
+    under ``.commitstore/folders/``, ``_folder``) that a removal of everything at ``parts``
+    would reach: a write of ``parts`` itself, of a name below it, or of a folder it lies in.
+    A write whose writers died counts until gc (or its ``abort``) removes its markers. One
+    listing of the markers folder, one small read per marker; a marker that cannot be read or
+    names nothing valid is skipped. Storage with staging names has no markers: ``[]``.
+
+    Raises:
+        StorageError, BackendUnavailableError: the listing failed (callers refuse then).
+    """
+    if backend.staging_names:
+        return []
+    found: set[str] = set()
+    for rel, _info in backend.walk((META_DIR, FOLDERS_DIR)):
+        try:
+            doc = json.loads(backend.read_small((META_DIR, FOLDERS_DIR, *rel)))
+            name = validate_name(doc["name"]) if isinstance(doc, dict) else None
+        except (CommitStoreError, InvalidNameError, ValueError, KeyError, TypeError):
+            continue
+        n = min(len(name or ()), len(parts))
+        if name is not None and name[:n] == parts[:n]:
+            found.add("/".join(name))
     return sorted(found)
 
 

@@ -36,9 +36,11 @@ class Stage(io.RawIOBase):
         finish: Callable[[FileSink, int, str], Record],
         *,
         after: Callable[[Record], None] | None = None,
+        precheck: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.name = name
+        self._precheck = precheck
         self._sink: FileSink | None = sink
         self._finish = finish
         self._after = after
@@ -97,6 +99,31 @@ class Stage(io.RawIOBase):
 
     def flush(self) -> None:
         """Does nothing visible: bytes become durable and visible only at :meth:`commit`."""
+
+    def check(self) -> None:
+        """Run now, publishing nothing and aborting nothing, the checks :meth:`commit` makes
+        before anything is published: the bytes the storage accepted equal the bytes hashed,
+        the name's place in the hierarchy, and (``overwrite=False``) that the name is still
+        free. A pass does not reserve the name: :meth:`commit` checks again, atomically. (What
+        a transaction of ``commit://`` runs on every file before committing any.)
+
+        Raises:
+            CommitError: the stage was aborted, or the byte counts differ.
+            AlreadyExistsError, NameConflictError: the name is taken or in conflict.
+        """
+        if self.record is not None:
+            return
+        if self._sink is None:
+            raise CommitError(f"{self.name}: stage was aborted")
+        if self._buf:
+            self._drain()
+        if self._sink.bytes_written != self._hasher.count:
+            raise CommitError(
+                f"{self.name}: storage accepted {self._sink.bytes_written} bytes, "
+                f"{self._hasher.count} were hashed"
+            )
+        if self._precheck is not None:
+            self._precheck()
 
     def commit(self) -> Record:
         """Publish the artifact and its record; return the record. Idempotent after success.

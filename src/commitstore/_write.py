@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from commitstore._commit import Committer, check_flag, check_new, make_record, mode_of
 from commitstore._stage import Stage
-from commitstore.backends import CommitInfo, FileSink, hash_and_sync_tree
+from commitstore.backends import CommitInfo, FileSink, PutMode, hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError, StorageError
 from commitstore.records import FileRecord, Record
@@ -57,7 +57,12 @@ def open_stage(
 
         return committer.commit(parts, mode, publish_data, intent=record, started=started)
 
-    return Stage(name, sink, finish, after=after)
+    def precheck() -> None:
+        committer.check_place(parts)
+        if mode is PutMode.CREATE:
+            committer.check_absent(parts)
+
+    return Stage(name, sink, finish, after=after, precheck=precheck)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,8 @@ exception, when there is one, is chained as ``__cause__``. Messages never contai
     ├── IntegrityError                                      bytes do not match their record
     │   └── SourceMismatch                                  a copy's source fails its own record
     ├── CommitError                                         the commit protocol could not complete
-    │   └── MirrorStopped                                   a mirror's replication thread stopped
+    │   ├── MirrorStopped                                   a mirror's replication thread stopped
+    │   └── TransactionError                                a commit:// transaction stopped midway
     ├── InsufficientSpaceError   (also OSError, ENOSPC)     not enough room on the target
     ├── InvalidNameError         (also ValueError)          the name is not a valid artifact name
     ├── NameConflictError                                   the call would reach into another name
@@ -60,6 +61,7 @@ __all__ = [
     "StorageError",
     "StoragePathError",
     "TorchLoadError",
+    "TransactionError",
 ]
 
 
@@ -129,6 +131,27 @@ class CommitError(CommitStoreError):
 
 class MirrorStopped(CommitError):
     """The mirror's replication thread is no longer running: the artifact was not copied."""
+
+
+class TransactionError(CommitError):
+    """A ``commit://`` transaction (``fs.transaction``) stopped at one file's commit after
+    others were committed. Each file holds its old or its new version, and this says which:
+    :attr:`committed` (new versions, published), :attr:`failed` (the file whose commit raised:
+    old version, nothing published), :attr:`discarded` (never published: old versions). The
+    failed commit's own error is chained as ``__cause__``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        committed: Sequence[str],
+        failed: str,
+        discarded: Sequence[str],
+    ) -> None:
+        super().__init__(message)
+        self.committed = tuple(committed)
+        self.failed = failed
+        self.discarded = tuple(discarded)
 
 
 class InsufficientSpaceError(CommitStoreError, OSError):

@@ -25,7 +25,12 @@ Guarantees (each tested in ``tests/test_fsspec_fs.py``):
   than the one handled at open (with its traceback then) propagates, and a file never closed is
   discarded by its finalizer (see :class:`~commitstore._fsview.CommitFile`). Inside
   ``fs.transaction`` files commit when the transaction ends without an exception and are all
-  discarded otherwise.
+  discarded otherwise (:class:`CommitTransaction`): every file is checked first (bytes, name,
+  create-only names still free), and a failing check discards all of them, publishing nothing.
+  There is no atomic commit of several names: a commit that still fails after those checks
+  (the storage failing mid-way, a name taken between check and commit) leaves the files before
+  it committed (new versions), that file and the ones after it discarded (old versions), and
+  raises :class:`~commitstore.errors.TransactionError` naming each group.
 - **Reads are verified.** ``open(..., "rb")``, ``cat`` and ``get`` hand out bytes only after they
   matched the record (an :class:`~commitstore.IntegrityError` otherwise), files inside a folder
   artifact included (checked against their own entry of the folder's record).
@@ -42,12 +47,14 @@ Guarantees (each tested in ``tests/test_fsspec_fs.py``):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 from typing import Any, BinaryIO
 
 from fsspec import AbstractFileSystem
+from fsspec.transaction import Transaction
 
 try:  # fsspec >= 2025: chained URLs hand the inner path to a ChainedFileSystem
     from fsspec.implementations.chained import ChainedFileSystem as _Base
@@ -63,7 +70,13 @@ from commitstore._fsview import (
     member_info,
     record_info,
 )
-from commitstore.errors import ConfigurationError, IntegrityError, NameConflictError, NotFoundError
+from commitstore.errors import (
+    ConfigurationError,
+    IntegrityError,
+    NameConflictError,
+    NotFoundError,
+    TransactionError,
+)
 from commitstore.layout import META_DIR, RECORDS_DIR
 from commitstore.store import CommitStore
 
@@ -73,11 +86,73 @@ def _below(base: str, inner: str) -> str:
     return inner[len(base.rstrip("/")) + 1 :]
 
 
+class CommitTransaction(Transaction):  # type: ignore[misc]
+    """``fs.transaction`` of ``commit://``: the files closed inside it commit at its end, in the
+    order they were closed, or are all discarded (an exception ends the transaction).
+
+    Guarantees: before the first commit, every file is checked (:meth:`CommitFile.check`); one
+    that fails discards all and raises that file's error: nothing is published. Then each file
+    commits in order; several names cannot be published in one step, so a commit that fails
+    after the checks (a storage failure, a name taken meanwhile) stops there: the files before
+    it are committed (their new versions stand), it and the files after it are discarded (their
+    names keep the old version), and :class:`~commitstore.errors.TransactionError` says which
+    names are in each group (its ``__cause__``: that commit's error). Each file is its old or
+    its new version; none is half of one.
+    """
+
+    def complete(self, commit: bool = True) -> None:
+        files: list[Any] = list(self.files)
+        self.files.clear()
+        try:
+            if commit:
+                _commit_all(files)
+        finally:
+            for f in files:  # a committed file's discard does nothing
+                with contextlib.suppress(Exception):
+                    f.discard()
+            fs: Any = getattr(self, "fs", None)
+            if fs is not None:
+                fs._intrans = False
+                fs._transaction = None
+                self.fs = None
+
+
+def _shown(f: Any) -> str:
+    name = getattr(f, "name", None)
+    url = getattr(f, "store_url", "")
+    return f"{url.rstrip('/')}/{name}" if url and name else str(name or f)
+
+
+def _commit_all(files: list[Any]) -> None:
+    """Check every file, then commit each in order (see :class:`CommitTransaction`)."""
+    for f in files:
+        check = getattr(f, "check", None)
+        if check is not None:
+            check()  # raises: nothing published (the caller discards every file)
+    done: list[str] = []
+    for i, f in enumerate(files):
+        try:
+            f.commit()
+        except Exception as exc:
+            rest = [_shown(g) for g in files[i + 1 :]]
+            failed = _shown(f)
+            raise TransactionError(
+                f"transaction stopped at {failed} ({type(exc).__name__}: {exc}): committed, "
+                f"new versions stand: {', '.join(done) or 'none'}; not committed, old versions "
+                f"stand: {', '.join([failed, *rest])}",
+                committed=done,
+                failed=failed,
+                discarded=rest,
+            ) from exc
+        done.append(_shown(f))
+
+
 class CommitFileSystem(_Base):  # type: ignore[misc]
     """fsspec's view of commitstores: writes commit, reads verify, listings show records."""
 
     protocol = ("commit",)
     cachable = False
+    transaction_type = CommitTransaction
     root_marker = ""
 
     def __init__(
@@ -207,7 +282,7 @@ class CommitFileSystem(_Base):  # type: ignore[misc]
         if mode not in ("wb", "xb"):
             raise ConfigurationError(f"{path}: mode {mode!r}: commit:// files are rb, wb or xb")
         stage = store.stage(name, overwrite=mode == "wb", **commit_options(kwargs))
-        return CommitFile(stage, autocommit=autocommit)
+        return CommitFile(stage, autocommit=autocommit, url=store.url)
 
     def _open_read(self, store: CommitStore, name: str) -> BinaryIO:
         try:

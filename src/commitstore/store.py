@@ -509,7 +509,16 @@ class CommitStore:
 
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be
-        whole. Raises NotFoundError if neither exists."""
+        whole. Never removes a write in progress of another writer: data without a record that
+        holds a staging entry, or (object stores) that a ``begin_folder`` write still in progress
+        uploads to (at, below or above ``name``), is refused with NameConflictError and nothing
+        is removed; a committed artifact's delete removes only the files its record names.
+
+        Raises:
+            NotFoundError: neither record nor data exists.
+            NameConflictError: a write in progress there, or committed artifacts below
+                ``name`` (nothing removed).
+        """
         self.committer.delete(name)
 
     # -- keeping storage bounded --------------------------------------------------------------
@@ -532,11 +541,14 @@ class CommitStore:
         whose replication to that target is pending, anything without a record. Each delete
         re-checks, under the publish lock, that the record is still the one planned and the age
         still ``>= min_age`` (else it is skipped, with the reason). Deletion removes the record
-        first. Idempotent; safe to run from two processes at once.
+        first. Idempotent; safe to run from two processes at once. A mirror that cannot be
+        reached is left out and reported (``report.errors``, ``TargetPrune.error``, a warning in
+        the log); the primary and the reachable mirrors are pruned all the same.
 
         Raises:
             ConfigurationError: a negative count, a bad ``min_age``, or ``keep`` given as one
                 string or holding a non-string. InvalidNameError: a bad name in ``keep``.
+                StorageError, BackendUnavailableError: the primary failed.
         """
         policy = Retention(keep_last, keep_every, check_keep(keep), check_age(min_age))
         check_flag(dry_run, "dry_run")

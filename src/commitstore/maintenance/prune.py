@@ -18,7 +18,7 @@ from commitstore._commit import Committer
 from commitstore._order import OrderKey, arrange, sort_key
 from commitstore._scan import read_record, scan_entries
 from commitstore.backends import Backend, FileInfo
-from commitstore.errors import NameConflictError, NotFoundError
+from commitstore.errors import CommitStoreError, NameConflictError, NotFoundError
 from commitstore.layout import (
     META_DIR,
     PENDING_DIR,
@@ -50,6 +50,10 @@ class TargetPrune:
     kept: tuple[str, ...]
     skipped: dict[str, str] = field(default_factory=dict)
     """Protected artifacts outside the keep-set, with the reason; records-less files too."""
+    error: str | None = None
+    """A mirror that could not be reached (or failed while deletions ran there): why. Nothing
+    was planned on it (``deleted`` empty), or only what ``deleted`` lists was removed before the
+    failure; the other targets were pruned all the same. None: pruned in full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,11 @@ class PruneReport:
     @property
     def skipped(self) -> dict[str, str]:
         return self.targets[0].skipped
+
+    @property
+    def errors(self) -> dict[str, str]:
+        """The mirrors not pruned (in full), by URL, with why (:attr:`TargetPrune.error`)."""
+        return {t.url: t.error for t in self.targets if t.error is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,9 +327,54 @@ def prune(
     damaged primary never shrinks a mirror's history); each target then keeps its own newest
     fully verifying artifact and what is newer. Every delete re-checks its record and age under
     the publish lock. ``pending``: per target URL, artifacts whose replication there is queued
-    (never deleted)."""
+    (never deleted).
+
+    A mirror that cannot be listed (down, refusing) is left out and reported
+    (:attr:`TargetPrune.error`, a warning in the log): the keep-set is then computed over the
+    other targets (which only keeps more: a name chosen over every target is chosen over fewer),
+    and the primary and the reachable mirrors are pruned all the same. A mirror failing during
+    its deletions stops there, reported the same way. A primary that fails raises, as before.
+    """
     now = time.time() if now is None else now
-    per_target = [candidates(t, pending.get(t.url, set())) for t in targets]
+    down: dict[str, str] = {}
+    reached: list[Committer] = []
+    per_target: list[list[Listed]] = []
+    for i, target in enumerate(targets):
+        try:
+            per_target.append(candidates(target, pending.get(target.url, set())))
+        except CommitStoreError as exc:
+            if i == 0:
+                raise  # the primary: nothing to plan from
+            down[target.url] = _unreachable(target, exc)
+            continue
+        reached.append(target)
+    pruned = _prune_reached(reached, per_target, policy, dry_run=dry_run, now=now)
+    out = []
+    for target in targets:
+        if target.url in down:
+            out.append(TargetPrune(target.url, (), (), {}, error=down[target.url]))
+        else:
+            out.append(pruned.pop(0))
+    return PruneReport(tuple(out), dry_run)
+
+
+def _unreachable(target: Committer, exc: BaseException) -> str:
+    """Why a mirror is left out of this prune (logged as a warning)."""
+    why = f"not pruned: {type(exc).__name__}: {exc}"
+    log.warning("prune: %s %s (pruning goes on on the other targets)", target.url, why)
+    return why
+
+
+def _prune_reached(
+    targets: list[Committer],
+    per_target: list[list[Listed]],
+    policy: Retention,
+    *,
+    dry_run: bool,
+    now: float,
+) -> list[TargetPrune]:
+    """:func:`prune` over the targets whose artifacts could be listed: a mirror whose deletions
+    fail with a storage error stops there (its entry says why); the others go on."""
     per_target, plans = settle(targets, per_target, policy, now)
     if any(plan.delete for plan in plans):
         # Hashing can only protect more than the size-level plan (a name that fails is either
@@ -330,9 +384,10 @@ def prune(
         if any(_changed(v, ls) for v, ls in zip(verified, per_target, strict=True)):
             per_target, plans = settle(targets, verified, policy, now)
     out = []
-    for store, listed, plan in zip(targets, per_target, plans, strict=True):
+    for i, (store, listed, plan) in enumerate(zip(targets, per_target, plans, strict=True)):
         records = {item.record.name: item.record for item in listed}
-        deleted, skipped = [], dict(plan.skipped)
+        deleted: list[str] = []
+        skipped, error = dict(plan.skipped), None
         # deepest names first: a folder artifact whose path holds another artifact planned for
         # deletion is deleted after it, not refused for it
         for name in sorted(plan.delete, key=lambda n: -n.count("/")):
@@ -346,6 +401,11 @@ def prune(
                 reason = None
             except NameConflictError as exc:  # a name path that holds kept artifacts: refused
                 reason = f"refused: {exc}"
+            except CommitStoreError as exc:
+                if i == 0:
+                    raise
+                error = _unreachable(store, exc)
+                break
             if reason is None or reason == "gone":
                 deleted.append(name)
                 log.info("prune: deleted %s on %s", name, store.url)
@@ -360,5 +420,5 @@ def prune(
                 store.url,
                 ", ".join(deleted),
             )
-        out.append(TargetPrune(store.url, tuple(deleted), plan.keep, skipped))
-    return PruneReport(tuple(out), dry_run)
+        out.append(TargetPrune(store.url, tuple(deleted), plan.keep, skipped, error))
+    return out
