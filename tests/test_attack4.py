@@ -1,0 +1,216 @@
+"""Findings of the fourth attack on the documented guarantees, where operations meet: each test
+provokes one for real (local disk, or moto S3), reads the storage through the backdoor, and is a
+strict xfail until the library is fixed:
+
+- ``prune(keep="best")`` (a str where a collection of names goes) keeps the names "b", "e", "s",
+  "t" and deletes "best"; ``Retention(keep="best")`` the same;
+- ``open_store(url, mirrors="<one URL>")`` opens one mirror per character of the URL (on a
+  local path, one of them is "/", the file system's root);
+- ``open_store(url, retention={...})`` (not a ``Retention``) is accepted, and every commit's
+  retention then fails with a warning: the store is never pruned;
+- ``restore(name, source="<mirror URL>")`` raises a raw ``AttributeError``;
+- ``put_bytes(name, "text")`` raises a raw ``TypeError`` about a memoryview;
+- a name holding a C1 control character (U+0080..U+009F, U+009B is a terminal's CSI) is
+  committed although names never hold control characters;
+- a folder at a record's path is read as "no record": ``verify`` says ``no_record`` and
+  ``ok``, ``record()`` ``NotFoundError``, where a record that is not a regular file is
+  ``bad_record``;
+- a folder replace (local and S3) removes a file inside the old folder that its record does not
+  name, where "replacing a name removes exactly the files its record names";
+- ``begin_folder`` on S3 with a file ``sub`` and a file ``sub/x``: both are uploaded, then
+  ``commit`` raises ``RecordFormatError``, a ``ValueError`` that is no ``CommitStoreError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import pytest
+
+from commitstore import (
+    CommitError,
+    CommitStoreError,
+    ConfigurationError,
+    InvalidNameError,
+    Retention,
+    open_store,
+)
+from commitstore.testing import LocalBackdoor, S3Backdoor, record_path
+
+from .helpers.s3servers import BUCKET, MotoServer
+
+
+def _age(root: Path) -> None:
+    """Every file below ``root`` 30 years old, so ``min_age`` never keeps one."""
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            os.utime(os.path.join(dirpath, f), (1e9, 1e9))
+
+
+def _data_files(root: Path) -> list[str]:
+    return [f for f in LocalBackdoor(root).files() if not f.startswith(".commitstore")]
+
+
+# --- bad input that is taken for good ---------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="prune(keep=<str>) iterates the str's characters: the named artifact is deleted",
+)
+def test_prune_keep_given_one_name_as_a_str_keeps_that_name(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    store = open_store(root)
+    store.put_bytes("best", b"b", step=1)
+    for i in (2, 3, 4):
+        store.put_bytes(f"step_{i}", b"x" * i)
+    _age(root)
+    with contextlib.suppress(ConfigurationError):  # refusing the str is fine too
+        store.prune(keep_last=1, keep="best", min_age=0)
+    assert LocalBackdoor(root).read("best") == b"b"
+    assert LocalBackdoor(root).read(record_path("best")) is not None
+
+
+@pytest.mark.xfail(
+    strict=True, reason="Retention(keep=<str>) is accepted and keeps one name per character"
+)
+def test_retention_keep_given_one_name_as_a_str_is_refused() -> None:
+    with pytest.raises(ConfigurationError):
+        Retention(keep_last=1, keep="best")  # type: ignore[arg-type]
+
+
+@pytest.mark.xfail(
+    strict=True, reason="open_store(mirrors=<one URL str>) opens one mirror per character"
+)
+def test_mirrors_given_one_url_as_a_str_is_refused_before_any_io(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the per-character mirrors are relative paths: "m", "x"
+    try:
+        store = open_store(tmp_path / "p", mirrors="mx", mirror_mode="sync")
+    except ConfigurationError:
+        return
+    try:
+        store.put_bytes("a", b"a")
+    finally:
+        store.close()
+    assert not (tmp_path / "m").exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open_store(retention=<not a Retention>) is accepted; retention then never runs",
+)
+def test_retention_that_is_not_a_retention_is_refused_at_open(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError):
+        open_store(tmp_path / "s", retention={"keep_last": 1})  # type: ignore[arg-type]
+
+
+@pytest.mark.xfail(strict=True, reason="restore(source=<URL str>) raises a raw AttributeError")
+def test_restore_from_a_mirror_url_is_a_typed_error_or_works(tmp_path: Path) -> None:
+    mirror = tmp_path / "m"
+    open_store(mirror).put_bytes("a", b"from the mirror")
+    store = open_store(tmp_path / "p", mirrors=[str(mirror)])
+    try:
+        store.restore("a", source=str(mirror))  # type: ignore[arg-type]
+    except CommitStoreError:
+        return
+    finally:
+        store.close()
+    assert LocalBackdoor(tmp_path / "p").read("a") == b"from the mirror"
+
+
+@pytest.mark.xfail(strict=True, reason="put_bytes(name, <str>) raises a raw TypeError")
+def test_put_bytes_of_text_is_a_typed_error_before_any_io(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with pytest.raises(CommitStoreError):
+        open_store(root).put_bytes("a", "text")  # type: ignore[arg-type]
+    assert not root.exists()
+
+
+@pytest.mark.xfail(strict=True, reason="names with C1 control characters (U+0080-U+009F) pass")
+@pytest.mark.parametrize("char", ["\x85", "\x9b"])
+def test_a_name_with_a_c1_control_character_is_refused_before_any_io(
+    tmp_path: Path, char: str
+) -> None:
+    root = tmp_path / "s"
+    with pytest.raises(InvalidNameError):
+        open_store(root).put_bytes(f"step{char}1", b"x")
+    assert not root.exists()
+
+
+# --- storage that lies ------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True, reason="a folder at a record's path is 'no_record' (ok), not 'bad_record'"
+)
+def test_a_folder_at_a_records_path_is_a_bad_record(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    store = open_store(root)
+    store.put_bytes("a", b"aaa")
+    store.put_bytes("b", b"b")
+    rec = root / record_path("a")
+    rec.unlink()
+    rec.mkdir()  # another tool (or a damaged disk) left a folder where the record was
+    report = store.verify()
+    assert {r.name: r.status for r in report.results}["a"] == "bad_record"
+    assert not report.ok
+
+
+# --- one name's replace meets files that are not its own --------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a local folder replace removes a file its old record never named",
+)
+def test_folder_replace_keeps_a_file_the_old_record_does_not_name_local(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    store = open_store(root)
+    with store.stage_dir("a") as d:
+        (d / "m").write_bytes(b"m")
+    LocalBackdoor(root).write("a/extra", b"another tool's file")
+    with store.stage_dir("a", overwrite=True) as d:
+        (d / "n").write_bytes(b"n")
+    assert LocalBackdoor(root).read("a/n") == b"n"
+    assert LocalBackdoor(root).read("a/extra") == b"another tool's file"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an S3 folder replace deletes a key below the name that its old record never named",
+)
+def test_folder_replace_keeps_a_file_the_old_record_does_not_name_s3(moto: MotoServer) -> None:
+    prefix = "attack4-replace-extra"
+    store = open_store(moto.url(prefix), **moto.options())
+    door = S3Backdoor(moto.client(), BUCKET, prefix)
+    with store.stage_dir("a") as d:
+        (d / "m").write_bytes(b"m")
+    door.write("a/extra", b"another tool's file")
+    with store.stage_dir("a", overwrite=True) as d:
+        (d / "n").write_bytes(b"n")
+    assert door.read("a/n") == b"n"
+    assert door.read("a/extra") == b"another tool's file"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="begin_folder on S3: 'sub' and 'sub/x' make commit raise an untyped RecordFormatError",
+)
+def test_folder_write_with_a_file_and_a_folder_of_one_path_fails_typed_s3(
+    moto: MotoServer,
+) -> None:
+    prefix = "attack4-file-and-folder"
+    store = open_store(moto.url(prefix), **moto.options())
+    folder = store.begin_folder("f")
+    try:
+        records = [folder.write_bytes("sub", b"1"), folder.write_bytes("sub/x", b"2")]
+    except CommitStoreError:
+        folder.abort()
+        return  # refusing the second path when it is written is the local behaviour
+    with pytest.raises(CommitError):
+        folder.commit(records)
+    folder.abort()
