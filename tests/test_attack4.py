@@ -291,3 +291,28 @@ def test_a_delete_killed_after_its_record_step_leaves_nothing_claiming_to_be_who
     # "record first, then the data: a crash in between leaves nothing that claims to be whole"
     assert door.read(record_path("x")) is None
     assert [r.name for r in store.list()] == []
+
+
+# --- a folder write's token used again after its commit ---------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="S3: join_folder with a committed write's token puts a file inside the committed folder",
+)
+def test_a_late_writer_never_writes_into_the_committed_folder_s3(moto: MotoServer) -> None:
+    prefix = "attack4-late-join"
+    url = moto.url(prefix)
+    store = open_store(url, **moto.options())
+    door = S3Backdoor(moto.client(), BUCKET, prefix)
+    folder = store.begin_folder("f")
+    folder.commit([folder.write_bytes("p0", b"zero")])
+    # a rank restarted with the old token (or any process handed it late)
+    late = open_store(url, **moto.options()).join_folder(folder.token)
+    try:
+        with contextlib.suppress(CommitStoreError):  # refusing the late write is fine
+            late.write_bytes("p2", b"late")
+    finally:
+        late.abort()
+    assert sorted(f for f in door.files() if f.startswith("f/")) == ["f/p0"]
+    assert store.verify("f").ok
