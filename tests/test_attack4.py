@@ -41,7 +41,7 @@ from commitstore import (
     Retention,
     open_store,
 )
-from commitstore.testing import LocalBackdoor, S3Backdoor, record_path
+from commitstore.testing import LocalBackdoor, S3Backdoor, record_path, xxh
 from commitstore.testing.crashmachine import _stop_at
 
 from .helpers.s3servers import BUCKET, MotoServer
@@ -316,3 +316,32 @@ def test_a_late_writer_never_writes_into_the_committed_folder_s3(moto: MotoServe
         late.abort()
     assert sorted(f for f in door.files() if f.startswith("f/")) == ["f/p0"]
     assert store.verify("f").ok
+
+
+# --- a folder write meets a file commit below its name ----------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="S3: a folder commit returns over a file artifact committed below it, and fails verify",
+)
+def test_a_folder_commit_over_a_file_committed_below_it_meanwhile_s3(moto: MotoServer) -> None:
+    prefix = "attack4-folder-over-below"
+    url = moto.url(prefix)
+    store = open_store(url, **moto.options())
+    door = S3Backdoor(moto.client(), BUCKET, prefix)
+    folder = store.begin_folder("f")
+    mine = folder.write_bytes("x", b"AAAA")
+    # another process commits f/x meanwhile; its create-only put is refused ("pass
+    # overwrite=True to replace it"), so it does
+    other = open_store(url, **moto.options())
+    other.put_bytes("f/x", b"BBBB", overwrite=True)
+    try:
+        record = folder.commit([mine])
+    except CommitStoreError:
+        folder.abort()
+        return  # refusing the folder commit keeps both guarantees
+    # it returned: the name must verify as the version it returned ...
+    assert xxh(door.read("f/x") or b"") == record.files[0].digest
+    # ... and a committed folder never holds another committed artifact
+    assert door.read(record_path("f/x")) is None
