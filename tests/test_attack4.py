@@ -345,3 +345,26 @@ def test_a_folder_commit_over_a_file_committed_below_it_meanwhile_s3(moto: MotoS
     assert xxh(door.read("f/x") or b"") == record.files[0].digest
     # ... and a committed folder never holds another committed artifact
     assert door.read(record_path("f/x")) is None
+
+
+# --- sync meets another tool's file on the mirror ---------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sync replaces another tool's unrecorded file at the name on a mirror, unreported",
+)
+def test_sync_never_replaces_another_tools_file_on_a_mirror(tmp_path: Path) -> None:
+    primary, mirror = tmp_path / "p", tmp_path / "m"
+    open_store(mirror).put_bytes("z", b"z")
+    LocalBackdoor(mirror).write("x", b"another tool's bytes")  # no record: not an artifact
+    open_store(primary).put_bytes("x", b"primary")
+    store = open_store(primary, mirrors=[str(mirror)])
+    try:
+        report = store.sync()
+    finally:
+        store.close()
+    # "never deletes on a mirror ... other tools' files ... without touching them": refusing
+    # that copy (reported failed) is what a create-only put_bytes does there
+    assert LocalBackdoor(mirror).read("x") == b"another tool's bytes"
+    assert "x" in report.mirrors[0].failed
