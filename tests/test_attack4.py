@@ -368,3 +368,26 @@ def test_sync_never_replaces_another_tools_file_on_a_mirror(tmp_path: Path) -> N
     # that copy (reported failed) is what a create-only put_bytes does there
     assert LocalBackdoor(mirror).read("x") == b"another tool's bytes"
     assert "x" in report.mirrors[0].failed
+
+
+# --- another tool moves the folder a commit is publishing into --------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a commit publishes through the folder fd it opened, after that folder moved away",
+)
+def test_a_commit_whose_folder_moved_away_does_not_return_a_missing_name(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    store = open_store(root)
+    stage = store.stage("a/b")
+    stage.write(b"new bytes")
+    # another tool moves the folder away and makes a new one at its path
+    os.rename(root / "a", root / "a_moved")
+    (root / "a").mkdir()
+    try:
+        stage.commit()
+    except CommitStoreError:
+        return  # refusing is fine: nothing was published under the name
+    # it returned: "the name verifies as the new version"
+    assert LocalBackdoor(root).read("a/b") == b"new bytes"
