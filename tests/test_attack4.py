@@ -146,6 +146,16 @@ def test_a_name_with_a_c1_control_character_is_refused_before_any_io(
     assert not root.exists()
 
 
+@pytest.mark.xfail(strict=True, reason="open_store('') opens the current folder as a store")
+def test_an_empty_url_is_refused_before_any_io(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # an unset variable (open_store(os.environ.get("CKPT", "")))
+    with contextlib.suppress(ConfigurationError):
+        open_store("").put_bytes("a", b"a")
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- storage that lies ------------------------------------------------------------------------
 
 
