@@ -194,6 +194,18 @@ def test_adopt_rejects_a_key_whose_name_is_no_artifact_name_and_adopts_the_rest_
     assert door.read(record_path("good.bin")) is not None
 
 
+@pytest.mark.xfail(strict=True, reason="flush(timeout=<negative, NaN or str>) is not refused")
+@pytest.mark.parametrize("timeout", [-1.0, float("nan"), "5"])
+def test_flush_with_a_bad_timeout_is_a_configuration_error(tmp_path: Path, timeout: object) -> None:
+    store = open_store(tmp_path / "p", mirrors=[str(tmp_path / "m")])
+    try:
+        store.put_bytes("a", b"a")
+        with pytest.raises(ConfigurationError):
+            store.flush(timeout=timeout)  # type: ignore[arg-type]
+    finally:
+        store.close()
+
+
 # --- storage that lies ------------------------------------------------------------------------
 
 
