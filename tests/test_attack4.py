@@ -245,6 +245,27 @@ def test_get_file_never_serves_an_empty_folder_that_fails_its_check(
         store.get_file("e", tmp_path / "out")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="sync copies an empty folder artifact whose primary copy fails its check",
+)
+def test_sync_never_copies_an_empty_folder_that_fails_its_check(tmp_path: Path) -> None:
+    primary, mirror = tmp_path / "p", tmp_path / "m"
+    store = open_store(primary)
+    with store.stage_dir("e"):
+        pass
+    (primary / "e").rmdir()
+    LocalBackdoor(primary).write("e", b"another tool's file")
+    with_mirror = open_store(primary, mirrors=[str(mirror)])
+    try:
+        report = with_mirror.sync()
+    finally:
+        with_mirror.close()
+    # "a primary copy that fails its own record is never copied anywhere"
+    assert "e" in report.primary_bad
+    assert LocalBackdoor(mirror).read(record_path("e")) is None
+
+
 # --- one name's replace meets files that are not its own --------------------------------------
 
 
