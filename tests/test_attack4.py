@@ -18,7 +18,23 @@ strict xfail until the library is fixed:
 - a folder replace (local and S3) removes a file inside the old folder that its record does not
   name, where "replacing a name removes exactly the files its record names";
 - ``begin_folder`` on S3 with a file ``sub`` and a file ``sub/x``: both are uploaded, then
-  ``commit`` raises ``RecordFormatError``, a ``ValueError`` that is no ``CommitStoreError``.
+  ``commit`` raises ``RecordFormatError``, a ``ValueError`` that is no ``CommitStoreError``;
+- ``open_store("")`` opens the current folder as a store; ``flush(timeout=...)`` takes a
+  negative, NaN or text timeout;
+- a delete SIGKILLed right after its record step, on a name whose earlier commit left its
+  (stale) pending record: gc makes that pending record the record again, the delete undone;
+- S3: ``join_folder`` with the token of a committed write puts a file inside the committed
+  folder (which then fails ``verify`` for good: gc and delete leave the file);
+- S3: a folder commit over a name below which another process committed a file meanwhile
+  returns, and the folder fails ``verify`` (and holds another committed artifact);
+- ``sync`` (and replication) replace another tool's unrecorded file at an artifact's name on a
+  mirror, reported as copied;
+- a commit into a folder another tool moved away (and made again) publishes into the moved
+  folder and returns: the name is missing;
+- ``adopt()`` raises ``InvalidNameError`` for one foreign file whose name is no artifact name
+  (a backslash, not UTF-8, ``.commitstore*``), local and S3: nothing else is adopted;
+- ``get_file`` of an empty folder artifact whose folder is missing or a file succeeds, and
+  ``sync`` copies it, where ``verify`` says ``missing``/``size_mismatch``.
 """
 
 from __future__ import annotations
