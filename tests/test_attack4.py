@@ -77,10 +77,6 @@ def _data_files(root: Path) -> list[str]:
 # --- bad input that is taken for good ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prune(keep=<str>) iterates the str's characters: the named artifact is deleted",
-)
 def test_prune_keep_given_one_name_as_a_str_keeps_that_name(tmp_path: Path) -> None:
     root = tmp_path / "s"
     store = open_store(root)
@@ -94,17 +90,11 @@ def test_prune_keep_given_one_name_as_a_str_keeps_that_name(tmp_path: Path) -> N
     assert LocalBackdoor(root).read(record_path("best")) is not None
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Retention(keep=<str>) is accepted and keeps one name per character"
-)
 def test_retention_keep_given_one_name_as_a_str_is_refused() -> None:
     with pytest.raises(ConfigurationError):
         Retention(keep_last=1, keep="best")  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="open_store(mirrors=<one URL str>) opens one mirror per character"
-)
 def test_mirrors_given_one_url_as_a_str_is_refused_before_any_io(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -120,16 +110,11 @@ def test_mirrors_given_one_url_as_a_str_is_refused_before_any_io(
     assert not (tmp_path / "m").exists() and not (tmp_path / "x").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open_store(retention=<not a Retention>) is accepted; retention then never runs",
-)
 def test_retention_that_is_not_a_retention_is_refused_at_open(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError):
         open_store(tmp_path / "s", retention={"keep_last": 1})  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason="restore(source=<URL str>) raises a raw AttributeError")
 def test_restore_from_a_mirror_url_is_a_typed_error_or_works(tmp_path: Path) -> None:
     mirror = tmp_path / "m"
     open_store(mirror).put_bytes("a", b"from the mirror")
@@ -143,7 +128,6 @@ def test_restore_from_a_mirror_url_is_a_typed_error_or_works(tmp_path: Path) -> 
     assert LocalBackdoor(tmp_path / "p").read("a") == b"from the mirror"
 
 
-@pytest.mark.xfail(strict=True, reason="put_bytes(name, <str>) raises a raw TypeError")
 def test_put_bytes_of_text_is_a_typed_error_before_any_io(tmp_path: Path) -> None:
     root = tmp_path / "s"
     with pytest.raises(CommitStoreError):
@@ -151,7 +135,6 @@ def test_put_bytes_of_text_is_a_typed_error_before_any_io(tmp_path: Path) -> Non
     assert not root.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="names with C1 control characters (U+0080-U+009F) pass")
 @pytest.mark.parametrize("char", ["\x85", "\x9b"])
 def test_a_name_with_a_c1_control_character_is_refused_before_any_io(
     tmp_path: Path, char: str
@@ -175,10 +158,6 @@ def test_an_empty_url_is_refused_before_any_io(
 # --- adopt meets another tool's file whose name is no artifact name --------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="adopt() raises InvalidNameError for one foreign file name; nothing is adopted",
-)
 @pytest.mark.parametrize("foreign", [b"bad\\name", b"\xff\xfe", b".commitstore.zz"])
 def test_adopt_rejects_a_file_whose_name_is_no_artifact_name_and_adopts_the_rest(
     tmp_path: Path, foreign: bytes
@@ -193,10 +172,6 @@ def test_adopt_rejects_a_file_whose_name_is_no_artifact_name_and_adopts_the_rest
     assert LocalBackdoor(root).read(record_path("good.bin")) is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S3: adopt() raises InvalidNameError for one foreign key; nothing is adopted",
-)
 def test_adopt_rejects_a_key_whose_name_is_no_artifact_name_and_adopts_the_rest_s3(
     moto: MotoServer,
 ) -> None:
@@ -369,10 +344,6 @@ def _killed_at(run: Callable[[], object], arm: Callable[[Callable[[], None]], No
     assert got == b"k", f"the child did not stop where it should ({got!r})"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="delete killed after its record step: a stale pending record makes gc bring it back",
-)
 def test_a_delete_killed_after_its_record_step_leaves_nothing_claiming_to_be_whole(
     tmp_path: Path,
 ) -> None:

@@ -643,8 +643,11 @@ class Committer:
                 self.check_not_inside(parts, name)
                 self.check_no_staging_below(parts)
                 self.check_no_folder_write(parts)
-            had_record = self.backend.remove(record_parts(parts))
+            # the pending record first: one left behind (an earlier commit stopped after its
+            # record step, or a removal a power loss undid) matches the data, and with the
+            # record gone it would make gc restore the artifact a delete stopped halfway through
             self.backend.remove(intent_parts(parts))
+            had_record = self.backend.remove(record_parts(parts))
             had_data = remove_data(self.backend, parts, owns)
         if not (had_record or had_data):
             raise NotFoundError(f"{name} does not exist", name=name)
