@@ -8,12 +8,14 @@ caller without a type checker gets the same clear error).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from commitstore import _commit, _fetch
+from commitstore.errors import ConfigurationError
 
 __all__ = [
     "Level",
@@ -52,6 +54,25 @@ def check_flag(value: object, what: str) -> bool:
         ConfigurationError: anything but True or False, before any I/O.
     """
     return _commit.check_flag(value, what)
+
+
+def check_timeout(timeout: object) -> float | None:
+    """``timeout`` as a wait bound in seconds: None (no bound) or a finite number >= 0.
+
+    Raises:
+        ConfigurationError: anything else (a negative number, NaN, infinity, a bool, a string),
+            before any waiting.
+    """
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout < 0
+    ):
+        raise ConfigurationError(f"timeout must be None or a finite number >= 0, not {timeout!r}")
+    return float(timeout)
 
 
 def check_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:

@@ -35,7 +35,14 @@ from commitstore.maintenance.retention import Retention, check_age, check_keep
 from commitstore.maintenance.scrub import ScrubReport, check_budget, scrub
 from commitstore.mirrors.replicator import MirrorState, Replicator
 from commitstore.mirrors.sync import SyncReport, latest_any, restore, sync_mirrors
-from commitstore.options import Level, MirrorMode, MirrorPolicy, ReadLevel, Source
+from commitstore.options import (
+    Level,
+    MirrorMode,
+    MirrorPolicy,
+    ReadLevel,
+    Source,
+    check_timeout,
+)
 from commitstore.records import Record, VerifyReport, VerifyResult
 
 __all__ = ["CommitStore"]
@@ -135,7 +142,10 @@ class CommitStore:
             CommitStoreError: an asynchronous commit failed and the failure was not observed.
             MirrorError: under ``mirror_policy="required"``, if a mirror failed.
             TimeoutError: ``timeout`` seconds passed first.
+            ConfigurationError: ``timeout`` is not None or a finite number >= 0 (before
+                waiting).
         """
+        check_timeout(timeout)
         end = None if timeout is None else time.monotonic() + timeout
         if self._background is not None:
             self._background.flush(timeout)

@@ -256,10 +256,17 @@ def resolve(url: str | os.PathLike[str], options: dict[str, Any]) -> Backend:
     ``options`` forces that one).
 
     Raises:
-        ConfigurationError: unknown scheme (with the known ones), a missing extra (with the pip
-            command), or an option the backend does not take; all before any I/O.
+        ConfigurationError: an empty URL, an unknown scheme (with the known ones), a missing
+            extra (with the pip command), or an option the backend does not take; all before
+            any I/O.
     """
     text = os.fspath(url)
+    if not isinstance(text, str) or not text.strip():
+        # an unset variable (open_store(os.environ.get("CKPT", ""))) must not open the
+        # current folder as a store
+        raise ConfigurationError(
+            f"the store URL is empty ({text!r}): give a folder path or a URL such as s3://bucket"
+        )
     scheme = text.split("://", 1)[0].lower() if "://" in text else ""
     given = dict(options)
     options = dict(options)
