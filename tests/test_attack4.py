@@ -459,10 +459,6 @@ def test_sync_never_replaces_another_tools_file_on_a_mirror(tmp_path: Path) -> N
 # --- another tool moves the folder a commit is publishing into --------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a commit publishes through the folder fd it opened, after that folder moved away",
-)
 def test_a_commit_whose_folder_moved_away_does_not_return_a_missing_name(tmp_path: Path) -> None:
     root = tmp_path / "s"
     store = open_store(root)

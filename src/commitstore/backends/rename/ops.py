@@ -133,6 +133,12 @@ class RenameOps(abc.ABC, Generic[D, H]):
     def release(self, token: object) -> None:
         """Drop a lock :meth:`hold` took. Default: nothing."""
 
+    def folder_in_place(self, folder: D, parts: Parts) -> bool:
+        """True if ``folder`` (opened by :meth:`open_folder` for ``parts``) is still the folder
+        at that path: not moved away or replaced by another tool since. Default: True (storage
+        whose folder handles are paths, where a rename always goes to the path)."""
+        return True
+
     def sync_tree(self, folder: D, name: str, info: CommitInfo) -> None:
         """Make the folder tree ``name`` (filled by other sinks, each file already flushed)
         durable: every folder in it, bottom-up. Default: nothing to do (storage whose folder

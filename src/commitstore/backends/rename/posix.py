@@ -342,6 +342,16 @@ class LocalBackend(RenameBackend[int, Staging]):
     def release(self, token: object) -> None:
         _liveness.release(token)
 
+    def folder_in_place(self, folder: int, parts: Parts) -> bool:
+        """The folder at ``parts``' path (not followed if a link) is the one ``folder`` holds:
+        the same device and inode. One stat."""
+        try:
+            at = os.stat(os.path.join(self.root, *parts), follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(folder)
+        return (at.st_dev, at.st_ino) == (held.st_dev, held.st_ino)
+
     def held(self, parts: Parts) -> bool:
         """True if a live writer holds the staging entry ``parts`` (:meth:`hold`)."""
         try:

@@ -71,6 +71,7 @@ class _Staged(Generic[D, H]):
         self._closed = False
         self._hold: object | None = None
         """The writer's liveness lock on its staging entry (``ops.hold``), until closed."""
+        self._parent = parts[:-1]
         self._folder: D = self._step("creating the folder of", ops.open_folder, parts[:-1])
 
     def _step(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -91,13 +92,20 @@ class _Staged(Generic[D, H]):
 
     def _check_held(self) -> None:
         """Before the rename: the staging entry is still the one this writer locked (never one
-        removed and made again under it: its contents would be a remainder)."""
+        removed and made again under it: its contents would be a remainder), and the folder
+        this writer opened is still the one at the name's path (never one another tool moved
+        away meanwhile: the rename through it would publish where no reader looks)."""
         if self._hold is not None and not self._step(
             "checking", self._ops.still_held, self._folder, self._tmp, self._hold
         ):
             raise CommitError(
                 f"{self._shown}: the staging entry was removed and made again while this "
                 "writer held it; nothing is published"
+            )
+        if not self._step("checking", self._ops.folder_in_place, self._folder, self._parent):
+            raise CommitError(
+                f"{self._shown}: its folder was moved away or replaced while this commit ran "
+                "(by another tool); nothing is published"
             )
 
     def _check_staged(self, name: str, size: int, digest: str, shown: str) -> None:
