@@ -129,38 +129,50 @@ def test_two_writers_create_only_exactly_one_wins(moto: MotoServer) -> None:
 
 
 def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> None:
+    """A writer SIGKILLed mid-upload publishes nothing. It reaches the server through a proxy
+    that slows each forwarded chunk, and is killed once a part has landed: the upload is in
+    flight when the kill comes (unslowed, a fast server took the rest of the parts and the
+    completion in the time the test took to look)."""
     server, t = s3
     t.store.put_bytes("step_0001.pt", b"whole")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.helpers.writer",
-            t.store.url,
-            "step_0002.pt",
-            "1",
-            str(64 * MiB),
-        ],
-        cwd=ROOT_DIR,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={
-            **os.environ,
-            **server.env(),
-            "WRITER_STORE_OPTIONS": json.dumps({"single_put_max": 5 * MiB}),
-        },
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
-    assert isinstance(t.door, S3Backdoor)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # mid-upload: at least one part has landed
-        ups = pending(t)
-        if ups and t.door.parts_uploaded(str(ups[0]["Key"]), str(ups[0]["UploadId"])) >= 1:
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    slow = FaultProxy(server.port)
+    slow.set(delay=0.01, faulty=None)  # ~10 s for 64 MiB; one 8 MiB part in ~1 s
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.helpers.writer",
+                t.store.url,
+                "step_0002.pt",
+                "1",
+                str(64 * MiB),
+            ],
+            cwd=ROOT_DIR,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                **server.env(),
+                "AWS_ENDPOINT_URL": slow.endpoint,
+                "WRITER_STORE_OPTIONS": json.dumps(
+                    {"single_put_max": 5 * MiB, "endpoint_url": slow.endpoint}
+                ),
+            },
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        assert isinstance(t.door, S3Backdoor)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # mid-upload: at least one part has landed
+            ups = pending(t)
+            if ups and t.door.parts_uploaded(str(ups[0]["Key"]), str(ups[0]["UploadId"])) >= 1:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        slow.stop()
     assert t.door.read("step_0002.pt") is None
     assert t.door.read(record_path("step_0002.pt")) is None
     assert len(pending(t)) == 1  # left for gc / the bucket lifecycle rule
