@@ -111,8 +111,10 @@ class Committer:
         self.locks = type(backend).publish_lock is not Backend.publish_lock
         """Whether the backend's publish lock holds anything (file systems, ``memory://``):
         checks of the name hierarchy are then repeated under it. Object stores' lock holds
-        nothing; there the checks when staging starts are all (a racing commit of a name below
-        is not excluded)."""
+        nothing; there a folder commit checks again for artifacts below its name right before
+        its pending record (one listing), and the other checks are made when staging starts (a
+        commit of a name below that lands between that listing and the record is not
+        excluded)."""
 
     def __repr__(self) -> str:
         return f"Committer({self.url!r}, strategy={self.backend.strategy!r})"
@@ -358,6 +360,9 @@ class Committer:
                 meanwhile, as a folder written in place on an object store can meet). The
                 other writer's version stands, untouched; this commit's pending record is
                 removed, so the name never verifies as this commit's version.
+            NameConflictError: a folder (``intent`` of kind ``dir``) whose name holds other
+                committed artifacts below it (object stores: committed since its staging
+                began); nothing is published, the other artifacts are untouched.
             CommitError, StorageError, InsufficientSpaceError, BackendUnavailableError: a
                 failure before the new data was published (or one after it that leaves a name
                 not verifying as the new version: without a pending record, or a folder whose
@@ -375,6 +380,10 @@ class Committer:
         with self.backend.publish_lock():
             if self.locks:  # again where the lock holds: no commit below can land meanwhile
                 self.check_place(parts)
+            elif intent is not None and intent.kind == "dir":
+                # object stores: a folder's files are its keys below the name, so an artifact
+                # committed below it since staging began (one listing) would be inside it
+                self.check_nothing_below(parts, "committing this folder there")
             if mode is PutMode.CREATE and not self.backend.capabilities.exclusive_create:
                 if data_in_place:
                     self.check_unrecorded(parts)

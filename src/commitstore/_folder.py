@@ -31,10 +31,18 @@ Where the files are staged:
   committed under the same folder path stays), then the markers; ``abort`` does the same at
   once.
 
+A write that is no longer open takes no file: ``join`` refuses it (AlreadyExistsError once
+committed; on object stores CommitError once aborted or removed by gc, read from its marker),
+and on object stores so does every ``open_file`` before its upload; an upload that raced the
+commit and that the record does not name is removed again (``FolderWrite._not_late``). A writer
+never has a file and a folder at one path (``sub`` and ``sub/x``: NameConflictError, no I/O).
+
 What ``commit`` checks before anything is published: every expected file is present in the
-staging area with its recorded size (one listing), and nothing else is there. Digests are the
-writers' own, computed over the bytes as they went to the sink; ``check="full"`` re-reads and
-hashes every file first.
+staging area with its recorded size (one listing), nothing else is there, and no expected path
+is the folder of another (two writers' ``sub`` and ``sub/x``: CommitError); on object stores,
+nothing was committed below the name meanwhile (``Committer.commit``: NameConflictError).
+Digests are the writers' own, computed over the bytes as they went to the sink; ``check="full"``
+re-reads and hashes every file first.
 """
 
 from __future__ import annotations
@@ -59,10 +67,13 @@ from commitstore._small import put_small
 from commitstore.backends import Backend, CommitInfo, PutMode, hash_and_sync_tree
 from commitstore.digest import hash_stream, manifest_digest
 from commitstore.errors import (
+    AlreadyExistsError,
     CommitError,
     CommitStoreError,
     ConfigurationError,
     InvalidNameError,
+    NameConflictError,
+    NotFoundError,
 )
 from commitstore.layout import (
     STAGING_PREFIX,
@@ -74,7 +85,7 @@ from commitstore.layout import (
     writer_markers_parts,
 )
 from commitstore.maintenance import _owned
-from commitstore.records import FileRecord, Record
+from commitstore.records import FileRecord, Record, RecordFormatError, decode_record
 
 TOKEN_VERSION = 1
 _ID = re.compile(r"[0-9a-f]{16}")
@@ -163,6 +174,12 @@ class FolderWrite:
         """Files this writer opened (object stores: listed in its marker before each upload)."""
         self.record: Record | None = None
         """After :meth:`commit`."""
+        self._closed = False
+        """After :meth:`abort` (or a :meth:`commit`): no file is opened any more."""
+        self._files: set[str] = set()
+        self._folders: dict[str, str] = {}
+        """The paths this writer opened, and the folders they are in (each with one of its
+        files): a path is never both."""
         self._held: object | None = None
         """Local stores: this writer's liveness lock on the staging folder (:meth:`_hold`)."""
         self._marker_lock = threading.Lock()
@@ -197,6 +214,12 @@ class FolderWrite:
             InvalidNameError: a bad path, before any I/O.
         """
         rel = validate_name(path, inside_folder=True)
+        if self._closed or self.record is not None:
+            raise CommitError(
+                f"{self.name}: this folder write is {'committed' if self.record else 'aborted'}; "
+                f"{path} was not written"
+            )
+        self._claim(path, rel)
         backend = self._c.backend
         mode = PutMode.CREATE if backend.capabilities.exclusive_create else PutMode.REPLACE
         if not _in_place(backend):
@@ -205,11 +228,63 @@ class FolderWrite:
             return FolderFile(path, sink)
         # the marker lists the file before its upload starts (its heartbeat keeps the writer
         # alive from begin/join to commit or abort: gc never takes a live writer's files)
+        check_open(backend, self._t)
         with self._marker_lock:
             if path not in self._mine:
                 self._mine.append(path)
             put_small(backend, self._marker_parts(), self._marker(), PutMode.REPLACE)
-        return FolderFile(path, backend.open_sink((*self._area(), *rel), mode=mode))
+        return FolderFile(
+            path,
+            backend.open_sink((*self._area(), *rel), mode=mode),
+            after_publish=self._not_late,
+        )
+
+    def _claim(self, path: str, rel: Parts) -> None:
+        """Refuse ``path`` if this writer opened a file at one of its folders, or files below
+        it (a folder holds ``sub`` or ``sub/x``, never both: a local file system refuses it, an
+        object store would take both keys and no record could name them). No I/O. Files of
+        other writers are compared at :meth:`commit`."""
+        dirs = ["/".join(rel[:i]) for i in range(1, len(rel))]
+        clash = self._folders.get(path) or next((d for d in dirs if d in self._files), None)
+        if clash is not None:
+            raise NameConflictError(
+                f"{self.name}: {path} cannot be written, this writer wrote {clash} (a file, and "
+                "a folder holding a file, cannot both be at one path); nothing was written",
+                name=self.name,
+            )
+        self._files.add(path)
+        for d in dirs:
+            self._folders.setdefault(d, path)
+
+    def _not_late(self, record: FileRecord) -> None:
+        """Object stores, right after a file's upload: if the folder got its record meanwhile
+        (another writer committed it while this upload ran), the upload landed inside a
+        committed folder. A file that record does not name is removed again (it was this
+        upload's: the record's own files were there before), and CommitError is raised."""
+        backend = self._c.backend
+        parts = (*self._parts, *record.path.split("/"))
+        try:
+            committed = decode_record(backend.read_small(record_parts(self._parts)))
+        except NotFoundError:
+            return
+        except RecordFormatError as exc:
+            raise CommitError(
+                f"{self.name}: the folder got a record while {record.path} was uploaded, and "
+                f"it is unreadable ({exc}); the upload is left for gc"
+            ) from exc
+        named = next((f for f in committed.files if f.path == record.path), None)
+        if named == record:
+            return
+        if named is None:
+            backend.remove(parts)
+        raise CommitError(
+            f"{self.name}: the folder was committed while {record.path} was uploaded; "
+            + (
+                "that upload was removed again, the committed folder is as committed"
+                if named is None
+                else "the committed folder names that file with other bytes"
+            )
+        )
 
     def _marker_parts(self) -> Parts:
         return writer_marker_parts(self._t.id, self._writer)
@@ -293,7 +368,7 @@ class FolderWrite:
         started = time.monotonic()
         if check not in ("size", "full"):
             raise ConfigurationError(f"check must be 'size' or 'full', not {check!r}")
-        files = _unique(expected)
+        files = _unique(self.name, expected)
         if not files:
             raise ConfigurationError(f"{self.name}: a folder commit needs at least one file")
         backend, area = self._c.backend, self._area()
@@ -361,6 +436,7 @@ class FolderWrite:
         stops this writer's heartbeat and removes its marker."""
         if self.record is not None:
             return
+        self._closed = True
         self._release()
         self._stop_beat()
         backend = self._c.backend
@@ -399,7 +475,10 @@ def _marker_body(name: str, write_id: str, files: list[str]) -> bytes:
     return json.dumps({"name": name, "id": write_id, "files": list(files)}).encode()
 
 
-def _unique(expected: Iterable[FileRecord]) -> list[FileRecord]:
+def _unique(name: str, expected: Iterable[FileRecord]) -> list[FileRecord]:
+    """The expected files, sorted, each once. Raises ConfigurationError for what is no file
+    record or two records of one path, CommitError for a path that is a file and a folder of
+    another (``sub`` and ``sub/x``, written by two writers: no record can name both)."""
     out: dict[str, FileRecord] = {}
     for f in expected:
         if not isinstance(f, FileRecord):
@@ -407,6 +486,16 @@ def _unique(expected: Iterable[FileRecord]) -> list[FileRecord]:
         validate_name(f.path, inside_folder=True)
         if out.setdefault(f.path, f) != f:
             raise ConfigurationError(f"{f.path}: two different records for one file")
+    folders: dict[str, str] = {}
+    for path in out:
+        rel = path.split("/")
+        folders.update(("/".join(rel[:i]), path) for i in range(1, len(rel)))
+    clash = next((p for p in sorted(out) if p in folders), None)
+    if clash is not None:
+        raise CommitError(
+            f"{name}: folder not committed: {clash} is a file and also the folder of "
+            f"{folders[clash]}; nothing was published"
+        )
     return sorted(out.values(), key=lambda f: f.path)
 
 
@@ -453,7 +542,35 @@ def join(
         raise ConfigurationError(
             f"folder token is for {parsed.store}, not for this store ({committer.url})"
         )
+    check_open(committer.backend, parsed)
     return FolderWrite(committer, parsed, after=after)
+
+
+def check_open(backend: Backend, token: _Token) -> None:
+    """Raise if the folder write of ``token`` is no longer open, before anything is written.
+
+    Object stores (files go to their final keys, so a late file would land inside the
+    committed folder): the write's marker is gone once it is committed, aborted or removed by
+    gc; then AlreadyExistsError if the folder has its record, CommitError otherwise. Elsewhere
+    (files go to a staging folder): AlreadyExistsError if a create-only write's name has a
+    record (it can never be committed). One stat (two when refusing)."""
+    parts = validate_name(token.name)
+    if _in_place(backend):
+        if backend.stat(folder_marker_parts(token.id)) is not None:
+            return
+    elif token.overwrite:
+        return
+    if backend.stat(record_parts(parts)) is not None:
+        raise AlreadyExistsError(
+            f"{token.name} is committed: its folder write is closed and takes no more files "
+            "(nothing was written)",
+            name=token.name,
+        )
+    if _in_place(backend):
+        raise CommitError(
+            f"{token.name}: this folder write is no longer open (aborted, or removed by gc as "
+            "dead); nothing was written"
+        )
 
 
 __all__ = ["FolderFile", "FolderWrite", "begin", "join"]

@@ -35,13 +35,21 @@ class FolderFile(io.RawIOBase):
     name before the folder's commit."""
 
     def __init__(
-        self, path: str, sink: FileSink, *, on_end: Callable[[], None] | None = None
+        self,
+        path: str,
+        sink: FileSink,
+        *,
+        on_end: Callable[[], None] | None = None,
+        after_publish: Callable[[FileRecord], None] | None = None,
     ) -> None:
         super().__init__()
         self.path = path
         self._sink: FileSink | None = sink
         self._on_end = on_end
         """Called once when the file is finished or aborted (the writer's heartbeat stops)."""
+        self._after_publish = after_publish
+        """Called with the file's record once it is published, before :meth:`finish` returns
+        it; what it raises, :meth:`finish` raises (object stores: the late-upload check)."""
         self._hasher = Hasher()
         self._buf = bytearray()
         self.record: FileRecord | None = None
@@ -91,7 +99,14 @@ class FolderFile(io.RawIOBase):
             self._end()
             raise
         self._end()
-        self.record = FileRecord(self.path, size, digest)
+        record = FileRecord(self.path, size, digest)
+        if self._after_publish is not None:
+            try:
+                self._after_publish(record)
+            except BaseException:
+                super().close()
+                raise
+        self.record = record
         super().close()
         return self.record
 
