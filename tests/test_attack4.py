@@ -200,9 +200,6 @@ def test_flush_with_a_bad_timeout_is_a_configuration_error(tmp_path: Path, timeo
 # --- storage that lies ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a folder at a record's path is 'no_record' (ok), not 'bad_record'"
-)
 def test_a_folder_at_a_records_path_is_a_bad_record(tmp_path: Path) -> None:
     root = tmp_path / "s"
     store = open_store(root)
@@ -216,10 +213,6 @@ def test_a_folder_at_a_records_path_is_a_bad_record(tmp_path: Path) -> None:
     assert not report.ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="get_file of an empty folder artifact succeeds although verify says missing/mismatch",
-)
 @pytest.mark.parametrize("damage", ["removed", "a file in its place"])
 def test_get_file_never_serves_an_empty_folder_that_fails_its_check(
     tmp_path: Path, damage: str
@@ -236,10 +229,6 @@ def test_get_file_never_serves_an_empty_folder_that_fails_its_check(
         store.get_file("e", tmp_path / "out")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sync copies an empty folder artifact whose primary copy fails its check",
-)
 def test_sync_never_copies_an_empty_folder_that_fails_its_check(tmp_path: Path) -> None:
     primary, mirror = tmp_path / "p", tmp_path / "m"
     store = open_store(primary)
@@ -438,10 +427,6 @@ def test_a_folder_commit_over_a_file_committed_below_it_meanwhile_s3(moto: MotoS
 # --- sync meets another tool's file on the mirror ---------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sync replaces another tool's unrecorded file at the name on a mirror, unreported",
-)
 def test_sync_never_replaces_another_tools_file_on_a_mirror(tmp_path: Path) -> None:
     primary, mirror = tmp_path / "p", tmp_path / "m"
     open_store(mirror).put_bytes("z", b"z")

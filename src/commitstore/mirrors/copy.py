@@ -23,6 +23,7 @@ from typing import BinaryIO, cast
 
 from commitstore._check import (
     compare,
+    folder_problem,
     locate,
     pending_version,
     record_of,
@@ -253,7 +254,16 @@ def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tup
 
 def _fill_dir(src: Committer, dsink: DirSink, rec: Record, root: Parts) -> None:
     """Copy the files of folder version ``rec``, stored below ``root`` on ``src``, into the
-    staging folder of ``dsink``, each checked against ``rec`` (SourceMismatch)."""
+    staging folder of ``dsink``, each checked against ``rec`` (SourceMismatch); ``root`` must
+    be a folder (``_check.folder_problem``, as ``verify`` checks it: an empty folder artifact
+    whose folder is gone, or a file in its place, is no copy of it)."""
+    problem = folder_problem(src.backend, root, rec)
+    if problem is not None:
+        raise SourceMismatch(
+            f"{'/'.join(root)} on {src.url}: {problem.detail}; not copied",
+            name=rec.name,
+            status=problem.status,
+        )
     for entry in rec.files:
         out = dsink.local_path.joinpath(*entry.path.split("/"))
         out.parent.mkdir(parents=True, exist_ok=True)
