@@ -464,3 +464,35 @@ def test_a_commit_whose_folder_moved_away_does_not_return_a_missing_name(tmp_pat
         return  # refusing is fine: nothing was published under the name
     # it returned: "the name verifies as the new version"
     assert LocalBackdoor(root).read("a/b") == b"new bytes"
+
+
+def test_replication_never_replaces_another_tools_file_on_a_mirror(tmp_path: Path) -> None:
+    primary, mirror = tmp_path / "p", tmp_path / "m"
+    open_store(mirror).put_bytes("z", b"z")
+    LocalBackdoor(mirror).write("x", b"another tool's bytes")  # no record: not an artifact
+    store = open_store(primary, mirrors=[str(mirror)])
+    try:
+        store.put_bytes("x", b"primary")
+        store.flush(timeout=60)
+        failed = store.mirror_status()[0].failed
+    finally:
+        store.close()
+    assert LocalBackdoor(mirror).read("x") == b"another tool's bytes"
+    assert LocalBackdoor(mirror).read(record_path("x")) is None
+    assert "x" in failed
+
+
+def test_sync_completes_a_copy_that_stopped_after_its_data_step(tmp_path: Path) -> None:
+    """Data without a record on a mirror that is exactly the primary's version (a copy whose
+    record step never happened) is no other tool's: sync completes it."""
+    primary, mirror = tmp_path / "p", tmp_path / "m"
+    open_store(primary).put_bytes("x", b"primary")
+    open_store(mirror).put_bytes("z", b"z")
+    LocalBackdoor(mirror).write("x", b"primary")
+    store = open_store(primary, mirrors=[str(mirror)])
+    try:
+        report = store.sync()
+    finally:
+        store.close()
+    assert report.ok and "x" in report.mirrors[0].copied
+    assert LocalBackdoor(mirror).read(record_path("x")) is not None
