@@ -43,7 +43,7 @@ from commitstore.errors import (
     NotFoundError,
     SourceMismatch,
 )
-from commitstore.layout import Parts, record_parts, validate_name
+from commitstore.layout import Parts, validate_name
 from commitstore.records import Record, RecordFormatError
 
 RETRIES = 3
@@ -172,7 +172,7 @@ def check_replaceable(
     record there (whole or damaged: the mirror's own version), may be replaced. A mirror never
     replaces another tool's file. Returns True when a pending record is what allowed it."""
     backend = dst.backend
-    if backend.stat(record_parts(parts)) is not None or backend.stat(parts) is None:
+    if backend.stat(parts) is None or _has_record(dst, parts):
         return False
     if pending and (read_intent(backend, parts) is not None or read_slots(backend, parts)):
         return True
@@ -186,6 +186,16 @@ def check_replaceable(
         "sync again",
         name=name,
     )
+
+
+def _has_record(dst: Committer, parts: Parts) -> bool:
+    """Whether ``dst`` has a record of ``parts``: a readable one (also the old record a stopped
+    move-aside replace left under its aside name), or a damaged one (unreadable: the name's
+    record is still ``dst``'s own, which a repair replaces)."""
+    try:
+        return read_record(dst.backend, parts) is not None
+    except RecordFormatError:
+        return True
 
 
 def _source_moved(src: Committer, stored: StoredRecord) -> bool:
