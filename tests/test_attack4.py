@@ -198,9 +198,6 @@ def test_flush_with_a_bad_timeout_is_a_configuration_error(tmp_path: Path, timeo
 # --- storage that lies ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a folder at a record's path is 'no_record' (ok), not 'bad_record'"
-)
 def test_a_folder_at_a_records_path_is_a_bad_record(tmp_path: Path) -> None:
     root = tmp_path / "s"
     store = open_store(root)
@@ -214,10 +211,6 @@ def test_a_folder_at_a_records_path_is_a_bad_record(tmp_path: Path) -> None:
     assert not report.ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="get_file of an empty folder artifact succeeds although verify says missing/mismatch",
-)
 @pytest.mark.parametrize("damage", ["removed", "a file in its place"])
 def test_get_file_never_serves_an_empty_folder_that_fails_its_check(
     tmp_path: Path, damage: str
@@ -234,10 +227,6 @@ def test_get_file_never_serves_an_empty_folder_that_fails_its_check(
         store.get_file("e", tmp_path / "out")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sync copies an empty folder artifact whose primary copy fails its check",
-)
 def test_sync_never_copies_an_empty_folder_that_fails_its_check(tmp_path: Path) -> None:
     primary, mirror = tmp_path / "p", tmp_path / "m"
     store = open_store(primary)
@@ -429,10 +418,6 @@ def test_a_folder_commit_over_a_file_committed_below_it_meanwhile_s3(moto: MotoS
 # --- sync meets another tool's file on the mirror ---------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sync replaces another tool's unrecorded file at the name on a mirror, unreported",
-)
 def test_sync_never_replaces_another_tools_file_on_a_mirror(tmp_path: Path) -> None:
     primary, mirror = tmp_path / "p", tmp_path / "m"
     open_store(mirror).put_bytes("z", b"z")
@@ -466,3 +451,35 @@ def test_a_commit_whose_folder_moved_away_does_not_return_a_missing_name(tmp_pat
         return  # refusing is fine: nothing was published under the name
     # it returned: "the name verifies as the new version"
     assert LocalBackdoor(root).read("a/b") == b"new bytes"
+
+
+def test_replication_never_replaces_another_tools_file_on_a_mirror(tmp_path: Path) -> None:
+    primary, mirror = tmp_path / "p", tmp_path / "m"
+    open_store(mirror).put_bytes("z", b"z")
+    LocalBackdoor(mirror).write("x", b"another tool's bytes")  # no record: not an artifact
+    store = open_store(primary, mirrors=[str(mirror)])
+    try:
+        store.put_bytes("x", b"primary")
+        store.flush(timeout=60)
+        failed = store.mirror_status()[0].failed
+    finally:
+        store.close()
+    assert LocalBackdoor(mirror).read("x") == b"another tool's bytes"
+    assert LocalBackdoor(mirror).read(record_path("x")) is None
+    assert "x" in failed
+
+
+def test_sync_completes_a_copy_that_stopped_after_its_data_step(tmp_path: Path) -> None:
+    """Data without a record on a mirror that is exactly the primary's version (a copy whose
+    record step never happened) is no other tool's: sync completes it."""
+    primary, mirror = tmp_path / "p", tmp_path / "m"
+    open_store(primary).put_bytes("x", b"primary")
+    open_store(mirror).put_bytes("z", b"z")
+    LocalBackdoor(mirror).write("x", b"primary")
+    store = open_store(primary, mirrors=[str(mirror)])
+    try:
+        report = store.sync()
+    finally:
+        store.close()
+    assert report.ok and "x" in report.mirrors[0].copied
+    assert LocalBackdoor(mirror).read(record_path("x")) is not None

@@ -16,6 +16,7 @@ from commitstore._order import arrange_records
 from commitstore._scan import (
     NOT_REGULAR,
     StoredRecord,
+    folder_records,
     read_intent,
     read_record,
     scan_records,
@@ -355,9 +356,14 @@ def _compare_file(
     return compare(size, digest, found_size=found_size, found_digest=found_digest, level=level)
 
 
-def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> VerifyResult:
+def folder_problem(backend: Backend, parts: Parts, record: Record) -> VerifyResult | None:
+    """Whether folder version ``record``, stored at ``parts``, has a folder there at all: the
+    failing result (``missing``: nothing there; ``size_mismatch``: a file or something else
+    stands there), or None. The one check of the folder itself that ``verify`` makes and that
+    every reader of a folder artifact (``get_file``, a mirror's copy) makes before its files:
+    an empty folder artifact has no file whose absence would tell."""
     if not record.files and not backend.capabilities.empty_folders:
-        return VerifyResult(record.name, "ok")  # nothing to check: the storage has no folders
+        return None  # nothing to check: the storage has no folders
     info = backend.stat(parts)
     if info is None:
         return VerifyResult(record.name, "missing", "no folder under this name")
@@ -367,6 +373,15 @@ def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> Ve
             "size_mismatch",
             NOT_REGULAR if not info.regular else "a file stands where a folder was recorded",
         )
+    return None
+
+
+def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> VerifyResult:
+    if not record.files and not backend.capabilities.empty_folders:
+        return VerifyResult(record.name, "ok")  # nothing to check: the storage has no folders
+    not_a_folder = folder_problem(backend, parts, record)
+    if not_a_folder is not None:
+        return not_a_folder
     found = {"/".join(rel): fi for rel, fi in backend.walk(parts)}
     odd = sorted(path for path, fi in found.items() if not fi.regular)
     if odd:
@@ -412,6 +427,8 @@ def verify(backend: Backend, name: str | None, level: str) -> VerifyReport:
             return VerifyReport((VerifyResult(name, "missing", "nothing under this name"),))
         return VerifyReport((check(backend, found.record, level),))
     records, bad = scan_records(backend)
+    named = {b.name for b in bad}
+    bad += [b for b in folder_records(backend) if b.name not in named]
     results = [check(backend, r, level) for r in records] + bad
     results += [
         VerifyResult(n, "no_record", _unrecorded(backend, n))

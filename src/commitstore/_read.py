@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from commitstore._check import compare, locate, record_of, served_version
+from commitstore._check import compare, folder_problem, locate, record_of, served_version
 from commitstore._scan import read_record
 from commitstore.backends import Backend, PutMode, local_folder
 from commitstore.digest import copy_hashed, digest_bytes, hash_stream
@@ -327,9 +327,15 @@ def _get_dir(
     progress: Callable[[int], None] | None,
 ) -> None:
     """Copy folder artifact ``rec``, whose files are below ``root``, into ``dest``; every file
-    checked against ``rec`` on the way, and nothing published at ``dest`` unless all pass.
+    checked against ``rec`` on the way (and ``root`` itself a folder: ``_check.folder_problem``,
+    as ``verify`` checks it), and nothing published at ``dest`` unless all pass.
     Create-only: ``dest`` was free (:func:`local_destination`); if anything appeared there
     meanwhile, AlreadyExistsError and it stays."""
+    problem = folder_problem(backend, root, rec)
+    if problem is not None:
+        raise IntegrityError(
+            f"{'/'.join(root)}: {problem.detail}", name=rec.name, status=problem.status
+        )
     dsink = target.open_dir_sink((dest.name,), mode=PutMode.CREATE)
     try:
         done = 0

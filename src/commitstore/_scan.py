@@ -226,6 +226,18 @@ def scan_entries(
     return good, bad
 
 
+def folder_records(backend: Backend) -> list[VerifyResult]:
+    """A ``bad_record`` result for every folder standing at a record's path (another tool's,
+    or a damaged disk's): a record is a regular file, and a scan of the records folder lists
+    files only, so without this the name would read as "no record". One walk of the records
+    folder's subfolders (none on storage without real folders)."""
+    return [
+        _bad(rel, f"{_where(rel)}: {NOT_REGULAR} (a folder)")
+        for rel in backend.walk_folders((META_DIR, RECORDS_DIR))
+        if is_record_leaf(_logical(rel)[-1]) and not is_staging_part(rel[-1])
+    ]
+
+
 def _vouched(
     hit: tuple[str, bytes] | None, listed: str | None, info: FileInfo
 ) -> TypeGuard[tuple[str, bytes]]:

@@ -22,7 +22,9 @@ from collections.abc import Callable
 from typing import BinaryIO, cast
 
 from commitstore._check import (
+    check_exact,
     compare,
+    folder_problem,
     locate,
     pending_version,
     record_of,
@@ -30,10 +32,17 @@ from commitstore._check import (
     stored_version,
 )
 from commitstore._commit import Committer
-from commitstore._scan import StoredRecord, read_record
+from commitstore._scan import StoredRecord, read_intent, read_record
+from commitstore._slots import read_slots
 from commitstore.backends import CommitInfo, DirSink, PutMode, Rereadable
 from commitstore.digest import copy_hashed
-from commitstore.errors import CommitStoreError, IntegrityError, NotFoundError, SourceMismatch
+from commitstore.errors import (
+    AlreadyExistsError,
+    CommitStoreError,
+    IntegrityError,
+    NotFoundError,
+    SourceMismatch,
+)
 from commitstore.layout import Parts, validate_name
 from commitstore.records import Record, RecordFormatError
 
@@ -108,8 +117,14 @@ def copy_artifact(
     *,
     publish_slots: threading.Semaphore | None = None,
     guard: Callable[[], None] | None = None,
+    keep_unrecorded: bool = False,
 ) -> Record:
     """Copy committed ``name`` from ``src`` to ``dst`` (replacing what ``dst`` has under it).
+
+    ``keep_unrecorded`` (a mirror's copies: ``sync``, replication): what ``dst`` holds at the
+    name is replaced only where ``dst``'s own records name it (:func:`check_replaceable`); an
+    unrecorded file or folder there (another tool's) is refused with AlreadyExistsError and
+    left untouched, checked before anything is read and again under the publish lock.
 
     ``publish_slots``: held while publishing (not while reading and staging), so a caller running
     more copies than slots stages the next artifact while others publish.
@@ -119,20 +134,68 @@ def copy_artifact(
     Raises:
         NotFoundError: not committed on ``src``.
         IntegrityError: ``src``'s bytes (or record) are bad (nothing published on ``dst``).
+        AlreadyExistsError: ``keep_unrecorded`` and an unrecorded file or folder is at the
+            name on ``dst`` (nothing published there).
         InsufficientSpaceError, CommitError, BackendUnavailableError: from ``dst``.
     """
     parts = validate_name(name)
     for attempt in range(REREADS + 1):
         stored = record_of(src.backend, src.url, name)
+        checked = guard
+        if keep_unrecorded and not check_replaceable(dst, parts, stored.record):
+            # again under the publish lock, where this copy's own pending record now stands
+            def checked(version: Record = stored.record) -> None:
+                check_replaceable(dst, parts, version, pending=False)
+                if guard is not None:
+                    guard()
+
         dst.check_free(parts, stored.record.size)
+
         try:
             with contextlib.ExitStack() as keep:  # a source the sink reads again stays open
-                return _copy(src, dst, name, stored, keep=keep, slots=publish_slots, guard=guard)
+                return _copy(src, dst, name, stored, keep=keep, slots=publish_slots, guard=checked)
         except (SourceMismatch, NotFoundError):
             if attempt == REREADS or not _source_moved(src, stored):
                 raise
         time.sleep(REREAD_DELAY * (attempt + 1))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def check_replaceable(
+    dst: Committer, parts: Parts, version: Record, *, pending: bool = True
+) -> bool:
+    """Raise AlreadyExistsError when what ``dst`` holds at ``parts`` is no artifact of its own:
+    data (a file, or a folder with anything in it) without a record, without a pending record
+    (a commit of the name that stopped before its record step: an interrupted copy, which the
+    copy completes; not looked for unless ``pending``), and not exactly ``version`` (a copy
+    whose record step was lost: the same bytes, adopted by the copy). Nothing there, or a
+    record there (whole or damaged: the mirror's own version), may be replaced. A mirror never
+    replaces another tool's file. Returns True when a pending record is what allowed it."""
+    backend = dst.backend
+    if backend.stat(parts) is None or _has_record(dst, parts):
+        return False
+    if pending and (read_intent(backend, parts) is not None or read_slots(backend, parts)):
+        return True
+    if check_exact(backend, version, "full").status == "ok":
+        return False
+    name = "/".join(parts)
+    raise AlreadyExistsError(
+        f"{name} on {dst.url} holds data without a record (another tool's file or folder, or "
+        "a copy of another version whose record was lost); a mirror never replaces it, so it "
+        "was not copied and nothing there was changed. Move it away (or adopt it there) and "
+        "sync again",
+        name=name,
+    )
+
+
+def _has_record(dst: Committer, parts: Parts) -> bool:
+    """Whether ``dst`` has a record of ``parts``: a readable one (also the old record a stopped
+    move-aside replace left under its aside name), or a damaged one (unreadable: the name's
+    record is still ``dst``'s own, which a repair replaces)."""
+    try:
+        return read_record(dst.backend, parts) is not None
+    except RecordFormatError:
+        return True
 
 
 def _source_moved(src: Committer, stored: StoredRecord) -> bool:
@@ -253,7 +316,16 @@ def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tup
 
 def _fill_dir(src: Committer, dsink: DirSink, rec: Record, root: Parts) -> None:
     """Copy the files of folder version ``rec``, stored below ``root`` on ``src``, into the
-    staging folder of ``dsink``, each checked against ``rec`` (SourceMismatch)."""
+    staging folder of ``dsink``, each checked against ``rec`` (SourceMismatch); ``root`` must
+    be a folder (``_check.folder_problem``, as ``verify`` checks it: an empty folder artifact
+    whose folder is gone, or a file in its place, is no copy of it)."""
+    problem = folder_problem(src.backend, root, rec)
+    if problem is not None:
+        raise SourceMismatch(
+            f"{'/'.join(root)} on {src.url}: {problem.detail}; not copied",
+            name=rec.name,
+            status=problem.status,
+        )
     for entry in rec.files:
         out = dsink.local_path.joinpath(*entry.path.split("/"))
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -272,13 +344,21 @@ def copy_with_retries(
     *,
     publish_slots: threading.Semaphore | None = None,
     guard: Callable[[], None] | None = None,
+    keep_unrecorded: bool = False,
 ) -> Record:
     """:func:`copy_artifact`, tried up to :data:`RETRIES` times while the error is
     ``retryable`` (a :class:`CommitStoreError` saying so); any other error is raised at once."""
     delay = RETRY_DELAY
     for attempt in range(1, RETRIES + 1):
         try:
-            return copy_artifact(src, dst, name, publish_slots=publish_slots, guard=guard)
+            return copy_artifact(
+                src,
+                dst,
+                name,
+                publish_slots=publish_slots,
+                guard=guard,
+                keep_unrecorded=keep_unrecorded,
+            )
         except Exception as exc:
             if attempt == RETRIES or not (isinstance(exc, CommitStoreError) and exc.retryable):
                 raise

@@ -332,7 +332,7 @@ class Replicator:
         with self._lock:
             generation = w.journaled.get(name)
         try:
-            copy_with_retries(self.primary, w.mirror, name)
+            copy_with_retries(self.primary, w.mirror, name, keep_unrecorded=True)
         except NotFoundError as exc:
             if generation is not None and self._gone(name):  # nothing left to owe
                 self._unjournal(w, name, generation)

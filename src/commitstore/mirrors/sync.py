@@ -242,7 +242,9 @@ def _sync_one(
         return "skipped", ""
     try:
         with ctx.memory.hold(held_in_memory(primary, mirror, rec)):
-            copied = copy_with_retries(primary, mirror, rec.name, publish_slots=ctx.publish_slots)
+            copied = copy_with_retries(
+                primary, mirror, rec.name, publish_slots=ctx.publish_slots, keep_unrecorded=True
+            )
     except SourceMismatch as exc:
         checks.note(rec.name, None, f"{exc.status}: {exc}")
         return "skipped", ""

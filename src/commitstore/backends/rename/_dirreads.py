@@ -36,8 +36,10 @@ def open_regular(dirfd: int, name: str, shown: Callable[[], str]) -> tuple[int, 
     known to be one); return its descriptor and ``fstat``. ``shown()`` names it in errors.
 
     Raises:
-        NotFoundError: nothing there, or a folder. IntegrityError (``size_mismatch``): a
-            symlink, FIFO, socket or device. OSError: anything else (the caller translates).
+        NotFoundError: nothing there. IntegrityError (``size_mismatch``): a folder, symlink,
+            FIFO, socket or device (a record's path holding a folder is a bad record, never
+            "no record"; a file artifact's, a mismatch, as ``verify`` says). OSError: anything
+            else (the caller translates).
     """
     try:
         fd = os.open(name, READ_FLAGS, dir_fd=dirfd)
@@ -51,9 +53,7 @@ def open_regular(dirfd: int, name: str, shown: Callable[[], str]) -> tuple[int, 
         raise
     try:
         st = os.fstat(fd)
-        if statmod.S_ISDIR(st.st_mode):
-            raise NotFoundError(f"{shown()} is a folder, not a file")
-        if not statmod.S_ISREG(st.st_mode):
+        if not statmod.S_ISREG(st.st_mode):  # a folder too: something stands there
             raise not_regular(shown(), kind_of(st.st_mode))
         fcntl.fcntl(fd, fcntl.F_SETFL, 0)  # blocking again: of READ_FLAGS, F_SETFL sets only that
     except BaseException:
@@ -112,7 +112,7 @@ class FolderReader:
 
         Raises:
             RecordFormatError: larger than ``max_bytes`` (by its ``fstat``: nothing read).
-            NotFoundError: gone (or a folder). IntegrityError (``size_mismatch``): a symlink,
+            NotFoundError: gone. IntegrityError (``size_mismatch``): a folder, symlink,
                 FIFO, socket or device there or a symlinked folder on the way. StorageError,
                 BackendUnavailableError...: a read error, translated.
         """

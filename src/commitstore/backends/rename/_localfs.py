@@ -270,6 +270,7 @@ _REG = statmod.S_IFREG
 def kind_of(mode: int) -> str:
     for test, what in (
         (statmod.S_ISLNK, "a symlink"),
+        (statmod.S_ISDIR, "a folder"),
         (statmod.S_ISFIFO, "a FIFO"),
         (statmod.S_ISSOCK, "a socket"),
         (statmod.S_ISCHR, "a character device"),
