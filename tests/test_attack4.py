@@ -1,40 +1,21 @@
-"""Findings of the fourth attack on the documented guarantees, where operations meet: each test
-provokes one for real (local disk, or moto S3), reads the storage through the backdoor, and is a
-strict xfail until the library is fixed:
+"""Findings of the fourth attack on the documented guarantees, where operations meet (64
+attacks, 18 findings): each test provokes one for real (local disk, or moto S3) and reads the
+storage through the backdoor. Fixed ones guard the fix; the open one is a strict xfail.
 
-- ``prune(keep="best")`` (a str where a collection of names goes) keeps the names "b", "e", "s",
-  "t" and deletes "best"; ``Retention(keep="best")`` the same;
-- ``open_store(url, mirrors="<one URL>")`` opens one mirror per character of the URL (on a
-  local path, one of them is "/", the file system's root);
-- ``open_store(url, retention={...})`` (not a ``Retention``) is accepted, and every commit's
-  retention then fails with a warning: the store is never pruned;
-- ``restore(name, source="<mirror URL>")`` raises a raw ``AttributeError``;
-- ``put_bytes(name, "text")`` raises a raw ``TypeError`` about a memoryview;
-- a name holding a C1 control character (U+0080..U+009F, U+009B is a terminal's CSI) is
-  committed although names never hold control characters;
-- a folder at a record's path is read as "no record": ``verify`` says ``no_record`` and
-  ``ok``, ``record()`` ``NotFoundError``, where a record that is not a regular file is
-  ``bad_record``;
-- a folder replace (local and S3) removes a file inside the old folder that its record does not
-  name, where "replacing a name removes exactly the files its record names";
-- ``begin_folder`` on S3 with a file ``sub`` and a file ``sub/x``: both are uploaded, then
-  ``commit`` raises ``RecordFormatError``, a ``ValueError`` that is no ``CommitStoreError``;
-- ``open_store("")`` opens the current folder as a store; ``flush(timeout=...)`` takes a
-  negative, NaN or text timeout;
-- a delete SIGKILLed right after its record step, on a name whose earlier commit left its
-  (stale) pending record: gc makes that pending record the record again, the delete undone;
-- S3: ``join_folder`` with the token of a committed write puts a file inside the committed
-  folder (which then fails ``verify`` for good: gc and delete leave the file);
-- S3: a folder commit over a name below which another process committed a file meanwhile
-  returns, and the folder fails ``verify`` (and holds another committed artifact);
-- ``sync`` (and replication) replace another tool's unrecorded file at an artifact's name on a
-  mirror, reported as copied;
-- a commit into a folder another tool moved away (and made again) publishes into the moved
-  folder and returns: the name is missing;
-- ``adopt()`` raises ``InvalidNameError`` for one foreign file whose name is no artifact name
-  (a backslash, not UTF-8, ``.commitstore*``), local and S3: nothing else is adopted;
-- ``get_file`` of an empty folder artifact whose folder is missing or a file succeeds, and
-  ``sync`` copies it, where ``verify`` says ``missing``/``size_mismatch``.
+Fixed: ``prune(keep="best")`` and ``Retention(keep="best")`` (a str taken as one name per
+character, "best" deleted); ``mirrors="<one URL>"`` (one mirror per character); a retention that
+is not a ``Retention``; ``restore(source="<mirror URL>")`` (a raw ``AttributeError``, now the
+mirror that URL names); ``put_bytes(name, "text")``; names with C1 control characters;
+``open_store("")`` (the current folder); bad ``flush`` timeouts; a folder at a record's path
+(now ``bad_record``); a file and a folder of one path in one S3 folder write (now typed); a
+delete killed after its record step undone by gc; S3 ``join_folder`` with a committed write's
+token writing into the committed folder; an S3 folder commit over a file committed below its
+name meanwhile; ``sync`` and replication replacing another tool's file on a mirror; a commit
+into a folder another tool moved away returning for a missing name; ``adopt()`` stopped by one
+foreign file name; ``get_file``/``sync`` of an empty folder artifact that fails its check.
+
+Open (strict xfail): a folder replace (local and S3) removes a file inside the old folder that
+its record does not name.
 """
 
 from __future__ import annotations
