@@ -136,7 +136,9 @@ def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> No
     server, t = s3
     t.store.put_bytes("step_0001.pt", b"whole")
     slow = FaultProxy(server.port)
-    slow.set(delay=0.01, faulty=None)  # ~10 s for 64 MiB; one 8 MiB part in ~1 s
+    # each of the (up to 4) connections ~1.3 MiB/s: the first parts land after ~6 s, the
+    # second round of parts needs as long again, which is the window for the kill
+    slow.set(delay=0.05, faulty=None)
     try:
         proc = subprocess.Popen(
             [
