@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 
 from commitstore import CommitStore, open_store
-from commitstore import _commit as commit_module
-from commitstore.backends.rename.posix import LocalBackend
 from commitstore.errors import (
     AlreadyExistsError,
     InsufficientSpaceError,
@@ -25,6 +23,7 @@ from commitstore.errors import (
 )
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target, pending_paths, record_path
 
+from .helpers.recordfault import refuse_record_writes
 from .helpers.requestproxy import RequestProxy
 from .helpers.s3servers import BUCKET, MotoServer
 
@@ -101,36 +100,8 @@ def test_delete_refuses_a_name_a_folder_write_in_progress_uploads_to(
 # -- 3. a new name whose record write fails after its data was placed ---------------------------
 @pytest.fixture
 def fail_record_write(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
-    """The storage refuses the record write of ``name`` (not its pending record): ENOSPC. Calling
-    the returned function with ``""`` lets record writes through again."""
-    original = commit_module.put_small
-    renamed = LocalBackend.publish_small_from
-    failing = {"name": ""}
-
-    def is_record(parts: tuple[str, ...]) -> bool:
-        leaf = record_path(failing["name"]).rsplit("/", 1)[-1]
-        return bool(failing["name"]) and "/".join(parts).endswith(leaf)
-
-    def put_small(backend: Any, parts: tuple[str, ...], body: bytes, mode: Any) -> Any:
-        if is_record(parts):
-            raise InsufficientSpaceError("no space left while writing the record")
-        return original(backend, parts, body, mode)
-
-    def publish_small_from(
-        self: LocalBackend, src: tuple[str, ...], dst: tuple[str, ...], *, mode: Any
-    ) -> Any:
-        # local disks publish the record by renaming the pending record onto it
-        if is_record(dst):
-            raise InsufficientSpaceError("no space left while publishing the record")
-        return renamed(self, src, dst, mode=mode)
-
-    monkeypatch.setattr(commit_module, "put_small", put_small)
-    monkeypatch.setattr(LocalBackend, "publish_small_from", publish_small_from)
-
-    def arm(name: str) -> None:
-        failing["name"] = name
-
-    return arm
+    """The storage refuses the record write of ``name`` (``helpers.recordfault``)."""
+    return refuse_record_writes(monkeypatch)
 
 
 def _put(store: CommitStore) -> Callable[[], Any]:

@@ -31,12 +31,12 @@ from commitstore import (
     open_store,
 )
 from commitstore import _commit as commit_module
-from commitstore.backends.rename.posix import LocalBackend
 from commitstore.testing import Backdoor, LocalBackdoor, S3Backdoor, record_path
 
 from .faultshim.check import chain, chain_of, leftovers, state
 from .faultshim.ops import GONE, NEW, OLD, OPS, Version
 from .faultshim.runner import Worker, build_shim
+from .helpers.recordfault import refuse_record_writes
 from .helpers.requestproxy import RequestProxy
 from .helpers.s3servers import BUCKET, MotoServer
 
@@ -266,33 +266,8 @@ def test_s3_record_put_failing_for_good_returns_durable_false(
 # -- every public writer path -------------------------------------------------------------------
 @pytest.fixture
 def fail_record_write(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
-    """The storage refuses the record write of ``name`` (not its pending record): ENOSPC,
-    whether the record is written anew or is the pending record renamed onto it (local disks:
-    ``publish_small_from``)."""
-
-    def arm(name: str) -> None:
-        original = commit_module.put_small
-        renamed = LocalBackend.publish_small_from
-
-        def is_record(parts: tuple[str, ...]) -> bool:
-            return "/".join(parts).endswith(record_path(name).rsplit("/", 1)[-1])
-
-        def put_small(backend: Any, parts: tuple[str, ...], body: bytes, mode: Any) -> Any:
-            if is_record(parts):
-                raise InsufficientSpaceError("no space left while writing the record")
-            return original(backend, parts, body, mode)
-
-        def publish_small_from(
-            self: LocalBackend, src: tuple[str, ...], dst: tuple[str, ...], *, mode: Any
-        ) -> Any:
-            if is_record(dst):
-                raise InsufficientSpaceError("no space left while publishing the record")
-            return renamed(self, src, dst, mode=mode)
-
-        monkeypatch.setattr(commit_module, "put_small", put_small)
-        monkeypatch.setattr(LocalBackend, "publish_small_from", publish_small_from)
-
-    return arm
+    """The storage refuses the record write of ``name`` (``helpers.recordfault``)."""
+    return refuse_record_writes(monkeypatch)
 
 
 def _put_bytes(store: CommitStore, name: str, tmp: Path) -> Any:
