@@ -1,6 +1,6 @@
 """Findings of the fourth attack on the documented guarantees, where operations meet (64
 attacks, 18 findings): each test provokes one for real (local disk, or moto S3) and reads the
-storage through the backdoor. Fixed ones guard the fix; the open one is a strict xfail.
+storage through the backdoor. Each guards its fix.
 
 Fixed: ``prune(keep="best")`` and ``Retention(keep="best")`` (a str taken as one name per
 character, "best" deleted); ``mirrors="<one URL>"`` (one mirror per character); a retention that
@@ -14,8 +14,9 @@ name meanwhile; ``sync`` and replication replacing another tool's file on a mirr
 into a folder another tool moved away returning for a missing name; ``adopt()`` stopped by one
 foreign file name; ``get_file``/``sync`` of an empty folder artifact that fails its check.
 
-Open (strict xfail): a folder replace (local and S3) removes a file inside the old folder that
-its record does not name.
+A folder replace (local and S3) over a folder holding a file that no version of the name names
+(another tool's): it removed that file with the old version's; now refused (NameConflictError),
+nothing changed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from commitstore import (
     CommitStoreError,
     ConfigurationError,
     InvalidNameError,
+    NameConflictError,
     Retention,
     open_store,
 )
@@ -228,37 +230,48 @@ def test_sync_never_copies_an_empty_folder_that_fails_its_check(tmp_path: Path) 
 # --- one name's replace meets files that are not its own --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a local folder replace removes a file its old record never named",
-)
-def test_folder_replace_keeps_a_file_the_old_record_does_not_name_local(tmp_path: Path) -> None:
+def test_folder_replace_refuses_a_file_no_version_names_local(tmp_path: Path) -> None:
     root = tmp_path / "s"
     store = open_store(root)
     with store.stage_dir("a") as d:
         (d / "m").write_bytes(b"m")
-    LocalBackdoor(root).write("a/extra", b"another tool's file")
+    door = LocalBackdoor(root)
+    record = door.read(record_path("a"))
+    door.write("a/extra", b"another tool's file")
+    with pytest.raises(NameConflictError, match="extra"), store.stage_dir("a", overwrite=True) as d:
+        (d / "n").write_bytes(b"n")
+    assert door.read("a/extra") == b"another tool's file"
+    assert door.read("a/m") == b"m"
+    assert door.read("a/n") is None
+    assert door.read(record_path("a")) == record
+    door.remove("a/extra")  # moved away: the replace goes through
     with store.stage_dir("a", overwrite=True) as d:
         (d / "n").write_bytes(b"n")
-    assert LocalBackdoor(root).read("a/n") == b"n"
-    assert LocalBackdoor(root).read("a/extra") == b"another tool's file"
+    assert door.read("a/n") == b"n"
+    assert door.read("a/m") is None
+    assert store.verify("a").ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an S3 folder replace deletes a key below the name that its old record never named",
-)
-def test_folder_replace_keeps_a_file_the_old_record_does_not_name_s3(moto: MotoServer) -> None:
+def test_folder_replace_refuses_a_key_no_version_names_s3(moto: MotoServer) -> None:
     prefix = "attack4-replace-extra"
     store = open_store(moto.url(prefix), **moto.options())
     door = S3Backdoor(moto.client(), BUCKET, prefix)
     with store.stage_dir("a") as d:
         (d / "m").write_bytes(b"m")
+    record = door.read(record_path("a"))
     door.write("a/extra", b"another tool's file")
+    with pytest.raises(NameConflictError, match="extra"), store.stage_dir("a", overwrite=True) as d:
+        (d / "n").write_bytes(b"n")
+    assert door.read("a/extra") == b"another tool's file"
+    assert door.read("a/m") == b"m"
+    assert door.read("a/n") is None
+    assert door.read(record_path("a")) == record
+    door.remove("a/extra")
     with store.stage_dir("a", overwrite=True) as d:
         (d / "n").write_bytes(b"n")
     assert door.read("a/n") == b"n"
-    assert door.read("a/extra") == b"another tool's file"
+    assert door.read("a/m") is None
+    assert store.verify("a").ok
 
 
 def test_folder_write_with_a_file_and_a_folder_of_one_path_fails_typed_s3(

@@ -222,6 +222,50 @@ class Committer:
                 name=name,
             )
 
+    def check_no_foreign_files(self, parts: Parts, intent: Record) -> None:
+        """Before folder version ``intent`` replaces what ``parts`` holds (under the publish
+        lock): raise NameConflictError if the folder there holds a file that no version of the
+        name names (the record, the pending record, a writer's slot, ``intent`` itself): another
+        tool's file, which the replace would remove with the old version's files. Nothing is
+        changed; the file stays. Not checked where the name has no folder, no readable version
+        (an unrecorded folder: ``overwrite=True`` replaces it, as documented), or a record that
+        cannot be read (a damaged version must stay replaceable). Staging entries of writes in
+        flight are not files of the folder. One walk of the folder."""
+        info = self.backend.stat(parts)
+        if info is None or not info.is_dir:
+            return
+        versions: list[Record] = []
+        for where in (record_parts(parts), intent_parts(parts)):
+            try:
+                rec = decode_record(self.backend.read_small(where))
+            except NotFoundError:
+                continue
+            except (CommitStoreError, RecordFormatError):
+                if where == record_parts(parts):
+                    return  # a damaged record: its version cannot say which files are its own
+                continue
+            if rec.name == "/".join(parts):
+                versions.append(rec)
+        if not versions:
+            return
+        versions += [s.stored.record for s in _slots.read_slots(self.backend, parts)]
+        named = {f.path for v in (*versions, intent) if v.kind == "dir" for f in v.files}
+        foreign = sorted(
+            "/".join(rel)
+            for rel, _ in self.backend.walk(parts)
+            if not any(map(is_staging_part, rel)) and "/".join(rel) not in named
+        )
+        if foreign:
+            name = "/".join(parts)
+            raise NameConflictError(
+                f"{name} holds files that no version of it names ({shown(foreign)}): another "
+                "tool's files, which replacing the folder would remove, so the replace is "
+                "refused and nothing was changed. Move them out of the folder (or delete the "
+                f"artifact: a delete removes only the files its record names) and commit "
+                "again",
+                name=name,
+            )
+
     def check_place(self, parts: Parts) -> None:
         """The name hierarchy, before a new artifact is staged at ``parts``: not inside a
         committed artifact (AlreadyExistsError) and not over a folder path that holds committed
@@ -384,6 +428,8 @@ class Committer:
                 # object stores: a folder's files are its keys below the name, so an artifact
                 # committed below it since staging began (one listing) would be inside it
                 self.check_nothing_below(parts, "committing this folder there")
+            if mode is PutMode.REPLACE and intent is not None and intent.kind == "dir":
+                self.check_no_foreign_files(parts, intent)
             if mode is PutMode.CREATE and not self.backend.capabilities.exclusive_create:
                 if data_in_place:
                     self.check_unrecorded(parts)
