@@ -329,10 +329,7 @@ def test_incident_prune_46_keep_12_on_primary_and_bridge_mirror(
     bridge_mirror: tuple[Side, FaultMount], tmp_path: Path
 ) -> None:
     m, fuse = bridge_mirror
-    fuse.set(
-        mtime_zero={"match": "step_0020.pt"},  # this network filesystem answers mtime 0
-        write_delay={"match": "step_0047.pt", "seconds": 0.05},
-    )
+    fuse.set(mtime_zero={"match": "step_0020.pt"})  # this network filesystem answers mtime 0
     primary = tmp_path / "primary"
     store = open_store(primary, mirrors=[m.open()], mirror_mode="sync")
     for step in range(1, 47):
@@ -344,23 +341,29 @@ def test_incident_prune_46_keep_12_on_primary_and_bridge_mirror(
             for f in files:
                 os.utime(os.path.join(dirpath, f), (old, old))
     time.sleep(1.2)  # the mount's attribute cache expires
-    # A copy in flight on the mirror: another process committing step 47 there, slowly.
+    # A copy in flight on the mirror: another process committing step 47 there, held half-way
+    # (its first bytes staged) until the prune is done.
     writer = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import os, sys\nfrom commitstore import open_store\n"
             "with open_store(sys.argv[1]).stage('step_0047.pt') as st:\n"
+            "    st.write(os.urandom(65536))\n"
             "    print('writing', flush=True)\n"
-            "    for _ in range(40):\n        st.write(os.urandom(65536))\n",
+            "    sys.stdin.readline()\n"
+            "    for _ in range(39):\n        st.write(os.urandom(65536))\n",
             m.url,
         ],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert writer.stdout is not None
+    assert writer.stdin is not None and writer.stdout is not None
     assert writer.stdout.readline().strip() == "writing"
     report = store.prune(keep_last=12)
+    writer.stdin.write("go\n")
+    writer.stdin.close()
     assert writer.wait(120) == 0  # the in-flight copy survived and committed
     primary_left = sorted(r.name for r in store.list())
     mirror_left = sorted(r.name for r in m.open().list())
