@@ -394,7 +394,7 @@ def test_one_primary_with_every_kind_as_mirror(servers: dict[str, Any], tmp_path
 
 ORDERED = [(p, m) for p in KINDS for m in KINDS if p != m]
 CYCLE = [("local", "bridge"), ("bridge", "smb"), ("smb", "s3"), ("s3", "gcs"), ("gcs", "local")]
-"""The pairs the property-based tests run on in the default run: every kind once as the
+"""The pairs :class:`TestConformanceOnCycle` runs on in the default run: every kind once as the
 primary and once as the mirror (the other pairs of :data:`ORDERED` under soak)."""
 
 
@@ -429,15 +429,15 @@ def mirrored_target(
     ],
     ids=[f"{a}-{b}" for a, b in ORDERED],
 )
-def property_target(
+def cycle_target(
     request: pytest.FixtureRequest, servers: dict[str, Any], tmp_path: Path
 ) -> Iterator[Target]:
     yield from _mirrored(request.param, servers, tmp_path)
 
 
 class TestConformanceWithMirrors(StoreConformance):
-    """The whole conformance suite on every ordered (primary, mirror) pair, but its
-    property-based tests (:class:`TestPropertiesWithMirrors`)."""
+    """The whole conformance suite on every ordered (primary, mirror) pair, but the tests of
+    :class:`TestConformanceOnCycle`."""
 
     @pytest.fixture
     def target(self, mirrored_target: Target) -> Target:
@@ -446,23 +446,26 @@ class TestConformanceWithMirrors(StoreConformance):
     test_state_machine_against_model = None  # type: ignore[assignment]
     test_any_truncation_detected = None  # type: ignore[assignment]
     test_any_bit_flip_detected = None  # type: ignore[assignment]
+    test_invalid_names_rejected_before_io = None  # type: ignore[assignment]
 
     @pytest.mark.soak  # ~2 s per pair; each backend runs it in the default run without mirrors
     def test_folder_written_by_two_handles_commits_once(self, target: Target) -> None:
         super().test_folder_written_by_two_handles_commits_once(target)
 
 
-class TestPropertiesWithMirrors:
+class TestConformanceOnCycle:
     """The conformance suite's property-based tests (a model-checked random sequence of
-    operations; any bit flip, any truncation caught), seconds per pair: on the :data:`CYCLE`
-    pairs in the default run, on the other ordered pairs under soak. A bit flip or a truncation is
-    made on the primary and caught by its own verify, whatever the mirror; each backend runs all
-    three without mirrors in the default run too."""
+    operations; any bit flip, any truncation caught: seconds per pair) and its invalid-name test
+    (13 names, each rejected before any I/O: the mirror is never reached), on the :data:`CYCLE`
+    pairs in the default run and on the other ordered pairs under soak. A bit flip, a truncation
+    or a refused name concerns the primary alone, whatever the mirror; each backend runs all
+    four without mirrors in the default run too."""
 
     @pytest.fixture
-    def target(self, property_target: Target) -> Target:
-        return property_target
+    def target(self, cycle_target: Target) -> Target:
+        return cycle_target
 
     test_state_machine_against_model = StoreConformance.test_state_machine_against_model
     test_any_truncation_detected = StoreConformance.test_any_truncation_detected
     test_any_bit_flip_detected = StoreConformance.test_any_bit_flip_detected
+    test_invalid_names_rejected_before_io = StoreConformance.test_invalid_names_rejected_before_io
