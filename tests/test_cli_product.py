@@ -184,7 +184,8 @@ def _closed_port() -> int:
 
 def test_a_gcs_endpoint_that_is_down_is_one_line(tmp_path: Path) -> None:
     endpoint = f"endpoint_url=http://127.0.0.1:{_closed_port()}"
-    done = run("ls", "gs://some-bucket/run", "-o", endpoint, "-o", "token=anon")
+    # One retry (the store's retries; five attempts by default, with 1, 2, 4, 8 s of backoff).
+    done = run("ls", "gs://some-bucket/run", "-o", endpoint, "-o", "token=anon", "-o", "retries=2")
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("commitstore: error: ") and "unavailable" in done.stderr

@@ -11,9 +11,10 @@ server): commit, overwrite, abort, racing writers, folders, names, list, verify,
 bit flips, delete and gc stay; plus a request refused with 403, whose error must translate with
 this extra alone (a GCS-only install once failed there, importing botocore).
 
-The venvs get no pip of their own: this interpreter's pip installs into each (``--python``),
-first the extra's requirements and the build backend (all venvs at once), then the editable
-checkout without build isolation (one at a time: setuptools writes its egg-info in ``src/``).
+The venvs get no pip of their own: this interpreter's pip installs into each (``--python``,
+``--no-compile``), first the extra's requirements and the build backend (all venvs at once),
+then the editable checkout without build isolation (one at a time: setuptools writes its
+egg-info in ``src/``).
 Nothing is kept between runs: the venvs live in pytest's temporary folder.
 
 The framework extras (torch, lightning) get the same treatment under ``@pytest.mark.soak`` (a torch
@@ -73,6 +74,9 @@ LIBRARIES = {
     "webdav": ("webdav4",),
 }
 """Modules each extra brings; in its venv every other extra's modules must be missing."""
+NO_COMPILE = ("--no-compile",)
+"""pip writes no bytecode for what it installs (half of an install's time here, for thousands of
+modules never imported); the child's imports compile what they use, as a fresh install would."""
 SUBSET = "not state_machine and not truncation"
 """The two slowest conformance tests (about 100 s and 35 s per object store, with four runs
 sharing two cores) are left to the main suite; the bit-flip property test stays."""
@@ -208,7 +212,7 @@ def run_extra(extra: str, server: dict[str, Any], base: Path) -> Run:
         venv = base / "venv"
         py = str(venv / "bin" / "python")
         _step(run, "venv", [sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
-        pip = [sys.executable, "-m", "pip", "--python", py, "install", "-q"]
+        pip = [sys.executable, "-m", "pip", "--python", py, "install", "-q", *NO_COMPILE]
         deps = [*_extra_requirements(extra), *_build_requirements(), "pytest", "hypothesis"]
         _step(run, "deps", [*pip, *deps], timeout=600)
         with _repo_build_lock():
@@ -295,7 +299,8 @@ def run_framework_extra(extra: str, base: Path) -> Run:
         _step(run, "venv", [sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
         pin = base / "constraints.txt"
         pin.write_text(TORCH_PIN + "\n")
-        pip = [sys.executable, "-m", "pip", "--python", py, "install", "-q", "-c", str(pin)]
+        pip = [sys.executable, "-m", "pip", "--python", py, "install", "-q", *NO_COMPILE]
+        pip += ["-c", str(pin)]
         _step(run, "torch", [*pip, TORCH_PIN], timeout=1200)
         deps = [*_extra_requirements(extra), *_build_requirements()]
         _step(run, "deps", [*pip, *deps], timeout=1200)

@@ -103,15 +103,13 @@ def proxies(request: pytest.FixtureRequest) -> Iterator[dict[str, RequestProxy]]
 
 @pytest.fixture(autouse=True)
 def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One retry per request on S3 (botocore's default is four, with backoff); GCS's tries (the
-    store's ``retries``, ``backends/object/gcs/client.py``) without their backoff (1, 2, 4, 8 s): a
-    fault still meets each SDK's retry, and a fault that stays costs a fraction of a second."""
+    """GCS's tries (the store's ``retries``, ``backends/object/gcs/client.py``) without their
+    backoff (1, 2, 4, 8 s): a fault still meets each SDK's retry, and a fault that stays costs a
+    fraction of a second (S3: :data:`S3_RETRIES`)."""
     # Imported the way the GCS backend imports gcsfs (which otherwise, once imported, probes
     # every bucket over gRPC/TLS first, and hangs against a plain-HTTP server).
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     import gcsfs.retry
-
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
 
     async def no_backoff(seconds: float) -> None:
         await asyncio.sleep(0)
@@ -126,6 +124,12 @@ def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_gcsfs, "asyncio", shim)
 
 
+S3_RETRIES = {"retries": 2}
+"""One retry per request on S3 (the store's ``retries``; its default is five attempts, with the
+SDK's exponential backoff between them): a fault still meets the SDK's retry, and a fault that
+stays costs a fraction of a second instead of seconds per request."""
+
+
 class Case:
     """One store on ``kind``'s server, opened through its proxy, with a backdoor on the server."""
 
@@ -137,7 +141,11 @@ class Case:
             moto: MotoServer = request.getfixturevalue("moto")
             proxy = proxies.get(kind) or proxies.setdefault(kind, RequestProxy(moto.port))
             self.url = moto.url(self.prefix)
-            self.opts: dict[str, Any] = {**moto.options(), "endpoint_url": proxy.endpoint}
+            self.opts: dict[str, Any] = {
+                **moto.options(),
+                "endpoint_url": proxy.endpoint,
+                **S3_RETRIES,
+            }
             self.door: Backdoor = S3Backdoor(moto.client(), BUCKET, self.prefix)
             self.scratch_door: Backdoor = S3Backdoor(moto.client(), BUCKET, self.prefix + "s")
         elif kind == "gcs":
@@ -153,8 +161,9 @@ class Case:
             self.url = az.url(self.prefix)
             conn = az.connection_string.replace(az.endpoint, f"{proxy.endpoint}/{ACCOUNT}")
             # The SDK's retries, one and quick (its defaults wait 15 s, 18 s, 24 s... with 3 s
-            # of jitter).
-            quick = {"retry_total": 1, "initial_backoff": 0, "increment_base": 1}
+            # of jitter; its backoff is initial_backoff + increment_base ** n for retry n >= 1,
+            # so increment_base 1 would still wait a second before each retry).
+            quick = {"retry_total": 1, "initial_backoff": 0.05, "increment_base": 0}
             self.opts = {
                 "connection_string": conn,
                 "client_options": {**quick, "random_jitter_range": 0},

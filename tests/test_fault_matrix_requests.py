@@ -140,13 +140,10 @@ def s3proxy(moto: MotoServer, request: pytest.FixtureRequest) -> Iterator[Reques
         proxy.stop()
 
 
-@pytest.fixture(autouse=True)
-def _one_retry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One retry per request (botocore's default is four, with backoff): a fault still meets the
-    SDK's retry, and a fault that stays costs a fraction of a second."""
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
-
-
+ONE_RETRY = {"retries": 2}
+"""Two attempts per request (the store's ``retries``; its default is five, with the SDK's
+exponential backoff between them): a fault still meets the SDK's retry, and a fault that stays
+costs a fraction of a second instead of seconds per request."""
 S3_FAULTS = {"500-from-here": ("error", True), "drop": ("drop", False), "500": ("error", False)}
 S3_CASES = [
     pytest.param(
@@ -164,7 +161,8 @@ def _s3_run(
     moto: MotoServer, proxy: RequestProxy, op: str, fault: tuple[str, bool] | None, k: int
 ) -> tuple[dict[str, Any], S3Backdoor, Any]:
     prefix = f"m{time.monotonic_ns()}"
-    url, opts = moto.url(prefix), {**moto.options(), "endpoint_url": proxy.endpoint}
+    url = moto.url(prefix)
+    opts = {**moto.options(), "endpoint_url": proxy.endpoint, **ONE_RETRY}
     proxy.count()
     store: CommitStore = open_store(url, **opts)
     OPS[op].setup(store, Path("/nonexistent"))

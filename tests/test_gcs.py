@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -122,9 +124,10 @@ def test_record_cache_replaces_one_get_per_record(gcs: FakeGcs) -> None:
     check_record_cache(make_target(gcs))
 
 
-@pytest.fixture
-def proxied(gcs: FakeGcs) -> Iterator[tuple[Target, FaultProxy]]:
-    """A store whose every request goes through our TCP fault proxy (chunks of 4 MiB)."""
+@contextlib.contextmanager
+def _proxied(gcs: FakeGcs, **extra: Any) -> Iterator[tuple[Target, FaultProxy]]:
+    """A store whose every request goes through our TCP fault proxy (chunks of 4 MiB), with
+    ``extra`` store options."""
     prefix = f"p{time.monotonic_ns()}"
 
     def target(proxy: FaultProxy) -> Target:
@@ -135,6 +138,7 @@ def proxied(gcs: FakeGcs) -> Iterator[tuple[Target, FaultProxy]]:
             "endpoint_url": proxy.endpoint,
             "chunk_size": 4 * MiB,
             "conditional_writes": False,
+            **extra,
         }
         url = gcs.url(prefix)
         return Target(
@@ -147,6 +151,13 @@ def proxied(gcs: FakeGcs) -> Iterator[tuple[Target, FaultProxy]]:
         yield pair
 
 
+@pytest.fixture
+def proxied(gcs: FakeGcs) -> Iterator[tuple[Target, FaultProxy]]:
+    """A store whose every request goes through our TCP fault proxy (chunks of 4 MiB)."""
+    with _proxied(gcs) as pair:
+        yield pair
+
+
 @pytest.mark.parametrize("fault", ["cut_after", "reset_after"])
 def test_transient_network_faults_are_retried(
     proxied: tuple[Target, FaultProxy], fault: str
@@ -155,10 +166,12 @@ def test_transient_network_faults_are_retried(
     check_transient_fault(*proxied, fault, size=13 * MiB, at=2 * MiB)
 
 
-def test_persistent_network_fault_is_unavailable_and_publishes_nothing(
-    proxied: tuple[Target, FaultProxy],
-) -> None:
-    check_persistent_fault(*proxied, size=9 * MiB, at=1 * MiB)
+def test_persistent_network_fault_is_unavailable_and_publishes_nothing(gcs: FakeGcs) -> None:
+    """Every try of the chunk fails: BackendUnavailableError once the store's ``retries`` are
+    spent (two tries here: one retry, not the default's five tries with 1, 2, 4, 8 s of backoff
+    between them), and nothing is published."""
+    with _proxied(gcs, retries=2) as pair:
+        check_persistent_fault(*pair, size=9 * MiB, at=1 * MiB)
 
 
 _WITHOUT_OTHER_SDKS = """

@@ -39,12 +39,16 @@ def server(request: pytest.FixtureRequest) -> S3Server:
     return found
 
 
-def _stores(tmp_path: Path, server: S3Server) -> tuple[CommitStore, S3Backdoor]:
-    """A local primary with one S3 mirror (5 MiB parts and single-PUT limit), and the mirror's
-    backdoor."""
+def _stores(tmp_path: Path, server: S3Server, **extra: Any) -> tuple[CommitStore, S3Backdoor]:
+    """A local primary with one S3 mirror (5 MiB parts and single-PUT limit, ``extra``
+    options), and the mirror's backdoor."""
     prefix = f"rereads-{time.monotonic_ns()}"
     mirror = open_store(
-        server.url(prefix), **server.options(), part_size=5 * MiB, single_put_max=5 * MiB
+        server.url(prefix),
+        **server.options(),
+        part_size=5 * MiB,
+        single_put_max=5 * MiB,
+        **extra,
     )
     primary = open_store(tmp_path / "primary", mirrors=[mirror], mirror_mode="sync")
     return primary, S3Backdoor(server.client(), BUCKET, prefix)
@@ -103,7 +107,7 @@ def test_copies_from_a_local_primary_send_their_bodies_from_the_file(
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_a_primary_file_changed_after_it_was_hashed_is_never_published(
-    tmp_path: Path, server: S3Server, shape: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, server: S3Server, shape: str
 ) -> None:
     """The primary's file changes in place (same size) right after the copy hashed its first
     bytes, before they are sent: the mirror gets nothing (no object, no record, no unfinished
@@ -111,8 +115,8 @@ def test_a_primary_file_changed_after_it_was_hashed_is_never_published(
     name, size = f"{shape}.bin", SHAPES[shape]
     data = os.urandom(size)
     _write_primary(tmp_path, {name: data})
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the SDK's retries of a refused body: no help
-    store, door = _stores(tmp_path, server)
+    # One attempt per request (the store's retries): the SDK's retries of a refused body: no help
+    store, door = _stores(tmp_path, server, retries=1)
     backend: Any = store.mirrors[0].backend
     open_sink = backend.open_sink
     changed: list[bool] = []
@@ -172,7 +176,6 @@ def test_a_primary_file_truncated_or_replaced_while_it_is_sent_is_never_publishe
     server: S3Server,
     shape: str,
     change: Any,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The primary's file is cut to half, replaced by another file (a rename over it), or
     overwritten by another commit, once the first body of the copy is on its way: the copy
@@ -184,8 +187,7 @@ def test_a_primary_file_truncated_or_replaced_while_it_is_sent_is_never_publishe
     _write_primary(tmp_path, {name: data})
     rec = open_store(tmp_path / "primary").record(name)
     raw_record = (tmp_path / "primary" / record_path(name)).read_bytes()
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    store, door = _stores(tmp_path, server)
+    store, door = _stores(tmp_path, server, retries=1)  # one attempt: the SDK's retries, no help
     backend: Any = store.mirrors[0].backend
     send_body = backend.send_body
     changed: list[bool] = []
@@ -230,8 +232,8 @@ def test_a_failed_read_of_the_primary_is_reported_as_one(
     name = "whole.bin"
     data = os.urandom(SHAPES["whole"])
     _write_primary(tmp_path, {name: data})
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the SDK's retries of a failed send: no help
-    store, door = _stores(tmp_path, server)
+    # One attempt per request (the store's retries): the SDK's retries of a failed send: no help
+    store, door = _stores(tmp_path, server, retries=1)
 
     def failing(self: ReadFile, offset: int, n: int) -> bytes:
         raise StorageError(5, "reading the primary failed: Input/output error", path=name)

@@ -4,9 +4,9 @@ of the name verifies, judged through the backdoor against ``docs/format.md`` (th
 the name match the record or one of the name's pending records), and after a gc the record
 itself matches and no pending record is left (issue 22, finding 8).
 
-The kill points are drawn from a seeded generator; each round's seed and delay are in the
-assertion message. Both servers: moto (which honours conditional writes) and ``rclone serve
-s3`` (which honours none)."""
+The kill points are drawn from a seeded generator (the default run's rounds are the first ones
+of the soak run's); each round's seed and delay are in the assertion message. Both servers:
+moto (which honours conditional writes) and ``rclone serve s3`` (which honours none)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,11 @@ from .helpers.s3servers import BUCKET, S3Server
 
 NAME = "run/last.ckpt"
 SIZE = 64 * 1024
-ROUNDS = 30
+ROUNDS = 15
+"""Kill rounds per server in the default run (the two interleavings found by the random rounds
+are stepped exactly below, on both servers)."""
+SOAK_ROUNDS = 60
+"""Kill rounds per server under soak."""
 SRC = Path(commitstore.__file__).resolve().parent.parent
 """Where the commitstore under test lives: the writer processes import the same one."""
 
@@ -131,7 +135,20 @@ def go(proc: subprocess.Popen[str]) -> None:
 def test_two_writers_killed_at_random_points_leave_a_version_that_verifies(
     server_name: str, request: pytest.FixtureRequest
 ) -> None:
-    server: S3Server = request.getfixturevalue(server_name)
+    run_random_rounds(request.getfixturevalue(server_name), server_name, ROUNDS)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("server_name", ["moto", "rclone"])
+def test_two_writers_killed_at_random_points_soak(
+    server_name: str, request: pytest.FixtureRequest
+) -> None:
+    run_random_rounds(request.getfixturevalue(server_name), server_name, SOAK_ROUNDS)
+
+
+def run_random_rounds(server: S3Server, server_name: str, rounds: int) -> None:
+    """``rounds`` rounds of two writers of ``NAME`` killed together at a drawn delay after the
+    first new commit's data landed; after each, a version verifies, before and after gc."""
     prefix = f"two{time.monotonic_ns()}"
     url = server.url(prefix)
     store = open_store(url, **server.options())
@@ -143,7 +160,7 @@ def test_two_writers_killed_at_random_points_leave_a_version_that_verifies(
     outcomes = {"record": 0, "pending": 0}  # what the bytes matched before gc
     writers = Writers(server, url, opts)
     try:
-        for rnd in range(ROUNDS):
+        for rnd in range(rounds):
             before = door.read(NAME)
             delay = rng.uniform(0.0, 0.6)
             pids = [writers.start(2 * rnd + 1), writers.start(2 * rnd + 2)]
@@ -170,7 +187,7 @@ def test_two_writers_killed_at_random_points_leave_a_version_that_verifies(
             assert pending_digests(door, NAME) == [], f"{where}: gc left a pending record"
     finally:
         writers.close()
-    print(f"{server_name}: {ROUNDS} rounds, {outcomes}")
+    print(f"{server_name}: {rounds} rounds, {outcomes}")
 
 
 # -- the two interleavings that left no version, stepped exactly ------------------------------

@@ -179,16 +179,12 @@ def test_cli_info_on_a_missing_store_exits_2_and_creates_nothing(tmp_path: Path)
 
 
 # -- 3. mirror_status() when a mirror is down ------------------------------------------------
-@pytest.fixture
-def fast_failing_s3(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One attempt per S3 request, so that a refused endpoint fails at once."""
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-
-
-@pytest.mark.usefixtures("fast_failing_s3")
 def test_mirror_status_reports_a_down_mirror_instead_of_raising(tmp_path: Path) -> None:
     down_url = f"s3://{BUCKET}/mirror"
-    down = open_store(down_url, endpoint_url=f"http://127.0.0.1:{free_port()}", key="k", secret="s")
+    # One attempt per S3 request (the store's retries), so that a refused endpoint fails at once.
+    down = open_store(
+        down_url, endpoint_url=f"http://127.0.0.1:{free_port()}", key="k", secret="s", retries=1
+    )
     up = open_store(tmp_path / "up")
     data = b"x" * 1234
     with open_store(tmp_path / "primary", mirrors=[down, up]) as store:
@@ -210,7 +206,6 @@ def test_mirror_status_reports_a_down_mirror_instead_of_raising(tmp_path: Path) 
     assert second.missing == ()
 
 
-@pytest.mark.usefixtures("fast_failing_s3")
 def test_mirror_status_counts_what_a_reachable_mirror_lacks(tmp_path: Path) -> None:
     primary = open_store(tmp_path / "p")
     primary.put_bytes("step_1.pt", b"a" * 10)
