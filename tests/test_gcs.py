@@ -299,3 +299,37 @@ def test_create_only_probe_believes_only_precondition_failed(
         assert store.backend.capabilities.exclusive_create is honoured
     finally:
         proxy.stop()
+
+
+_GCSFS_FIRST = """
+import os, sys
+os.environ.pop("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", None)
+import gcsfs  # imported first by the user's code, at gcsfs's own defaults
+from commitstore import open_store
+store = open_store({url!r}, endpoint_url={endpoint!r}, token="anon", project="test")
+store.put_bytes("a.pt", b"whole")
+print(store.read_bytes("a.pt").decode())
+"""
+
+
+def test_a_store_works_when_gcsfs_was_imported_first_at_its_defaults(gcs: FakeGcs) -> None:
+    """A process that imported gcsfs before opening a ``gs://`` store (with gcsfs 2026.x's
+    experimental class as ``gcsfs.GCSFileSystem``) gets the same working store: the client
+    builds on gcsfs's own class, whichever one ``gcsfs.GCSFileSystem`` names."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = _GCSFS_FIRST.format(url=gcs.url(f"t{time.monotonic_ns()}"), endpoint=gcs.endpoint)
+    env = {k: v for k, v in os.environ.items() if k != "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "whole"

@@ -11,11 +11,15 @@ import random
 from typing import Any
 
 import aiohttp
-import gcsfs
+from gcsfs.core import GCSFileSystem
 from gcsfs.retry import HttpError, is_retriable
 
-_REQUEST = gcsfs.GCSFileSystem._request.__wrapped__
-_GET_FILE_REQUEST = gcsfs.GCSFileSystem._get_file_request.__wrapped__
+# gcsfs's own class, whatever ``gcsfs.GCSFileSystem`` names: from gcsfs 2026.x that is an
+# experimental subclass (hierarchical namespaces, probed over gRPC) unless
+# GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT is false when gcsfs is first imported, which another import
+# in the process may have done before this one
+_REQUEST = GCSFileSystem._request.__wrapped__
+_GET_FILE_REQUEST = GCSFileSystem._get_file_request.__wrapped__
 
 
 def client_timeout(connect: float, read: float) -> aiohttp.ClientTimeout:
@@ -30,7 +34,7 @@ def _not_found(exc: BaseException) -> bool:
     return isinstance(exc, HttpError) and exc.code == 404
 
 
-class TimedGCSFileSystem(gcsfs.GCSFileSystem):  # type: ignore[misc]
+class TimedGCSFileSystem(GCSFileSystem):  # type: ignore[misc]
     """A ``GCSFileSystem`` whose requests are tried at most :attr:`attempts` times."""
 
     attempts: int = 5
