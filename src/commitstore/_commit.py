@@ -17,11 +17,11 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from commitstore import _recordcache, _slots, _staged
-from commitstore._check import check_exact
+from commitstore import _recordcache, _slots, _stagedcopies
 from commitstore._hierarchy import committed_below, folder_writes_over, remove_data, shown
 from commitstore._scan import read_record
 from commitstore._small import put_small as put_small  # noqa: PLC0414 (re-exported: a test seam)
+from commitstore._verify import check_exact
 from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
 from commitstore.errors import (
     AlreadyExistsError,
@@ -333,7 +333,7 @@ class Committer:
 
         With ``CREATE`` on storage without an atomic create-only publish, the absence of record
         and data is checked first, under the lock. ``data_in_place``: the data under the name
-        is this commit's own (a multi-writer folder on an object store, ``_folder``), so only
+        is this commit's own (a multi-writer folder on an object store, ``_folderwrite``), so only
         the record's absence is checked.
 
         The outcome is binary. Until the new data is published under the name, a failure is
@@ -413,7 +413,7 @@ class Committer:
                         raise
                     if self._stands(intent):
                         notes.append(f"data: {exc} (the new data is in place and verifies)")
-                    elif slot is not None and _staged.staged_whole(self.backend, intent):
+                    elif slot is not None and _stagedcopies.staged_whole(self.backend, intent):
                         # a folder replace stopped among its copies (object stores): the name
                         # verifies as the new version from its staged copy, which this slot
                         # names until gc completes the copies; so it is committed, not failed

@@ -1,7 +1,7 @@
 """The user-facing facade: :class:`CommitStore` (opened with :func:`commitstore.open_store`).
 
 The facade validates its arguments (before any I/O) and hands each call to the module that owns
-it: writes to the one commit path (``_commit``), checks to ``_check``, verified reads to ``_read``,
+it: writes to the one commit path (``_commit``), checks to ``_verify``, verified reads to ``_read``,
 mirrors to ``mirrors/``, pruning, gc and adoption to ``maintenance/``.
 """
 
@@ -20,11 +20,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, TypeVar, final
 
-from commitstore import _check, _fetch, _folder, _folderfile, _read, _scan, _write
+from commitstore import _fetch, _foldermembers, _folderwrite, _read, _scan, _verify, _write
 from commitstore._background import BackgroundCommits, check_inflight
 from commitstore._commit import Committer, check_flag, check_new
 from commitstore._order import arrange_records
-from commitstore._stage import Stage
+from commitstore._stagefile import Stage
 from commitstore.backends import Backend
 from commitstore.errors import ConfigurationError
 from commitstore.layout import redact_url, validate_name
@@ -473,11 +473,11 @@ class CommitStore:
         step: int | None = None,
         metadata: Mapping[str, Any] | None = None,
         overwrite: bool = False,
-    ) -> _folder.FolderWrite:
+    ) -> _folderwrite.FolderWrite:
         """Start a folder artifact that several processes (or hosts) write: hand
         ``.token`` to each, which calls :meth:`join_folder`; each writes its files with
         ``open_file`` (records come back); one calls ``commit(records)``, the single commit point.
-        Nothing is visible before it; gc removes what dead writers leave (``_folder``).
+        Nothing is visible before it; gc removes what dead writers leave (``_folderwrite``).
 
         Raises:
             InvalidNameError: as :meth:`stage`, before any I/O.
@@ -485,14 +485,14 @@ class CommitStore:
                 object store.
             AlreadyExistsError: the name is taken.
         """
-        return _folder.begin(
+        return _folderwrite.begin(
             self.committer, name, step, metadata, overwrite, after=self._after_commit
         )
 
-    def join_folder(self, token: str) -> _folder.FolderWrite:
+    def join_folder(self, token: str) -> _folderwrite.FolderWrite:
         """Join the folder write a coordinator began (its ``token``), from any process that
         opened the same store. ConfigurationError for a malformed token or another store's."""
-        return _folder.join(self.committer, token, after=self._after_commit)
+        return _folderwrite.join(self.committer, token, after=self._after_commit)
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
         """Commit ``data`` as ``name`` (same protocol and binary outcome as :meth:`stage`);
@@ -623,9 +623,9 @@ class CommitStore:
             ConfigurationError: an unknown ``level``, before any I/O.
         """
         if level is None:
-            return _check.record_of(self.backend, self.url, name).record
-        _check.check_level(level)
-        return _check.verified_record(self.backend, self.url, name, level)
+            return _verify.record_of(self.backend, self.url, name).record
+        _verify.check_level(level)
+        return _verify.verified_record(self.backend, self.url, name, level)
 
     def list(self) -> list[Record]:
         """Committed artifacts (valid records only), oldest to newest: by step; artifacts without
@@ -643,8 +643,8 @@ class CommitStore:
         under the root are reported as ``no_record`` (they do not make the report fail).
         Where the store's root does not exist, the (empty) report comes with a ``UserWarning``.
         """
-        _check.check_level(level)
-        report = _check.verify(self.backend, name, level)
+        _verify.check_level(level)
+        report = _verify.verify(self.backend, name, level)
         if not report.results or all(r.status == "missing" for r in report.results):
             self._nothing_found()
         return report
@@ -654,13 +654,13 @@ class CommitStore:
         as a warning. None if there is none. ``source="any"`` also considers the mirrors (the
         newest artifact whole on any store; ``restore`` brings it back to the primary). None
         with a ``UserWarning`` where the store's root does not exist."""
-        _check.check_level(level)
+        _verify.check_level(level)
         if source not in ("primary", "any"):
             raise ConfigurationError(f"source must be 'primary' or 'any', not {source!r}")
         if source == "any":
             found = latest_any([self.committer, *(m.committer for m in self._mirrors)], level)
         else:
-            found = _check.latest(self.backend, level)
+            found = _verify.latest(self.backend, level)
         if found is None:
             self._nothing_found()
         return found
@@ -671,12 +671,12 @@ class CommitStore:
         Raises:
             NotFoundError: not committed. IntegrityError: the bytes fail the check.
         """
-        _check.check_level(verify, allow_none=True)
+        _verify.check_level(verify, allow_none=True)
         return _read.open_verified(self.backend, self.url, name, verify)
 
     def read_bytes(self, name: str, *, verify: ReadLevel = "full") -> bytes:
         """All bytes of ``name``, read once and checked before they are returned."""
-        _check.check_level(verify, allow_none=True)
+        _verify.check_level(verify, allow_none=True)
         return _read.read_verified(self.backend, self.url, name, verify)
 
     def get_file(
@@ -695,7 +695,7 @@ class CommitStore:
                 store; checked before any I/O), is an existing local folder's name for the
                 copy, or a file a folder artifact would replace: nothing was changed.
         """
-        _check.check_level(verify, allow_none=True)
+        _verify.check_level(verify, allow_none=True)
         _read.get_verified(
             self.backend, self.url, name, dest=Path(local_path), level=verify, progress=progress
         )
@@ -736,7 +736,7 @@ class CommitStore:
             ConfigurationError: a folder artifact.
         """
         validate_name(name)
-        _check.check_level(verify)
+        _verify.check_level(verify)
         return _read.read_with_record(self.backend, self.url, name, verify)
 
     def fetch_with_record(
@@ -759,7 +759,7 @@ class CommitStore:
             NotFoundError: the record lists no such file. IntegrityError: missing, truncated
                 or changed bytes.
         """
-        return _folderfile.read_member(self.committer, record, path)
+        return _foldermembers.read_member(self.committer, record, path)
 
     def scan(self) -> tuple[builtins.list[Record], builtins.list[VerifyResult]]:
         """Every committed record, oldest to newest (as :meth:`list`), and a ``bad_record``
@@ -778,4 +778,4 @@ class CommitStore:
             NotFoundError: the record lists no such file. IntegrityError: missing, truncated
                 or changed bytes.
         """
-        return _folderfile.open_member(self.committer, record, path)
+        return _foldermembers.open_member(self.committer, record, path)
