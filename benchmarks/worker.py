@@ -144,7 +144,7 @@ def small_commit(path: Path, size: int) -> None:
 
 def stage_commit_no_writeback(path: Path, size: int) -> None:
     """``stage_commit`` without early writeback (isolates what sync_file_range buys)."""
-    from commitstore.backends.rename import posix
+    from commitstore.backends.rename.posix import backend as posix
 
     posix.WRITEBACK_EVERY = 1 << 62
     stage_commit(path, size)

@@ -24,7 +24,7 @@ from commitstore import (
     InsufficientSpaceError,
     open_store,
 )
-from commitstore.backends.rename.mounts import mount_of, parse_mountinfo
+from commitstore.backends.rename.posix.mounts import mount_of, parse_mountinfo
 from commitstore.testing import LocalBackdoor, StoreConformance, Target, record_path, xxh
 
 from .helpers.fusemount import FaultMount

@@ -294,7 +294,7 @@ def _shared_pending_slot(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _gc_ignores_live_local_writers(monkeypatch: pytest.MonkeyPatch) -> None:
     """gc does not see the lock a live local writer holds on its staging entry."""
-    from commitstore.backends.rename import _liveness
+    from commitstore.backends.rename.posix import _liveness
 
     monkeypatch.setattr(_liveness, "is_held", lambda folder, name: False)
 

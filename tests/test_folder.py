@@ -124,7 +124,7 @@ def test_gc_keeps_young_leftovers_and_removes_old_ones(tmp_path: Path, moto: Any
 
 def test_importing_commitstore_imports_no_framework() -> None:
     code = (
-        "import sys, commitstore, commitstore._folder; "
+        "import sys, commitstore, commitstore._folderwrite; "
         "print(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))"
     )
     out = subprocess.run(

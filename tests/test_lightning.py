@@ -28,7 +28,7 @@ from commitstore import (
     InvalidNameError,
     open_store,
 )
-from commitstore._stage import Stage
+from commitstore._stagefile import Stage
 from commitstore.lightning import CommitStoreCheckpointIO
 
 from .helpers.gate import Gate

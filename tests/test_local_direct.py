@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from commitstore import open_store
-from commitstore.backends.rename import _direct, posix
+from commitstore.backends.rename.posix import _direct
+from commitstore.backends.rename.posix import backend as posix
 from commitstore.testing import xxh
 
 MiB = 1024 * 1024
@@ -112,7 +113,7 @@ def test_a_fetched_copy_is_written_through_the_page_cache(
 
 
 def test_bridges_never_write_direct() -> None:
-    from commitstore.backends.rename.bridge import BridgeBackend
+    from commitstore.backends.rename.posix.bridge import BridgeBackend
 
     assert posix.LocalBackend.direct_io and not BridgeBackend.direct_io
 
@@ -121,7 +122,8 @@ ON_RAMFS = textwrap.dedent(
     """
     import json, os, sys
     from commitstore import open_store
-    from commitstore.backends.rename import _direct, posix
+    from commitstore.backends.rename.posix import _direct
+    from commitstore.backends.rename.posix import backend as posix
 
     root = sys.argv[1]
     assert open(f"/proc/self/mounts").read().count(root + " ramfs"), "not on ramfs"

@@ -25,7 +25,8 @@ import pytest
 
 import commitstore
 from commitstore import open_store
-from commitstore.backends.rename import _direct, posix
+from commitstore.backends.rename.posix import _direct
+from commitstore.backends.rename.posix import backend as posix
 from commitstore.errors import CommitError, InsufficientSpaceError
 from commitstore.testing import xxh
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from commitstore import open_store
-from commitstore.backends.rename import _maphash
+from commitstore.backends.rename.posix import _maphash
 from commitstore.digest import hash_stream
 
 MiB = 1024 * 1024
@@ -97,7 +97,7 @@ def test_verify_of_a_large_local_file_goes_through_the_mapping(tmp_path: Path) -
 TRUNCATE_WHILE_HASHING = textwrap.dedent(
     """
     import fcntl, json, os, sys, threading
-    from commitstore.backends.rename import _maphash
+    from commitstore.backends.rename.posix import _maphash
 
     path = sys.argv[1]
     control = len(sys.argv) > 2

@@ -19,7 +19,7 @@ import pytest
 
 from commitstore import CommitStore, open_store
 from commitstore.backends.object.bodies import SourceWindow
-from commitstore.backends.rename._maphash import ReadFile
+from commitstore.backends.rename.posix._maphash import ReadFile
 from commitstore.errors import IntegrityError, StorageError
 from commitstore.mirrors.copy import held_in_memory
 from commitstore.testing import S3Backdoor, record_path, xxh

@@ -25,7 +25,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from commitstore import CommitStore, _check, open_store
+from commitstore import CommitStore, open_store
+from commitstore import _verify as _check
 from commitstore.layout import intent_parts
 from commitstore.maintenance import prune as prune_mod
 from commitstore.maintenance.retention import Retention

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from commitstore import CommitStore, open_store
-from commitstore import _check as check_module
+from commitstore import _verify as check_module
 from commitstore.testing import xxh
 
 from .helpers.s3servers import MotoServer

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from commitstore import CommitStore, open_store
 from commitstore._scan import NOT_REGULAR, scan_records
-from commitstore.backends.rename.bridge import BridgeBackend
+from commitstore.backends.rename.posix.bridge import BridgeBackend
 from commitstore.layout import META_DIR, RECORDS_DIR, aside_part
 from commitstore.records import MAX_RECORD_BYTES, _parse_time
 from commitstore.testing import record_path

@@ -7,9 +7,9 @@ and fail loud.
 
 from __future__ import annotations
 
-from commitstore._folder import FolderWrite
+from commitstore._folderwrite import FolderWrite
 from commitstore._open import open_store
-from commitstore._stage import Stage
+from commitstore._stagefile import Stage
 from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,

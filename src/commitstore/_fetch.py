@@ -22,7 +22,6 @@ import re
 import stat
 from pathlib import Path
 
-from commitstore._check import pending_versions, resolve, served_version
 from commitstore._read import (
     ATTEMPTS,
     _attempt,
@@ -31,6 +30,7 @@ from commitstore._read import (
     _record_changed,
     store_holding,
 )
+from commitstore._verify import pending_versions, resolve, served_version
 from commitstore.backends import Backend, PutMode, local_error, local_folder
 from commitstore.digest import copy_hashed, hash_stream
 from commitstore.errors import ConfigurationError, InsufficientSpaceError, IntegrityError
@@ -149,7 +149,7 @@ def fetch(
 def version_of(backend: Backend, rec: Record) -> Record:
     """The version of file artifact ``rec`` a fetch serves: ``rec``, unless a pending version
     of the name exists (one small read; on object stores also one listing of the writer
-    slots), then the version the stored bytes verify as (``_check.resolve``, the one
+    slots), then the version the stored bytes verify as (``_verify.resolve``, the one
     resolution every reader uses: it reads and hashes them), so a cached copy of the old
     version is never served for a name that verifies as the new one."""
     if not pending_versions(backend, rec):
@@ -163,7 +163,7 @@ def _copy(
 ) -> Path | Record | IntegrityError:
     """One hashed read of ``rec``'s data into a staging file of ``target``, published as ``path``
     only if the bytes are ``version``'s (``rec`` or a pending version of it); else nothing is
-    published and the answer is the version the bytes are (``_check.served_version``), or the
+    published and the answer is the version the bytes are (``_verify.served_version``), or the
     IntegrityError when they are none."""
     sink = target.open_sink((path.name,), mode=PutMode.REPLACE)
     try:

@@ -70,7 +70,7 @@ def committed_below(backend: Lists, parts: Parts) -> list[str]:
 
 def folder_writes_over(backend: Backend, parts: Parts) -> list[str]:
     """The names of the multi-writer folder writes in progress (object stores: their markers
-    under ``.commitstore/folders/``, ``_folder``) that a removal of everything at ``parts``
+    under ``.commitstore/folders/``, ``_folderwrite``) that a removal of everything at ``parts``
     would reach: a write of ``parts`` itself, of a name below it, or of a folder it lies in.
     A write whose writers died counts until gc (or its ``abort``) removes its markers. One
     listing of the markers folder, one small read per marker; a marker that cannot be read or

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from commitstore._check import compare, folder_problem, locate, record_of, served_version
 from commitstore._scan import read_record
+from commitstore._verify import compare, folder_problem, locate, record_of, served_version
 from commitstore.backends import Backend, PutMode, local_folder
 from commitstore.digest import copy_hashed, digest_bytes, hash_stream
 from commitstore.errors import (
@@ -64,7 +64,7 @@ def _served(
 ) -> Record | IntegrityError:
     """The version the bytes read (``size``, ``digest``) are: ``rec``, or the pending version
     of a commit whose record was not written yet (``_commit``), the new version of the name
-    (``_check.served_version``, the one resolution); else the IntegrityError."""
+    (``_verify.served_version``, the one resolution); else the IntegrityError."""
     try:
         return served_version(backend, rec, level, size=size, digest=digest)
     except IntegrityError as exc:
@@ -327,7 +327,7 @@ def _get_dir(
     progress: Callable[[int], None] | None,
 ) -> None:
     """Copy folder artifact ``rec``, whose files are below ``root``, into ``dest``; every file
-    checked against ``rec`` on the way (and ``root`` itself a folder: ``_check.folder_problem``,
+    checked against ``rec`` on the way (and ``root`` itself a folder: ``_verify.folder_problem``,
     as ``verify`` checks it), and nothing published at ``dest`` unless all pass.
     Create-only: ``dest`` was free (:func:`local_destination`); if anything appeared there
     meanwhile, AlreadyExistsError and it stays."""

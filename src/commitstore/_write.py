@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from commitstore._commit import Committer, check_flag, check_new, make_record, mode_of
-from commitstore._stage import Stage
+from commitstore._stagefile import Stage
 from commitstore.backends import CommitInfo, FileSink, PutMode, hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError, StorageError

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, final
 
-from commitstore._recordcheck import (
+from commitstore._recordrules import (
     MAX_DEPTH,
     MAX_INT,
     MAX_RECORD_BYTES,
@@ -34,7 +34,7 @@ __all__ = [
     "VerifyResult",
     "new_fields",
 ]
-"""The rules (``new_fields``, the bounds, ``RecordFormatError``) live in ``_recordcheck``; these
+"""The rules (``new_fields``, the bounds, ``RecordFormatError``) live in ``_recordrules``; these
 names stay importable from here."""
 
 SCHEMA = "commitstore.record/1"

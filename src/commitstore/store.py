@@ -1,8 +1,11 @@
 """The user-facing facade: :class:`CommitStore` (opened with :func:`commitstore.open_store`).
 
 The facade validates its arguments (before any I/O) and hands each call to the module that owns
-it: writes to the one commit path (``_commit``), checks to ``_check``, verified reads to ``_read``,
-mirrors to ``mirrors/``, pruning, gc and adoption to ``maintenance/``.
+it: writes to the one commit path (``_commit``), checks to ``_verify``, verified reads to ``_read``,
+mirrors to ``mirrors/``, pruning, gc and adoption to ``maintenance/``. This module holds the
+store's state, its writes and its mirror methods; its reading and checking methods are
+``_storereads.StoreReads``, its pruning, gc and adoption ``_storeupkeep.StoreUpkeep`` (both
+bases of :class:`CommitStore`, over the state declared in ``_storebase``).
 """
 
 from __future__ import annotations
@@ -14,47 +17,41 @@ import logging
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, TypeVar, final
+from typing import Any, TypeVar, final
 
-from commitstore import _check, _fetch, _folder, _folderfile, _read, _scan, _write
+from commitstore import _folderwrite, _write
 from commitstore._background import BackgroundCommits, check_inflight
 from commitstore._commit import Committer, check_flag, check_new
-from commitstore._order import arrange_records
-from commitstore._stage import Stage
+from commitstore._stagefile import Stage
+from commitstore._storebase import Progress
+from commitstore._storereads import StoreReads
+from commitstore._storeupkeep import StoreUpkeep
 from commitstore.backends import Backend
 from commitstore.errors import ConfigurationError
 from commitstore.layout import redact_url, validate_name
-from commitstore.maintenance.adopt import AdoptReport, adopt
-from commitstore.maintenance.gc import GcReport, collect
-from commitstore.maintenance.prune import PruneReport, prune
-from commitstore.maintenance.retention import Retention, check_age, check_keep
+from commitstore.maintenance.retention import Retention
 from commitstore.maintenance.scrub import ScrubReport, check_budget, scrub
 from commitstore.mirrors.replicator import MirrorState, Replicator
-from commitstore.mirrors.sync import SyncReport, latest_any, restore, sync_mirrors
+from commitstore.mirrors.sync import SyncReport, restore, sync_mirrors
 from commitstore.options import (
-    Level,
     MirrorMode,
     MirrorPolicy,
-    ReadLevel,
-    Source,
     check_timeout,
 )
-from commitstore.records import Record, VerifyReport, VerifyResult
+from commitstore.records import Record
 
 __all__ = ["CommitStore"]
 
 log = logging.getLogger("commitstore")
 
-Progress = Callable[[int], None]
 S = TypeVar("S")
 
 
 @final
-class CommitStore:
+class CommitStore(StoreReads, StoreUpkeep):
     """Staged writes, commits, verification and reads of artifacts under one root.
 
     Guarantees, on every backend:
@@ -66,6 +63,8 @@ class CommitStore:
     - With mirrors, every mirror receives each commit through its own commit primitive, with a
       byte-identical record.
     """
+
+    _mirrors: builtins.list[CommitStore]
 
     def __init__(
         self,
@@ -283,20 +282,6 @@ class CommitStore:
                     exc,
                 )
 
-    def _nothing_found(self) -> None:
-        """After a read found nothing: warn (``UserWarning`` and log) when the store's root does
-        not exist, so a mistyped URL is never taken for an empty store. Creates nothing.
-        Quiet where the caller has its own answer for "not there" (the ``commit://`` file
-        system probes folders as stores and answers FileNotFoundError)."""
-        if self._quiet_when_missing or self.backend.root_exists():
-            return
-        msg = (
-            f"no store at {self.url}: its root does not exist (nothing was created; "
-            "open_store(url, create=False) raises NotFoundError instead)"
-        )
-        log.warning("%s", msg)
-        warnings.warn(msg, UserWarning, stacklevel=3)
-
     # -- writing ----------------------------------------------------------------------------
     def stage(
         self,
@@ -473,11 +458,11 @@ class CommitStore:
         step: int | None = None,
         metadata: Mapping[str, Any] | None = None,
         overwrite: bool = False,
-    ) -> _folder.FolderWrite:
+    ) -> _folderwrite.FolderWrite:
         """Start a folder artifact that several processes (or hosts) write: hand
         ``.token`` to each, which calls :meth:`join_folder`; each writes its files with
         ``open_file`` (records come back); one calls ``commit(records)``, the single commit point.
-        Nothing is visible before it; gc removes what dead writers leave (``_folder``).
+        Nothing is visible before it; gc removes what dead writers leave (``_folderwrite``).
 
         Raises:
             InvalidNameError: as :meth:`stage`, before any I/O.
@@ -485,14 +470,14 @@ class CommitStore:
                 object store.
             AlreadyExistsError: the name is taken.
         """
-        return _folder.begin(
+        return _folderwrite.begin(
             self.committer, name, step, metadata, overwrite, after=self._after_commit
         )
 
-    def join_folder(self, token: str) -> _folder.FolderWrite:
+    def join_folder(self, token: str) -> _folderwrite.FolderWrite:
         """Join the folder write a coordinator began (its ``token``), from any process that
         opened the same store. ConfigurationError for a malformed token or another store's."""
-        return _folder.join(self.committer, token, after=self._after_commit)
+        return _folderwrite.join(self.committer, token, after=self._after_commit)
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
         """Commit ``data`` as ``name`` (same protocol and binary outcome as :meth:`stage`);
@@ -530,252 +515,3 @@ class CommitStore:
                 ``name`` (nothing removed).
         """
         self.committer.delete(name)
-
-    # -- keeping storage bounded --------------------------------------------------------------
-    def prune(
-        self,
-        *,
-        keep_last: int | None = None,
-        keep_every: int | None = None,
-        keep: Sequence[str] = (),
-        min_age: float = 300,
-        dry_run: bool = False,
-    ) -> PruneReport:
-        """Delete committed artifacts outside the keep-set, on the primary and every mirror.
-
-        The keep-set (``keep_last`` newest, every step multiple of ``keep_every``, names in
-        ``keep``) is computed over the whole artifacts of all targets (the union of names) and
-        applies to every target. Never deleted: anything modified less than ``min_age`` seconds
-        ago, anything whose modification time is unknown or zero, the newest artifact that
-        verifies fully (hashed, newest first) on each target and anything newer than it, anything
-        whose replication to that target is pending, anything without a record. Each delete
-        re-checks, under the publish lock, that the record is still the one planned and the age
-        still ``>= min_age`` (else it is skipped, with the reason). Deletion removes the record
-        first. Idempotent; safe to run from two processes at once. A mirror that cannot be
-        reached is left out and reported (``report.errors``, ``TargetPrune.error``, a warning in
-        the log); the primary and the reachable mirrors are pruned all the same.
-
-        Raises:
-            ConfigurationError: a negative count, a bad ``min_age``, or ``keep`` given as one
-                string or holding a non-string. InvalidNameError: a bad name in ``keep``.
-                StorageError, BackendUnavailableError: the primary failed.
-        """
-        policy = Retention(keep_last, keep_every, check_keep(keep), check_age(min_age))
-        check_flag(dry_run, "dry_run")
-        for name in keep:
-            validate_name(name)
-        return self._prune(policy, dry_run=dry_run)
-
-    def _prune(self, policy: Retention, *, dry_run: bool) -> PruneReport:
-        pending = self.replicator.pending() if self.replicator is not None else {}
-        targets = [self.committer, *(m.committer for m in self._mirrors)]
-        return prune(targets, policy, pending=pending, dry_run=dry_run)
-
-    def adopt(self, name: str | None = None, *, trust: bool = False) -> AdoptReport:
-        """Write records for files that have none (checkpoints written before commitstore), after
-        a structural check: a torch ``.pt``/zip needs an intact end-of-central-directory with
-        every member inside the file, a ``.safetensors`` a parseable header whose data offsets fit.
-        Truncated files are reported, never adopted; unknown formats only with ``trust=True``."""
-        if name is not None:
-            validate_name(name)
-        return adopt(self.committer, name, trust=check_flag(trust, "trust"))
-
-    def gc(self, *, min_age: float = 3600, dry_run: bool = False) -> GcReport:
-        """Remove what dead writers left: staging files and folders, and (object stores)
-        unfinished multipart uploads, older than ``min_age`` seconds.
-
-        Only entries whose own name is a staging name, outside every committed folder artifact;
-        never a committed artifact, a record, or anything outside the store's root. A staging
-        folder is aged by the newest mtime and ctime of everything in it (empty ones by their
-        own); anything younger than ``min_age`` or of unknown age is kept and reported.
-        Idempotent.
-        With ``dry_run=True`` nothing is removed; ``removed`` lists what would be.
-        """
-        report = collect(
-            self.backend, min_age=check_age(min_age), dry_run=check_flag(dry_run, "dry_run")
-        )
-        for item in report.removed:
-            log.info(
-                "gc: %s %s on %s (%s)",
-                "would remove" if dry_run else "removed",
-                item.path,
-                self.url,
-                item.kind,
-            )
-        if report.removed and not dry_run:  # deletions are seen at the default level
-            log.warning("gc: removed %d staging entries from %s", len(report.removed), self.url)
-        return report
-
-    # -- reading and checking ---------------------------------------------------------------
-    def record(self, name: str, *, level: Level | None = None) -> Record:
-        """The committed record of ``name``, as stored (one record read).
-
-        With ``level`` (``"size"`` or ``"full"``): the version ``name`` verifies as at that
-        level instead, checked now: the record, or the new version of a commit that stopped
-        after its data step (its pending record, which every reader serves and gc makes the
-        record). Use it before reading members of a folder artifact with :meth:`read_member` /
-        :meth:`open_member`, which check against exactly the record they are given.
-
-        Raises:
-            NotFoundError: no record. IntegrityError: the record is unreadable (``bad_record``),
-                or (with ``level``) the artifact matches neither its record nor a pending
-                version (``missing``, ``size_mismatch``, ``hash_mismatch``).
-            ConfigurationError: an unknown ``level``, before any I/O.
-        """
-        if level is None:
-            return _check.record_of(self.backend, self.url, name).record
-        _check.check_level(level)
-        return _check.verified_record(self.backend, self.url, name, level)
-
-    def list(self) -> list[Record]:
-        """Committed artifacts (valid records only), oldest to newest: by step; artifacts without
-        one by commit time, placed among the stepped ones by it (``docs/format.md``). Empty
-        where the store's root does not exist, with a ``UserWarning`` saying so."""
-        records = _scan.list_records(self.backend)
-        if not records:
-            self._nothing_found()
-        return records
-
-    def verify(self, name: str | None = None, *, level: Level = "full") -> VerifyReport:
-        """Check one artifact or all against their records; never raises for a bad artifact.
-
-        ``level="size"`` compares sizes; ``"full"`` also recomputes digests. Unrecorded files
-        under the root are reported as ``no_record`` (they do not make the report fail).
-        Where the store's root does not exist, the (empty) report comes with a ``UserWarning``.
-        """
-        _check.check_level(level)
-        report = _check.verify(self.backend, name, level)
-        if not report.results or all(r.status == "missing" for r in report.results):
-            self._nothing_found()
-        return report
-
-    def latest(self, *, level: Level = "full", source: Source = "primary") -> Record | None:
-        """The newest artifact that passes :meth:`verify` at ``level``; each one skipped is logged
-        as a warning. None if there is none. ``source="any"`` also considers the mirrors (the
-        newest artifact whole on any store; ``restore`` brings it back to the primary). None
-        with a ``UserWarning`` where the store's root does not exist."""
-        _check.check_level(level)
-        if source not in ("primary", "any"):
-            raise ConfigurationError(f"source must be 'primary' or 'any', not {source!r}")
-        if source == "any":
-            found = latest_any([self.committer, *(m.committer for m in self._mirrors)], level)
-        else:
-            found = _check.latest(self.backend, level)
-        if found is None:
-            self._nothing_found()
-        return found
-
-    def open(self, name: str, *, verify: ReadLevel = "full") -> _read.VerifiedFile:
-        """A readable, seekable binary file of ``name`` whose bytes passed the check first.
-
-        Raises:
-            NotFoundError: not committed. IntegrityError: the bytes fail the check.
-        """
-        _check.check_level(verify, allow_none=True)
-        return _read.open_verified(self.backend, self.url, name, verify)
-
-    def read_bytes(self, name: str, *, verify: ReadLevel = "full") -> bytes:
-        """All bytes of ``name``, read once and checked before they are returned."""
-        _check.check_level(verify, allow_none=True)
-        return _read.read_verified(self.backend, self.url, name, verify)
-
-    def get_file(
-        self,
-        name: str,
-        local_path: str | os.PathLike[str],
-        *,
-        verify: ReadLevel = "full",
-        progress: Progress | None = None,
-    ) -> None:
-        """Copy ``name`` to ``local_path`` with the local commit protocol; the local file appears
-        only if the bytes matched the record (folder artifacts: the whole folder).
-
-        Raises:
-            NameConflictError: ``local_path`` lies inside this store's own folder (a local
-                store; checked before any I/O), is an existing local folder's name for the
-                copy, or a file a folder artifact would replace: nothing was changed.
-        """
-        _check.check_level(verify, allow_none=True)
-        _read.get_verified(
-            self.backend, self.url, name, dest=Path(local_path), level=verify, progress=progress
-        )
-
-    def fetch(
-        self, name: str, cache_dir: str | os.PathLike[str] | None = None, *, rehash: bool = False
-    ) -> Path:
-        """A verified local copy of ``name`` (a file artifact), cached by digest in ``cache_dir``
-        (default ``$COMMITSTORE_CACHE_DIR`` or ``~/.cache/commitstore/fetch``): one read of
-        the artifact, hashed on the way, published with the local commit protocol only if it
-        matches the record (or the pending version the name verifies as, after a commit that
-        stopped between its data and record steps: that version is cached). A cached copy of
-        the same version (name from the digest, regular file, recorded size) is returned
-        without reading the artifact; ``rehash=True`` hashes it again. Map it with
-        ``torch.load(path, mmap=True)``.
-
-        Raises:
-            InvalidNameError: a bad name, before any I/O.
-            ConfigurationError: a bad ``cache_dir`` (also one inside this store's own
-                folder, before any I/O) or ``rehash``, or a folder artifact.
-            NotFoundError: ``name`` is not committed.
-            IntegrityError: the bytes fail their record (nothing is cached).
-        """
-        validate_name(name)
-        folder = _fetch.check_cache_dir(cache_dir)
-        check_flag(rehash, "rehash")
-        return _fetch.fetch(self.backend, self.url, name, folder, rehash=rehash)[0]
-
-    # -- reads that also return the version read (for integrations) ---------------------------
-    def read_with_record(self, name: str, *, verify: Level = "full") -> tuple[bytes, Record]:
-        """:meth:`read_bytes` (``verify`` ``"size"`` or ``"full"``), and the record of the
-        version the bytes are: the name's record, or the pending version they match (a commit
-        stopped after its data step), with its own step and metadata.
-
-        Raises:
-            InvalidNameError, ConfigurationError: a bad name or level, before any I/O.
-            NotFoundError: not committed. IntegrityError: the bytes fail the check.
-            ConfigurationError: a folder artifact.
-        """
-        validate_name(name)
-        _check.check_level(verify)
-        return _read.read_with_record(self.backend, self.url, name, verify)
-
-    def fetch_with_record(
-        self, name: str, cache_dir: str | os.PathLike[str] | None = None, *, rehash: bool = False
-    ) -> tuple[Path, Record]:
-        """:meth:`fetch`, and the record of the version the cached copy holds (the name's
-        record, or the pending version it verifies as). Same checks and errors as
-        :meth:`fetch`."""
-        validate_name(name)
-        folder = _fetch.check_cache_dir(cache_dir)
-        check_flag(rehash, "rehash")
-        return _fetch.fetch(self.backend, self.url, name, folder, rehash=rehash)
-
-    def read_member(self, record: Record, path: str) -> bytes:
-        """All bytes of the file ``path`` (relative, ``/``-separated) of the committed folder
-        artifact ``record`` (from :meth:`record` or :meth:`list`), read once and checked
-        against its entry in that record (size and full digest).
-
-        Raises:
-            NotFoundError: the record lists no such file. IntegrityError: missing, truncated
-                or changed bytes.
-        """
-        return _folderfile.read_member(self.committer, record, path)
-
-    def scan(self) -> tuple[builtins.list[Record], builtins.list[VerifyResult]]:
-        """Every committed record, oldest to newest (as :meth:`list`), and a ``bad_record``
-        :class:`~commitstore.VerifyResult` for every record file that cannot be read (which
-        :meth:`list` leaves out). No warning where the store's root does not exist: both lists
-        are empty."""
-        good, bad = _scan.scan_records(self.backend)
-        return arrange_records(good), bad
-
-    def open_member(self, record: Record, path: str) -> BinaryIO:
-        """The file ``path`` of the committed folder artifact ``record``, as a readable,
-        seekable binary file: hashed whole and checked against its entry in that record (size
-        and full digest) before any byte is handed out, then rewound.
-
-        Raises:
-            NotFoundError: the record lists no such file. IntegrityError: missing, truncated
-                or changed bytes.
-        """
-        return _folderfile.open_member(self.committer, record, path)

@@ -141,7 +141,8 @@ def _put_direct(name: str) -> Run:
     (8 KiB buffered, then 8 KiB aligned buffers written by the worker thread)."""
 
     def run(store: CommitStore, pause: Callable[[bool], None]) -> dict[str, Any]:
-        from commitstore.backends.rename import _direct, posix
+        from commitstore.backends.rename.posix import _direct
+        from commitstore.backends.rename.posix import backend as posix
 
         posix.DIRECT_AFTER = _direct.BUFFER = 8192
         store.put_bytes(name, NEW_BIG, overwrite=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from commitstore import open_store
-from commitstore.backends.rename import _syscalls
+from commitstore.backends.rename.posix import _syscalls
 
 from .check import chain
 from .ops import OPS

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from commitstore import open_store
-from commitstore.backends.rename import _direct, posix
+from commitstore.backends.rename.posix import _direct
+from commitstore.backends.rename.posix import backend as posix
 from tests.faultshim.worker import load
 
 KiB = 1024

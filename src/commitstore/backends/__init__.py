@@ -107,25 +107,25 @@ class _Builtin:
 
 
 _BUILTIN: dict[str, _Builtin] = {
-    "": _Builtin("commitstore.backends.rename.bridge:factory", None),
-    "file": _Builtin("commitstore.backends.rename.bridge:factory", None),
+    "": _Builtin("commitstore.backends.rename.posix.bridge:factory", None),
+    "file": _Builtin("commitstore.backends.rename.posix.bridge:factory", None),
     "memory": _Builtin("commitstore.backends.memory:factory", None),
-    "smb": _Builtin("commitstore.backends.rename.smb:factory", "smb"),
+    "smb": _Builtin("commitstore.backends.rename.smb.backend:factory", "smb"),
     "s3": _Builtin("commitstore.backends.object.s3.backend:factory", "s3"),
     "gs": _Builtin("commitstore.backends.object.gcs.backend:factory", "gcs"),
     "gcs": _Builtin("commitstore.backends.object.gcs.backend:factory", "gcs"),
     "az": _Builtin("commitstore.backends.object.azure.backend:factory", "azure"),
     "abfs": _Builtin("commitstore.backends.object.azure.backend:factory", "azure"),
-    "sftp": _Builtin("commitstore.backends.rename.fsspecurls:sftp_factory", "sftp"),
-    "ssh": _Builtin("commitstore.backends.rename.fsspecurls:sftp_factory", "sftp"),
-    "webdav": _Builtin("commitstore.backends.rename.fsspecurls:webdav_factory", "webdav"),
-    "webdav+http": _Builtin("commitstore.backends.rename.fsspecurls:webdav_factory", "webdav"),
-    "webdav+https": _Builtin("commitstore.backends.rename.fsspecurls:webdav_factory", "webdav"),
-    "dav": _Builtin("commitstore.backends.rename.fsspecurls:webdav_factory", "webdav"),
+    "sftp": _Builtin("commitstore.backends.rename.fsspec.urls:sftp_factory", "sftp"),
+    "ssh": _Builtin("commitstore.backends.rename.fsspec.urls:sftp_factory", "sftp"),
+    "webdav": _Builtin("commitstore.backends.rename.fsspec.urls:webdav_factory", "webdav"),
+    "webdav+http": _Builtin("commitstore.backends.rename.fsspec.urls:webdav_factory", "webdav"),
+    "webdav+https": _Builtin("commitstore.backends.rename.fsspec.urls:webdav_factory", "webdav"),
+    "dav": _Builtin("commitstore.backends.rename.fsspec.urls:webdav_factory", "webdav"),
 }
 """The built-in schemes (the table above)."""
 
-_GENERIC = "commitstore.backends.rename.fsspecurls:generic_factory"
+_GENERIC = "commitstore.backends.rename.fsspec.urls:generic_factory"
 """The ``fsspec-checked`` strategy over any fsspec filesystem: schemes fsspec knows that have
 no strategy here, and any URL opened with ``strategy="fsspec"``."""
 
@@ -222,8 +222,8 @@ def local_folder(
         CommitStoreError: with ``make``, the folder could not be made (typed as the local
             commit protocol types it: InsufficientSpaceError, StoragePathError...).
     """
-    from commitstore.backends.rename._localfs import os_error
-    from commitstore.backends.rename.posix import LocalBackend
+    from commitstore.backends.rename.posix._localfs import os_error
+    from commitstore.backends.rename.posix.backend import LocalBackend
 
     if make:
         try:
@@ -238,7 +238,7 @@ def local_error(exc: Exception, what: str, path: str) -> Exception:
     """An OSError of a local file operation (``what`` on ``path``) typed as the local commit
     protocol types it (InsufficientSpaceError, StoragePathError, BackendUnavailableError,
     CommitError); anything else returned unchanged."""
-    from commitstore.backends.rename._localfs import os_error
+    from commitstore.backends.rename.posix._localfs import os_error
 
     return os_error(exc, what, path)
 

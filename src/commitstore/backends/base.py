@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
-from commitstore._recordcheck import MAX_RECORD_BYTES, RecordFormatError
+from commitstore._recordrules import MAX_RECORD_BYTES, RecordFormatError
 from commitstore.errors import (
     CommitError,
     ConfigurationError,

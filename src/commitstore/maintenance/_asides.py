@@ -19,8 +19,8 @@ Rules, each applied under the publish lock (so no writer of this host is between
 
 from __future__ import annotations
 
-from commitstore._check import check_at
 from commitstore._scan import read_intent, read_record
+from commitstore._verify import check_at
 from commitstore.backends import Backend
 from commitstore.errors import AlreadyExistsError, CommitStoreError, InvalidNameError
 from commitstore.layout import (

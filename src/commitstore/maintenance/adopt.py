@@ -20,12 +20,12 @@ import struct
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from commitstore._check import check_exact
 from commitstore._commit import Committer
 from commitstore._hierarchy import shown
 from commitstore._scan import scan_records, unrecorded
 from commitstore._slots import read_slots, uses_slots
 from commitstore._small import put_small
+from commitstore._verify import check_exact
 from commitstore.backends import Backend, FileInfo, PutMode
 from commitstore.digest import hash_stream, manifest_digest
 from commitstore.errors import (

@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from commitstore import _staged
-from commitstore._check import check_exact
+from commitstore import _stagedcopies
 from commitstore._scan import StoredRecord, read_record, scan_records
 from commitstore._small import put_small
+from commitstore._verify import check_exact
 from commitstore.backends import Backend, PendingUpload, PutMode
 from commitstore.errors import (
     BackendUnavailableError,
@@ -176,7 +176,7 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
                 done = removed.pop()
                 kept.append(GcItem(done.path, done.kind, done.age, outcome))
     _writer_slots(backend, judge, committed, removed, kept, dry_run=dry_run)
-    for root, mtime in _staged.leftovers(backend):  # staged folder copies now settled
+    for root, mtime in _stagedcopies.leftovers(backend):  # staged folder copies now settled
         if judge("/".join(root), "staging", mtime) and not dry_run:
             backend.remove(root)
     return GcReport(tuple(removed), tuple(kept), dry_run)
@@ -220,7 +220,7 @@ def _folder_writes(
     *,
     dry_run: bool,
 ) -> None:
-    """Markers of multi-writer folder commits (``_folder``, object stores), grouped by write:
+    """Markers of multi-writer folder commits (``_folderwrite``, object stores), grouped by write:
     the coordinator's ``<id>.json`` and each writer's ``<id>/<writer>.json``, which lists the
     files that writer uploaded. A write whose markers and listed files are all older than
     min_age is dead: the files its markers list go (exactly those, never anything else under
@@ -379,10 +379,10 @@ def _complete_recorded(backend: Backend, record: Record) -> str | None:
         return None
     if check_exact(backend, record, "full").status == "ok":
         return None  # the copies were done: the leftover pass removes the staged copy
-    staged = _staged.staged_whole(backend, record)
+    staged = _stagedcopies.staged_whole(backend, record)
     if staged is None:
         return "neither its record nor its pending record matches the data"
-    _staged.roll_forward(backend, record, staged)
+    _stagedcopies.roll_forward(backend, record, staged)
     return None
 
 
@@ -413,9 +413,9 @@ def _outcome(
                 _owned.remove_listed(backend, listed, committed)
             return None
     for _where, raw, pending in pendings:
-        if (staged := _staged.staged_whole(backend, pending)) is not None:
+        if (staged := _stagedcopies.staged_whole(backend, pending)) is not None:
             if not dry_run:  # a folder replace stopped while copying: finish it
-                _staged.roll_forward(backend, pending, staged)
+                _stagedcopies.roll_forward(backend, pending, staged)
                 put_small(backend, record_parts(parts), raw, PutMode.REPLACE)
             return None
     return "neither its record nor its pending record matches the data"

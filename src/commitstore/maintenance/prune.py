@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from commitstore import _check
+from commitstore import _verify
 from commitstore._commit import Committer
 from commitstore._order import OrderKey, arrange, sort_key
 from commitstore._scan import read_record, scan_entries
@@ -270,7 +270,7 @@ def verify_newest(store: Committer, listed: list[Listed]) -> list[Listed]:
     for item in reversed(arrange(listed, _order_of)):
         if not item.candidate.whole or item.candidate.alias:
             continue  # fails already by size; an alias is never pruned and guards nothing
-        result = _check.check(store.backend, item.record, "full")
+        result = _verify.check(store.backend, item.record, "full")
         if result.status == "ok":
             break
         log.warning(

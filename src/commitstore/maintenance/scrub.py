@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from commitstore._check import resolve
 from commitstore._commit import Committer
 from commitstore._scan import StoredRecord, read_record, scan_records
+from commitstore._verify import resolve
 from commitstore.errors import (
     BackendUnavailableError,
     CommitStoreError,

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from commitstore._recordcheck import MAX_RECORD_BYTES as MAX_SMALL_BYTES
+from commitstore._recordrules import MAX_RECORD_BYTES as MAX_SMALL_BYTES
 from commitstore._small import put_small
 from commitstore.backends import PutMode
 from commitstore.errors import CommitStoreError, InvalidNameError, NotFoundError

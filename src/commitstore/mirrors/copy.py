@@ -4,7 +4,7 @@ The copy is streamed (constant memory), hashed on the way and compared with the 
 before anything is published on the target: a source copy that does not match its record is never
 copied. The target gets a byte-for-byte copy of the source's record, or, where the source's bytes
 are a pending version (a commit stopped between its data and record steps; resolved as every
-reader resolves it, ``_check``), of that pending record, written as the target's record.
+reader resolves it, ``_verify``), of that pending record, written as the target's record.
 
 A file read from a local disk is offered to the target's sink to be read again
 (``FileSink.reread_from``): a sink that would hold the file in memory until its upload (an object
@@ -21,7 +21,10 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO, cast
 
-from commitstore._check import (
+from commitstore._commit import Committer
+from commitstore._scan import StoredRecord, read_intent, read_record
+from commitstore._slots import read_slots
+from commitstore._verify import (
     check_exact,
     compare,
     folder_problem,
@@ -31,9 +34,6 @@ from commitstore._check import (
     served_version,
     stored_version,
 )
-from commitstore._commit import Committer
-from commitstore._scan import StoredRecord, read_intent, read_record
-from commitstore._slots import read_slots
 from commitstore.backends import CommitInfo, DirSink, PutMode, Rereadable
 from commitstore.digest import copy_hashed
 from commitstore.errors import (
@@ -225,8 +225,8 @@ def _copy(
 ) -> Record:
     """One copy of ``name``, whose record on ``src`` is ``stored``. The version copied is the
     one the source's bytes are, resolved as every reader resolves them: the record, or a pending
-    version (a commit stopped after its data step; ``_check.served_version`` for a file, whose
-    bytes are hashed on the way, ``_check.locate`` for a folder whose files do not match the
+    version (a commit stopped after its data step; ``_verify.served_version`` for a file, whose
+    bytes are hashed on the way, ``_verify.locate`` for a folder whose files do not match the
     record). The target gets that version's record bytes, as its record."""
     parts, rec = validate_name(name), stored.record
     publish_data: Callable[[], tuple[Record, CommitInfo]]
@@ -289,7 +289,7 @@ def _copy(
 
 def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tuple[DirSink, Record]:
     """Stage folder artifact ``rec`` of ``src`` on ``dst``, every file checked on the way; when
-    the files are not ``rec``'s, the version they are (``_check.locate``: a pending version,
+    the files are not ``rec``'s, the version they are (``_verify.locate``: a pending version,
     under the name or in an object store's staged copy) is staged instead. Returns the sink
     and the version staged.
 
@@ -317,7 +317,7 @@ def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tup
 def _fill_dir(src: Committer, dsink: DirSink, rec: Record, root: Parts) -> None:
     """Copy the files of folder version ``rec``, stored below ``root`` on ``src``, into the
     staging folder of ``dsink``, each checked against ``rec`` (SourceMismatch); ``root`` must
-    be a folder (``_check.folder_problem``, as ``verify`` checks it: an empty folder artifact
+    be a folder (``_verify.folder_problem``, as ``verify`` checks it: an empty folder artifact
     whose folder is gone, or a file in its place, is no copy of it)."""
     problem = folder_problem(src.backend, root, rec)
     if problem is not None:

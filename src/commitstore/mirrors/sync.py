@@ -9,10 +9,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from commitstore._check import pending_versions, resolve, stored_version, verify
 from commitstore._commit import Committer
 from commitstore._order import arrange_records
 from commitstore._scan import StoredRecord, list_records, read_record
+from commitstore._verify import pending_versions, resolve, stored_version, verify
 from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
@@ -70,7 +70,7 @@ class SyncReport:
 
 class _PrimaryChecks:
     """Full checks of primary artifacts, each done at most once across mirrors: the version
-    each one verifies as (its record, or a pending version: ``_check.resolve``)."""
+    each one verifies as (its record, or a pending version: ``_verify.resolve``)."""
 
     def __init__(self, primary: Committer) -> None:
         self.primary = primary

@@ -16,7 +16,10 @@ backend writes only two things:
 2. Its factory: ``factory(url, options) -> Backend``, registered in ``commitstore.backends``;
    option and URL problems raise ConfigurationError before any I/O.
 
-``posix.py`` (local disks and mounted bridges) and ``smb.py`` are the two examples;
-``fsspecfs.py`` does the same over any fsspec filesystem (SFTP, WebDAV, ...), its one
-filesystem-specific primitive, the move, chosen per filesystem in ``_fsspec_moves.py``.
+``posix/backend.py`` (local disks; mounted bridges in ``posix/bridge.py``) and ``smb/backend.py``
+are the two examples; ``fsspec/backend.py`` does the same over any fsspec filesystem (SFTP,
+WebDAV, ...), its one filesystem-specific primitive, the move, chosen per filesystem in
+``fsspec/_moves.py``. Each strategy has its folder (``posix/``, ``smb/``, ``fsspec/``), as the
+object stores do under ``backends/object/``; what the family shares (the recipe, its primitives,
+the move-aside replace, the early fsync) stays here.
 """

@@ -16,7 +16,7 @@ Protocol, run by the writer under the store's publish lock, in the destination's
 
 The aside name is deterministic per name, so a later process finds it: a crash between 1 and 2
 (or a failed move-back) leaves the name missing and the old version under the aside name, which
-readers serve (``_read``, ``_check``) and ``gc`` moves back (``maintenance/_asides.py``). A crash
+readers serve (``_read``, ``_verify``) and ``gc`` moves back (``maintenance/_asides.py``). A crash
 between 2 and 3 leaves the new version under the name (its pending record matches it) and the old
 one aside, which gc removes once the name verifies. Neither ever leaves neither version.
 """

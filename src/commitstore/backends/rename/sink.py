@@ -330,7 +330,7 @@ class StagedDirSink(_Staged[D, H], DirSink):
 
 class StagedFolderPublish(_Staged[D, H]):
     """Publish a staging folder that other sinks filled in place (a multi-writer folder commit,
-    ``commitstore._folder``): make its folders durable, then step 6 and 8 as for
+    ``commitstore._folderwrite``): make its folders durable, then step 6 and 8 as for
     :class:`StagedDirSink`. The files are not read again: each was flushed and checked by its own
     sink. On failure the staging folder stays (its writers' files; gc removes it when old)."""
 

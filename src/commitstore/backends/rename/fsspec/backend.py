@@ -7,7 +7,7 @@ destination's own folder, every byte through the hasher, the file flushed and cl
 size must equal the bytes written, optionally a read-back digest (``readback=True``), then one
 move into place, and the size checked again under the final name. What the move guarantees
 depends on the filesystem and is declared in :attr:`capabilities` and ``describe()``
-(``_fsspec_moves.py``):
+(``_moves.py``):
 
 - SFTP: ``posix-rename@openssh.com`` (probed at open) is an atomic replace; plain SFTP RENAME
   refuses an existing destination (create-only, checked by the server).
@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
 from commitstore.backends.rename import aside
-from commitstore.backends.rename._fsspec_moves import Mover, storage_error, translate
+from commitstore.backends.rename.fsspec._moves import Mover, storage_error, translate
 from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK, hash_stream

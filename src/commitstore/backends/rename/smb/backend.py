@@ -32,9 +32,9 @@ from commitstore.backends.base import (
     take_options,
 )
 from commitstore.backends.rename import aside
-from commitstore.backends.rename._smbconn import SmbConnection, SmbReader, call, translate
 from commitstore.backends.rename.ops import CommitPolicy, write_all
 from commitstore.backends.rename.sink import RenameBackend
+from commitstore.backends.rename.smb._conn import SmbConnection, SmbReader, call, translate
 from commitstore.digest import READ_CHUNK, hash_stream, read_chunks
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError
 from commitstore.layout import META_DIR, Parts

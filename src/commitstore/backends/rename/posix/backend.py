@@ -27,10 +27,12 @@ from typing import Any, BinaryIO
 
 from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMode
 from commitstore.backends.localtree import close_quietly, fsync_dir
-from commitstore.backends.rename import _earlysync, _liveness, _syscalls
-from commitstore.backends.rename._direct import ALIGN, DirectWriter, set_direct
-from commitstore.backends.rename._dirreads import DIR_FLAGS, FolderReader, open_regular
-from commitstore.backends.rename._localfs import (
+from commitstore.backends.rename import _earlysync
+from commitstore.backends.rename.ops import CommitPolicy
+from commitstore.backends.rename.posix import _liveness, _syscalls
+from commitstore.backends.rename.posix._direct import ALIGN, DirectWriter, set_direct
+from commitstore.backends.rename.posix._dirreads import DIR_FLAGS, FolderReader, open_regular
+from commitstore.backends.rename.posix._localfs import (
     not_regular,
     os_error,
     publish_at,
@@ -40,9 +42,8 @@ from commitstore.backends.rename._localfs import (
     storage_error,
     translated,
 )
-from commitstore.backends.rename._localwalk import files_below, folders_below, stats_below
-from commitstore.backends.rename._maphash import ReadFile
-from commitstore.backends.rename.ops import CommitPolicy
+from commitstore.backends.rename.posix._localwalk import files_below, folders_below, stats_below
+from commitstore.backends.rename.posix._maphash import ReadFile
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK
 from commitstore.errors import (

@@ -3,7 +3,7 @@
 scheme fsspec knows, or any URL opened with ``strategy="fsspec"`` (the filesystem's own ``mv``).
 
 Every factory checks its options and URL before any I/O (ConfigurationError), then connects,
-creates the root and probes what the move guarantees (``_fsspec_moves.py``). Passwords come
+creates the root and probes what the move guarantees (``_moves.py``). Passwords come
 from the options, the URL or ``COMMITSTORE_SFTP_PASSWORD`` / ``COMMITSTORE_WEBDAV_PASSWORD``,
 and never appear in messages, ``describe()`` or reprs.
 """
@@ -15,8 +15,8 @@ from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from commitstore.backends.base import Backend, take_options
-from commitstore.backends.rename._fsspec_moves import Mover, translate
-from commitstore.backends.rename.fsspecfs import FsspecBackend
+from commitstore.backends.rename.fsspec._moves import Mover, translate
+from commitstore.backends.rename.fsspec.backend import FsspecBackend
 from commitstore.errors import BackendUnavailableError, CommitStoreError, ConfigurationError
 from commitstore.layout import redact_url
 
@@ -94,7 +94,7 @@ def sftp_factory(url: str, options: dict[str, Any]) -> Backend:
     root = "/" + unquote(parsed.path).strip("/")
     from sshfs import SSHFileSystem  # the sftp extra
 
-    from commitstore.backends.rename._fsspec_moves import SftpMover
+    from commitstore.backends.rename.fsspec._moves import SftpMover
 
     kwargs: dict[str, Any] = {"port": port, "timeout": timeout, "connect_timeout": timeout}
     for key, value in (("username", user), ("password", password)):
@@ -149,7 +149,7 @@ def webdav_factory(url: str, options: dict[str, Any]) -> Backend:
     root = unquote(parsed.path).strip("/")
     from webdav4.fsspec import WebdavFileSystem  # the webdav extra
 
-    from commitstore.backends.rename._fsspec_moves import WebdavMover
+    from commitstore.backends.rename.fsspec._moves import WebdavMover
 
     auth = (user, password) if user is not None else None
     shown = f"{scheme}://{user + '@' if user else ''}{netloc}{f':{port}' if port else ''}/{root}"

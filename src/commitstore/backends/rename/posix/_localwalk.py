@@ -10,7 +10,7 @@ import os
 import stat as statmod
 
 from commitstore.backends.base import FileInfo
-from commitstore.backends.rename._localfs import stat_info
+from commitstore.backends.rename.posix._localfs import stat_info
 from commitstore.layout import Parts
 
 

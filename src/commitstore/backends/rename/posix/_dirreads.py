@@ -20,9 +20,9 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from commitstore._recordcheck import RecordFormatError
+from commitstore._recordrules import RecordFormatError
 from commitstore.backends.localtree import close_quietly
-from commitstore.backends.rename._localfs import kind_of, not_regular, storage_error
+from commitstore.backends.rename.posix._localfs import kind_of, not_regular, storage_error
 from commitstore.errors import InvalidNameError, NotFoundError, StoragePathError
 from commitstore.layout import Parts
 

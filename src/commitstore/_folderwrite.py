@@ -62,7 +62,7 @@ from typing import Any
 
 from commitstore import _slots
 from commitstore._commit import Committer, check_new, make_record, mode_of
-from commitstore._folderfile import FolderFile
+from commitstore._foldermembers import FolderFile
 from commitstore._small import put_small
 from commitstore.backends import Backend, CommitInfo, PutMode, hash_and_sync_tree
 from commitstore.digest import hash_stream, manifest_digest

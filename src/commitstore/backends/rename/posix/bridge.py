@@ -16,9 +16,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import Backend, Capabilities, CommitInfo, PutMode, take_options
-from commitstore.backends.rename.mounts import Mount, mount_of
 from commitstore.backends.rename.ops import CommitPolicy
-from commitstore.backends.rename.posix import LocalBackend
+from commitstore.backends.rename.posix.backend import LocalBackend
+from commitstore.backends.rename.posix.mounts import Mount, mount_of
 from commitstore.errors import ConfigurationError
 from commitstore.layout import Parts
 

@@ -1,4 +1,5 @@
-"""The files of a multi-writer folder (``_folder``): written hashed on the way, read back checked.
+"""The files of a multi-writer folder (``_folderwrite``): written hashed on the way, read back
+checked.
 
 :class:`FolderFile` is what :meth:`FolderWrite.open_file` returns; :func:`read_member` reads one
 file of a committed folder artifact in full and checks it against its entry in the record.
@@ -12,8 +13,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO
 
 from commitstore import _read
-from commitstore._check import compare
 from commitstore._commit import Committer
+from commitstore._verify import compare
 from commitstore.backends import FileSink
 from commitstore.digest import Hasher, digest_bytes, hash_stream
 from commitstore.errors import CommitError, IntegrityError, NotFoundError

@@ -47,7 +47,7 @@ import os
 import signal
 from typing import Any
 
-from commitstore.backends.rename._localfs import storage_error
+from commitstore.backends.rename.posix._localfs import storage_error
 from commitstore.digest import Hasher
 from commitstore.errors import StorageError
 

@@ -1,4 +1,4 @@
-"""POSIX filesystem helpers of the local strategies (see ``posix.py``): error translation (the
+"""POSIX filesystem helpers of the local strategies (see ``backend.py``): error translation (the
 one place), stat results, the one-step publish (no-replace, link, replace or exchange) with its
 retries, read-back digests."""
 
@@ -16,9 +16,9 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from commitstore.backends.base import CommitInfo, FileInfo
 from commitstore.backends.localtree import close_quietly, hash_fd
-from commitstore.backends.rename import _syscalls as _posix
 from commitstore.backends.rename import aside
 from commitstore.backends.rename.ops import CommitPolicy
+from commitstore.backends.rename.posix import _syscalls as _posix
 from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,

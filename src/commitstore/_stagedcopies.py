@@ -10,7 +10,7 @@ own: ``_slots``) names any more.
 
 from __future__ import annotations
 
-from commitstore._check import _check_dir
+from commitstore._verify import _check_dir
 from commitstore.backends import Backend
 from commitstore.errors import CommitStoreError
 from commitstore.layout import (

@@ -1,0 +1,75 @@
+"""Deletes through the commit path: under the publish lock, the pending record first, then the
+record, then exactly the files they name, never reaching into another artifact or a write in
+progress (the checks of ``_namechecks``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from commitstore._hierarchy import remove_data
+from commitstore._namechecks import NameChecks
+from commitstore.errors import CommitStoreError, NotFoundError
+from commitstore.layout import Parts, intent_parts, record_parts, validate_name
+from commitstore.records import Record, RecordFormatError, decode_record
+
+
+class Deletes(NameChecks):
+    """The deletes of :class:`~commitstore._commit.Committer`: record first, then the data the
+    records name."""
+
+    def delete_if(self, name: str, still: Callable[[], str | None]) -> str | None:
+        """Like :meth:`delete`, but only if ``still()``, called under the publish lock just
+        before the removal, returns None; otherwise nothing is removed and its reason returned.
+        (Where the backend's lock holds nothing, as on object stores, the re-check narrows the
+        race to its own few requests but cannot close it.)
+
+        Raises:
+            NotFoundError: neither record nor data existed.
+            NameConflictError: committed artifacts sit below ``name`` and it is not a file
+                artifact of its own, or ``name`` has no record and lies inside a committed
+                artifact (nothing removed).
+        """
+        parts = validate_name(name)
+        with self.backend.publish_lock():
+            reason = still()
+            if reason is not None:
+                return reason
+            owns = self.own_records(parts)
+            if not owns or any(r.kind == "dir" for r in owns):
+                self.check_nothing_below(parts, f"deleting {name}")
+            if not owns:
+                self.check_not_inside(parts, name)
+                self.check_no_staging_below(parts)
+                self.check_no_folder_write(parts)
+            # the pending record first: one left behind (an earlier commit stopped after its
+            # record step, or a removal a power loss undid) matches the data, and with the
+            # record gone it would make gc restore the artifact a delete stopped halfway through
+            self.backend.remove(intent_parts(parts))
+            had_record = self.backend.remove(record_parts(parts))
+            had_data = remove_data(self.backend, parts, owns)
+        if not (had_record or had_data):
+            raise NotFoundError(f"{name} does not exist", name=name)
+        return None
+
+    def own_records(self, parts: Parts) -> list[Record]:
+        """The records of ``parts`` that say which files are its data: the record and the
+        pending record (a commit that stopped after its data step left that version's files),
+        those that can be read and name this artifact."""
+        name = "/".join(parts)
+        found: list[Record] = []
+        for where in (record_parts(parts), intent_parts(parts)):
+            try:
+                rec = decode_record(self.backend.read_small(where))
+            except (CommitStoreError, RecordFormatError):
+                continue
+            if rec.name == name:
+                found.append(rec)
+        return found
+
+    def delete(self, name: str) -> None:
+        """Remove the record first, then the data: a crash between leaves nothing claiming to be
+        whole. The data removed is exactly what the record names (a folder: its listed files,
+        then the folders that leaves empty; ``_hierarchy.remove_data``). A folder path that holds
+        other committed artifacts is refused (NameConflictError), nothing removed. Raises
+        NotFoundError if neither record nor data exists."""
+        self.delete_if(name, lambda: None)
