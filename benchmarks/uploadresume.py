@@ -38,9 +38,9 @@ SLACK = 0.02
 
 
 def _writer(
-    server: S3Server, url: str, name: str, source: Path, endpoint: str
+    server: S3Server, url: str, name: str, source: Path, endpoint: str, **more: Any
 ) -> subprocess.Popen[str]:
-    options = {"part_size": PART, "endpoint_url": endpoint}
+    options = {"part_size": PART, "single_put_max": PART, "endpoint_url": endpoint, **more}
     return subprocess.Popen(
         [sys.executable, "-m", "tests.helpers.putwriter", url, name, str(source)],
         cwd=ROOT,
@@ -72,24 +72,27 @@ def _kill_at(server: S3Server, url: str, prefix: str, source: Path, total: int) 
     """Put ``source`` as ``ckpt.pt`` and SIGKILL the writer once ``KILL_AT`` of its ``total``
     parts landed; returns how many had."""
     slow = FaultProxy(server.port)
-    slow.set(delay=0.002, faulty=None)  # so the kill comes before the last part
+    # one part at a time, slowed: the kill comes between two parts, well before the last
+    slow.set(delay=0.005, faulty=None)
     client = server.client()
     try:
-        proc = _writer(server, url, "ckpt.pt", source, slow.endpoint)
+        proc = _writer(server, url, "ckpt.pt", source, slow.endpoint, max_inflight=1)
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
             landed = 0
             deadline = time.monotonic() + 900
             while landed < KILL_AT * total and time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{server.name}: the writer ended before the kill")
                 landed = _landed(client, f"{prefix}/")
                 time.sleep(0.01)
-            slow.freeze()
-            landed = _landed(client, f"{prefix}/")
+            slow.freeze()  # nothing more reaches the server
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(60)
     finally:
-        slow.stop()
+        slow.stop()  # (moto answers one request at a time: the frozen one is dropped first)
+    landed = _landed(client, f"{prefix}/")
     if landed >= total:
         raise RuntimeError(f"{server.name}: every part landed before the kill")
     return landed
@@ -100,7 +103,7 @@ def _counted_put(server: S3Server, url: str, name: str, source: Path) -> tuple[i
     try:
         started = time.monotonic()
         proc = _writer(server, url, name, source, proxy.endpoint)
-        out, _ = proc.communicate(timeout=1800)
+        out, _ = proc.communicate(timeout=900)
         if proc.returncode != 0 or "done" not in out:
             raise RuntimeError(f"{server.name}: put_file of {name} failed")
         return proxy.received, time.monotonic() - started
