@@ -31,6 +31,7 @@ from benchmarks import (
     scrub,
     smb,
     torchio,
+    uploadresume,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,7 @@ SUITES: dict[str, tuple[Any, int, int, tuple[str, ...]]] = {
     "torch": (torchio, 4, 2, ("torch", "torch-s3")),
     "asyncsave": (asyncsave, 4, 2, ("asyncsave",)),
     "scrub": (scrub, 8, 1, ("scrub",)),
+    "uploadresume": (uploadresume, 48, 1, ("uploadresume",)),
 }
 
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
     from commitstore.backends import FileSink
+    from commitstore.backends.base import Rereadable
     from commitstore.records import Record
 
 WRITE_CHUNK = 4 * 1024 * 1024
@@ -96,6 +97,19 @@ class Stage(io.RawIOBase):
         with memoryview(self._buf) as pending:
             self._sink.write(pending)
         self._buf = bytearray()
+
+    def offer_source(self, source: Rereadable, size: int) -> bool:
+        """Before the first write: ``source`` holds the very bytes about to be written
+        (``FileSink.reread_from``; an S3 upload then sends its parts from it and may resume an
+        upload an earlier attempt left). True when the sink took it: the caller keeps
+        ``source`` open until the commit returns or the stage aborts."""
+        if self._sink is None or self._hasher.count or self._buf:
+            return False
+        try:
+            return self._sink.reread_from(source, size)
+        except BaseException:
+            self.abort()
+            raise
 
     def flush(self) -> None:
         """Does nothing visible: bytes become durable and visible only at :meth:`commit`."""

@@ -151,11 +151,38 @@ def put_file(
         size = os.fstat(src.fileno()).st_size
         committer.check_free(parts, size)
         with stage(name, **kw) as st:
+            st.offer_source(PreadSource(src.fileno(), os.fspath(local_path)), size)
             copy_chunks(src, st.write, progress=progress)
             if st.tell() != size:
                 raise CommitError(f"{local_path}: changed size while it was copied")
     assert st.record is not None
     return st.record
+
+
+class PreadSource:
+    """The local file being put, read again by position (``Rereadable``): an S3 upload sends
+    its parts from it, and resumes from its identity (``backends/object/resume.py``). The
+    descriptor stays the caller's."""
+
+    def __init__(self, fd: int, shown: str) -> None:
+        self._fd, self._shown = fd, shown
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def pread(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``offset`` (fewer only at the end). Raises StorageError."""
+        try:
+            data = os.pread(self._fd, n, offset)
+            while 0 < len(data) < n:  # a short read before the end: read on
+                more = os.pread(self._fd, n - len(data), offset + len(data))
+                if not more:
+                    break
+                data += more
+        except OSError as exc:
+            message = f"{self._shown}: cannot read: {exc.strerror}"
+            raise StorageError(exc.errno or 0, message, path=self._shown) from exc
+        return data
 
 
 _SOURCE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)

@@ -32,6 +32,9 @@ PENDING_DIR = "pending"
 lock holds nothing (object stores), one per writer (``slot_parts``)."""
 OWED_DIR = "owed"
 """Below ``.commitstore/``: the owed journal, copies a mirror is owed (``mirrors/journal.py``)."""
+RESUME_DIR = "resume"
+"""Below ``.commitstore/``: the state of uploads that a later process may resume (object
+stores that resume uploads, ``backends/object/resume.py``), one per artifact name."""
 SCRUB_DIR = "scrub"
 """Below ``.commitstore/``: the target's scrub state (``maintenance/scrubstate.py``)."""
 STAGED_DIR = "staged"
@@ -196,6 +199,14 @@ def writer_marker_parts(write_id: str, writer: str) -> Parts:
     """The marker of one writer of folder commit ``write_id``, listing the files it uploads:
     ``.commitstore/folders/<write_id>/<writer>.json``."""
     return (*writer_markers_parts(write_id), f"{writer}{RECORD_SUFFIX}")
+
+
+def resume_parts(parts: Parts) -> Parts:
+    """Where the resumable upload of artifact ``parts`` keeps its state (object stores):
+    ``.commitstore/resume/<32 hex>.json``, ``<32 hex>`` the xxh3_128 of the name (the state
+    itself carries the name). Deterministic, so any later process finds it."""
+    digest = xxhash.xxh3_128_hexdigest("/".join(parts).encode("utf-8"))
+    return (META_DIR, RESUME_DIR, f"{digest}{RECORD_SUFFIX}")
 
 
 def is_staging_part(part: str) -> bool:

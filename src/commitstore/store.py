@@ -494,11 +494,14 @@ class CommitStore(StoreReads, StoreUpkeep):
         **kw: Any,
     ) -> Record:
         """Commit a local file as ``name``, streamed with constant memory; checks free space first.
+        On S3 the parts are sent from the file, and an upload killed midway resumes at the next
+        ``put_file`` of the same unchanged file (``docs/guarantees.md``, "Resuming an upload").
 
         Raises:
             NotFoundError (a ``FileNotFoundError``), StorageError: the local file cannot be read.
             ConfigurationError: it is a FIFO, socket or device (refused, never waited on).
-            CommitError: the source changed size while it was copied (nothing published).
+            CommitError: the source changed size (on S3: or content) while it was copied
+                (nothing published).
         """
         return _write.put_file(self.committer, self.stage, name, local_path, kw, progress=progress)
 

@@ -36,7 +36,7 @@ from commitstore.layout import (
     staged_parts,
     validate_name,
 )
-from commitstore.maintenance import _asides, _owned
+from commitstore.maintenance import _asides, _owned, _resumestate
 from commitstore.records import Record, RecordFormatError, decode_record
 
 
@@ -52,7 +52,9 @@ class GcItem:
     the new version, dropped if it is the old one) or ``"folder"`` (object stores: the files of
     a multi-writer folder commit that never got its record, with its marker), ``"aside"`` (the
     old version a stopped move-aside replace left beside the name, removed once the name
-    verifies) or ``"restored"`` (such an old version moved back under the missing name)."""
+    verifies), ``"restored"`` (such an old version moved back under the missing name) or
+    ``"resume"`` (object stores: the state of an unfinished upload a later attempt could have
+    resumed, ``.commitstore/resume/``; its upload is aborted as an ``"upload"``)."""
     age: float | None
     """Seconds since it was last modified (started, for uploads); None when unknown."""
     reason: str = ""
@@ -109,7 +111,8 @@ def staging_roots(backend: Backend) -> set[Parts]:
 
 
 def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
-    """Remove staging leftovers and unfinished uploads older than ``min_age`` seconds.
+    """Remove staging leftovers and unfinished uploads (with the state a later attempt would
+    have resumed them from) older than ``min_age`` seconds.
 
     Aside entries of stopped replaces are settled first (``_asides``: moved back under a
     missing name whatever their age; removed only once the name verifies; never deleted while
@@ -160,10 +163,15 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
         if judge("/".join(root), "staging", mtime) and not dry_run:
             backend.remove(root)
     uploads: list[PendingUpload] = backend.pending_uploads()
+    live: set[str] = set()
     for up in uploads:
-        if judge(up.key, "upload", up.started) and not dry_run:
+        if not judge(up.key, "upload", up.started):
+            live.add(up.upload_id)
+        elif not dry_run:
             with contextlib.suppress(NotFoundError):  # completed (or aborted) since listed
                 backend.abort_upload(up)
+    for path, why in _resumestate.collect(backend, judge, live, dry_run=dry_run):
+        kept.append(GcItem(path, "resume", None, why))
     committed = _owned.Committed.scan(backend)
     _folder_writes(backend, judge, committed, dry_run=dry_run)
     for rel, info in backend.walk((META_DIR, RECORDS_DIR)):

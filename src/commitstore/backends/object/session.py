@@ -83,6 +83,20 @@ class Upload(abc.ABC):
         the store asks for them (``Store.md5_bodies``). Default: ignored."""
         del number, md5
 
+    def resume(self, identity: dict[str, Any]) -> None:
+        """Called once, before the first part, when the bytes come from a local file of
+        ``identity`` (``resume.source_identity``): a session that resumes finds the state an
+        earlier attempt left (``backends/object/resume.py``) and the parts its server holds, or
+        starts over. Default: nothing (every part is sent)."""
+        del identity
+
+    def reuse(self, number: int, md5: bytes, length: int) -> Any | None:
+        """The receipt of part ``number`` when the server already holds exactly these bytes
+        (``length`` of them, of MD5 ``md5``, computed from the bytes written) from an attempt
+        :meth:`resume` found; None: send it. Default: None."""
+        del number, md5, length
+        return None
+
     def checksum(self) -> str | None:
         """The checksum of every byte sent, to compare with :attr:`ObjectStat.checksum`."""
         return None

@@ -17,6 +17,9 @@ holds none of them, on a store whose server checks each body's MD5 (S3): every b
 over the source, its MD5 computed from the bytes written; what the window served is hashed again
 and compared with what was written, so even a server that checks nothing cannot store a source
 that changed in between (a part: nothing is completed; a whole-object put: it is taken back).
+Such a source that is a local file, sent in parts, is offered to the session to resume
+(``Upload.resume``, ``resume.py``): a part the server already holds as exactly the bytes written
+(its MD5 and length) is not sent again.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 from commitstore.backends.base import CommitInfo, FileSink, PutMode, Rereadable
 from commitstore.backends.object.bodies import SourceWindow
+from commitstore.backends.object.resume import source_identity
 from commitstore.backends.object.session import ObjectStat, Store, Upload, Written, done
 from commitstore.digest import Hasher
 from commitstore.errors import CommitError
@@ -95,6 +99,13 @@ class ObjectFileSink(FileSink):
         self._in_parts = size > self._b.whole_max
         if self._in_parts:
             self._whole_md5 = None
+            identity = source_identity(source, size)
+            if identity is not None:
+                try:
+                    self._session().resume(identity)
+                except BaseException:
+                    self.abort()
+                    raise
         return True
 
     def write(self, data: memoryview) -> None:
@@ -180,12 +191,21 @@ class ObjectFileSink(FileSink):
         self._sent += 1
         if up.max_parts is not None and self._sent > up.max_parts:
             raise CommitError(f"{self._b.shown(self._parts)}: more than {up.max_parts} parts")
+        md5 = None
         if self._part_md5 is not None:
-            up.given_md5(self._sent, self._part_md5.digest())
+            md5 = self._part_md5.digest()
+            up.given_md5(self._sent, md5)
             self._part_md5 = None
         window = None
         if self._source is not None:
             length = self._filled
+            receipt = None if md5 is None else up.reuse(self._sent, md5, length)
+            if receipt is not None:  # the server holds these very bytes (a resumed upload)
+                self._start, self._filled = self._start + length, 0
+                self._inflight.append((length, done(receipt), None))
+                while len(self._inflight) >= up.max_inflight:
+                    self._reap()
+                return
             window = SourceWindow(
                 self._source,
                 self._start,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextlib
 import hashlib
 import io
 import logging
@@ -26,10 +27,12 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
+from commitstore._recordcheck import RecordFormatError
 from commitstore.backends.object.bodies import Body, SourceWindow
+from commitstore.backends.object.resume import ResumeState, parse
 from commitstore.backends.object.upload import Upload, Written
 from commitstore.errors import CommitError, CommitStoreError, NotFoundError
-from commitstore.layout import META_DIR, Parts
+from commitstore.layout import META_DIR, Parts, resume_parts
 
 MAX_PARTS = 10_000
 UPLOADS_DIR = "uploads"
@@ -74,6 +77,8 @@ class S3Calls(Protocol):
     ) -> Coroutine[Any, Any, Any]: ...
 
     def run_coro(self, coro: Any) -> Any: ...
+
+    def read_small(self, parts: Parts) -> bytes: ...
 
     @property
     def heartbeat(self) -> float: ...
@@ -141,6 +146,12 @@ class S3Upload(Upload):
         self._given: dict[int, bytes] = {}  # MD5s the sink computed while filling the bodies
         self._expected_tag: str | None = None
         self._alive: _Alive | None = None
+        # Resumable (the bytes come from a local file): the state kept on the target.
+        self._state: ResumeState | None = None
+        self._saved = 0  # parts in the state as last written
+        self._done: dict[int, str] = {}  # MD5 (hex) of each part the server took
+        self._held: dict[int, tuple[str, int]] = {}  # resumed: the server's parts (ETag, size)
+        self.reused_bytes = 0
 
     def _stop_alive(self) -> None:
         alive, self._alive = self._alive, None
@@ -169,6 +180,9 @@ class S3Upload(Upload):
             )
             self._upload_id = created["UploadId"]
             self._alive = _Alive(b, self._upload_id)
+            if self._state is not None:
+                self._state.upload_id, self._saved = self._upload_id, -1
+        self._save_state()
         if number % 1000 == 0:
             self.part_size *= 2
         upload_id = self._upload_id
@@ -195,6 +209,7 @@ class S3Upload(Upload):
                         b.part_etags_md5 = False
                 elif tag == md5.hex() and known is None:
                     b.part_etags_md5 = True
+                self._done[number] = md5.hex()
             except NotFoundError as exc:
                 raise _gone(exc, b.shown(self._parts)) from exc
             return {"PartNumber": number, "ETag": f'"{tag}"'}
@@ -233,6 +248,7 @@ class S3Upload(Upload):
             raise _gone(exc, self._b.shown(self._parts)) from exc
         self._upload_id = None  # completed: nothing left to abort
         self._stop_alive()
+        self._drop_state()
         numbers = sorted(p["PartNumber"] for p in receipts)
         if numbers == sorted(self._md5s):
             joined = b"".join(self._md5s[n] for n in numbers)
@@ -271,6 +287,159 @@ class S3Upload(Upload):
                 Key=self._key,
                 UploadId=upload_id,
             )
+        self._drop_state()
+
+    # -- resuming (``backends/object/resume.py``) ------------------------------------------
+    def resume(self, identity: dict[str, Any]) -> None:
+        """Find the state an earlier attempt at this name left. It is resumed only when it
+        parses, names this key, this part size and a source of this very ``identity``, and the
+        server lists its upload id as an upload of this key; then the parts the server holds are
+        listed (each reused only by :meth:`reuse`). Otherwise the state is dropped (its upload
+        aborted when the server shows it is this key's: never another name's) and the upload
+        starts over; the state is written once the new upload is created."""
+        where = resume_parts(self._parts)
+        name = "/".join(self._parts)
+        self._state = ResumeState(name, self._key, "", self.part_size, identity)
+        try:
+            data = self._b.read_small(where)
+        except NotFoundError:
+            return
+        except RecordFormatError:
+            data = b""
+        found = parse(data)
+        ours = found is not None and found.key == self._key and self._owns(found.upload_id)
+        if (
+            ours
+            and found is not None
+            and found.part_size == self.part_size
+            and found.source == identity
+            and found.name == name
+        ):
+            held = self._list_parts(found.upload_id)
+            if held is not None:
+                self._upload_id = found.upload_id
+                self._alive = _Alive(self._b, found.upload_id)
+                self._held = held
+                self._state = found
+                self._done = dict(found.parts)
+                self._saved = len(self._done)
+                log.info(
+                    "%s: resuming upload %s (%d parts on the server)",
+                    self._b.shown(self._parts),
+                    found.upload_id,
+                    len(held),
+                )
+                return
+        if ours and found is not None:  # another source, or a state not to trust: start over
+            with contextlib.suppress(CommitStoreError):
+                self._b.call(
+                    "aborting the upload of",
+                    self._parts,
+                    "abort_multipart_upload",
+                    Key=self._key,
+                    UploadId=found.upload_id,
+                )
+        with contextlib.suppress(CommitStoreError):
+            self._b.call("removing", where, "delete_object", Key=self._b.key(where))
+
+    def reuse(self, number: int, md5: bytes, length: int) -> Any | None:
+        """Part ``number``'s receipt when the server holds a part of ETag ``md5`` (the MD5 of
+        the bytes written now) and ``length`` bytes, and the state does not give that part
+        another MD5; None: it is sent (again)."""
+        held = self._held.get(number)
+        hexed = md5.hex()
+        assert self._state is not None or not self._held
+        stated = self._state.parts.get(number, hexed) if self._state is not None else hexed
+        if held is None or held != (hexed, length) or stated != hexed:
+            return None
+        if number % 1000 == 0:  # as _send: the part size doubles every 1,000 parts
+            self.part_size *= 2
+        self._given.pop(number, None)
+        self._md5s[number] = md5
+        self._done[number] = hexed
+        self.reused_bytes += length
+        return {"PartNumber": number, "ETag": f'"{hexed}"'}
+
+    def _owns(self, upload_id: str) -> bool:
+        """The server lists ``upload_id`` as an upload in progress of this very key."""
+        marker: dict[str, Any] = {}
+        while True:
+            try:
+                page = self._b.call(
+                    "listing uploads of",
+                    self._parts,
+                    "list_multipart_uploads",
+                    Prefix=self._key,
+                    **marker,
+                )
+            except NotFoundError:  # rclone answers NoSuchUpload when there are none
+                return False
+            for up in page.get("Uploads", []):
+                if up.get("Key") == self._key and up.get("UploadId") == upload_id:
+                    return True
+            if not page.get("IsTruncated"):
+                return False
+            marker = {
+                "KeyMarker": page.get("NextKeyMarker"),
+                "UploadIdMarker": page.get("NextUploadIdMarker"),
+            }
+
+    def _list_parts(self, upload_id: str) -> dict[int, tuple[str, int]] | None:
+        """The parts the server holds for ``upload_id``: number -> (ETag unquoted, size); None
+        when the upload is gone."""
+        held: dict[int, tuple[str, int]] = {}
+        marker: dict[str, Any] = {}
+        while True:
+            try:
+                page = self._b.call(
+                    "listing parts of",
+                    self._parts,
+                    "list_parts",
+                    Key=self._key,
+                    UploadId=upload_id,
+                    **marker,
+                )
+            except NotFoundError:
+                return None
+            for p in page.get("Parts", []):
+                tag = str(p.get("ETag") or "").strip().strip('"')
+                held[int(p["PartNumber"])] = (tag, int(p.get("Size", -1)))
+            if not page.get("IsTruncated"):
+                return held
+            marker = {"PartNumberMarker": page.get("NextPartNumberMarker")}
+
+    def _save_state(self) -> None:
+        """Write the state when parts were taken since it was last written (from the writer's
+        thread, before each part is sent). A failed write is logged: the upload goes on, and a
+        later resume finds fewer parts (or none) to reuse."""
+        state = self._state
+        if state is None or not state.upload_id or len(self._done) == self._saved:
+            return
+        state.parts = dict(self._done)
+        where = resume_parts(self._parts)
+        try:
+            self._b.call(
+                "saving the upload state of",
+                where,
+                "put_object",
+                Key=self._b.key(where),
+                Body=state.to_bytes(),
+            )
+            self._saved = len(state.parts)
+        except CommitStoreError as exc:
+            log.warning("%s", exc)
+
+    def _drop_state(self) -> None:
+        """Remove the state once the upload completed or aborted (a failure is logged: gc, or
+        the next attempt, removes it)."""
+        if self._state is None:
+            return
+        self._state = None
+        where = resume_parts(self._parts)
+        try:
+            self._b.call("removing", where, "delete_object", Key=self._b.key(where))
+        except CommitStoreError as exc:
+            log.debug("%s", exc)
 
 
 def body_md5(body: io.BytesIO) -> bytes:
