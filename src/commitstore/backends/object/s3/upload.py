@@ -27,7 +27,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from commitstore._recordcheck import RecordFormatError
+from commitstore._recordrules import RecordFormatError
 from commitstore.backends.object.bodies import Body, SourceWindow
 from commitstore.backends.object.resume import ResumeState, parse
 from commitstore.backends.object.upload import Upload, Written
