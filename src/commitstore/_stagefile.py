@@ -13,8 +13,7 @@ from commitstore.errors import CommitError
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from commitstore.backends import FileSink
-    from commitstore.backends.base import Rereadable
+    from commitstore.backends import FileSink, Rereadable
     from commitstore.records import Record
 
 WRITE_CHUNK = 4 * 1024 * 1024

@@ -490,6 +490,11 @@ class Backend(abc.ABC):
         """Unfinished uploads under this store's root (object stores); none elsewhere."""
         return []
 
+    def resume_upload_of(self, state: bytes) -> tuple[str, str] | None:
+        """The (key, upload id) that a resumable upload's stored state (``.commitstore/resume/``)
+        names, for gc; None when it does not parse. Storage without resumable uploads: None."""
+        return None
+
     def abort_upload(self, upload: PendingUpload) -> None:
         """Abort one unfinished upload (object stores)."""
         raise NotImplementedError(f"{type(self).__name__} has no uploads to abort")

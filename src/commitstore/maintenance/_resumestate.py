@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from commitstore.backends import Backend
-from commitstore.backends.object.resume import upload_id_of
 from commitstore.errors import NotFoundError
 from commitstore.layout import META_DIR, RESUME_DIR
 from commitstore.records import RecordFormatError
@@ -37,7 +36,7 @@ def collect(
             continue  # completed or dropped by its writer meanwhile
         except RecordFormatError:
             data = b""
-        found = upload_id_of(data)
+        found = backend.resume_upload_of(data)
         if found is not None and found[1] in live:
             kept.append((path, "its upload is live"))
             continue

@@ -9,6 +9,7 @@ from typing import Any
 
 from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, FileSink, PutMode
 from commitstore.backends.object.dirsink import ObjectDirSink, complete_replace
+from commitstore.backends.object.resume import upload_id_of
 from commitstore.backends.object.upload import ObjectFileSink, ObjectStat, Upload
 from commitstore.digest import copy_hashed
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError
@@ -193,6 +194,9 @@ class ObjectBackend(Backend):
         return {}
 
     # -- Backend API, once for every store --------------------------------------------------
+    def resume_upload_of(self, state: bytes) -> tuple[str, str] | None:
+        return upload_id_of(state)
+
     def free_space(self, parts: Parts) -> int | None:
         return None
 
