@@ -523,6 +523,55 @@ class LocalBackend(RenameBackend[int, Staging]):
             raise storage_error(exc, "publishing", shown) from exc
         return info
 
+    def put_pending(self, parts: Parts, body: bytes) -> CommitInfo | None:
+        """``Backend.put_pending`` on a local disk: the pending record is created in place
+        (any earlier one unlinked first; ``O_CREAT|O_EXCL|O_NOFOLLOW``, so no link is followed
+        and no other file's bytes are ever truncated), written, then its file's ``fsync`` runs
+        in a worker (``_earlysync``) while its folder is fsynced here; both are waited for
+        before this returns. Two syncs in flight, which the filesystem can make durable in one
+        journal commit, instead of a file sync, a rename, then a folder sync, one after the
+        other. The ordering the commit needs is unchanged: the pending record's bytes and name
+        are durable before the data's rename is issued. A crash before that leaves no pending
+        record, an empty or torn one, or the whole one: the data is not renamed yet, so the name
+        verifies as its old version in every case (``Backend.put_pending``). Any failure raises
+        (the commit then fails with nothing published) after removing the file, best effort."""
+        shown = self.path_of(parts)
+        info = CommitInfo(len(body))
+        try:
+            dirfd = self.open_dir(parts[:-1], create=True)
+        except CommitStoreError:
+            raise
+        except OSError as exc:
+            raise os_error(exc, "creating the folder of", shown) from exc
+        fd = -1
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(parts[-1], dir_fd=dirfd)
+            fd = os.open(parts[-1], _CREATE_FLAGS, 0o666, dir_fd=dirfd)
+            view = memoryview(body)
+            while view.nbytes:
+                view = view[os.write(fd, view) :]
+            sync = _earlysync.start_fsync(fd)
+            try:
+                fsync_dir(dirfd, info, self.policy.dir_fsync_tolerated)
+            finally:
+                _earlysync.wait_quietly(sync)
+            sync.result()  # the file's fsync error, if it met one
+            if os.fstat(fd).st_size != len(body):
+                raise CommitError(f"{shown}: {len(body)} bytes written, size differs after fsync")
+            return info
+        except BaseException as exc:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.unlink(parts[-1], dir_fd=dirfd)
+            if isinstance(exc, OSError):
+                raise os_error(exc, "writing the pending record", shown) from exc
+            raise
+        finally:
+            if fd >= 0:
+                close_quietly(fd)
+            close_quietly(dirfd)
+
     @translated("removing")
     def remove_empty_folder(self, parts: Parts) -> bool:
         """``rmdir``: removes the folder only if it is empty at that instant (a file that
