@@ -400,8 +400,12 @@ class Committer:
                     self.promote_earlier(parts)
                 pending = body if body is not None else encode_record(intent)
                 where = slot or intent_parts(parts)
-                if slot is not None or self.backend.put_pending(where, pending) is None:
+                wrote = None if slot is not None else self.backend.put_pending(where, pending)
+                if wrote is None:
                     put_small(self.backend, where, pending, PutMode.REPLACE)
+                elif not wrote.durable:  # its folder sync failed: said, as the data's would be
+                    durable = False
+                    notes += (f"pending record: {n}" for n in wrote.notes)
             beat = (
                 _slots.heartbeat(self.backend, slot, pending, _slots.interval(self.backend))
                 if slot is not None and pending is not None

@@ -241,8 +241,10 @@ class Backend(abc.ABC):
 
     def put_pending(self, parts: Parts, body: bytes) -> CommitInfo | None:
         """Write a commit's pending record ``body`` at ``parts`` (``layout.intent_parts``),
-        durable (its bytes and its name) when this returns. Called by ``Committer.commit`` only,
-        under the publish lock, after ``promote_earlier`` and before the data is published.
+        durable (its bytes and its name) when this returns, unless the returned info says
+        durability unconfirmed (a failed folder sync, reported on the commit's outcome). Called
+        by ``Committer.commit`` only, under the publish lock, after ``promote_earlier`` and
+        before the data is published.
 
         Unlike a record it need not appear whole in one step, so a backend may write it in
         place and make its bytes and its name durable at once: until the data is renamed into
