@@ -1,8 +1,10 @@
 """A buffered staging file's ``fsync`` started early, in a worker thread, when its writer
 commits (``LocalBackend.prepare``): it runs while the commit writes and syncs its pending record,
 and the data's rename waits for it (``LocalBackend.finish``), so the ordering is the one of an
-``fsync`` in the caller: the data is durable before its rename is issued. Two syncs in flight
-at once let the filesystem make them durable in one journal commit where it can.
+``fsync`` in the caller: the data is durable before its rename is issued. The pending record's
+own file ``fsync`` runs here too, beside its folder's in the caller (``LocalBackend.put_pending``),
+and is waited for before that returns. Syncs in flight at once let the filesystem make them
+durable in one journal commit where it can.
 
 The workers are shared by the process (at most :data:`WORKERS` syncs in flight; more wait their
 turn) and made anew in a forked child (a pool's threads do not survive a fork).
