@@ -43,8 +43,20 @@ def _sync(fd: int) -> None:
 
 def start_fsync(fd: int) -> Future[None]:
     """``fsync(fd)`` queued in a worker; the future raises its ``OSError``. The caller keeps
-    ``fd`` open until the future is done (:func:`wait_quietly` before closing)."""
-    return _Workers.get().submit(_sync, fd)
+    ``fd`` open until the future is done (:func:`wait_quietly` before closing). Once the
+    interpreter is shutting down the pool takes no new work (a commit from a thread still
+    running then): the ``fsync`` is made here, before this returns, and the future is done."""
+    try:
+        return _Workers.get().submit(_sync, fd)
+    except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+        done: Future[None] = Future()
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        return done
 
 
 def wait_quietly(sync: Future[None]) -> None:
