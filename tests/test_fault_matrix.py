@@ -59,9 +59,9 @@ def calls(worker: Worker, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 def test_the_shim_sees_every_step_of_a_commit(calls: dict[str, list[str]]) -> None:
     """The count run of an overwrite holds the steps of the commit protocol (docs/guarantees.md),
-    in order: the lock, the pending record, the data rename, the record rename (the pending
-    record renamed onto the record: nothing is left to remove). Without this the matrix could
-    be failing calls that do not matter."""
+    in order: the lock, the pending record (an earlier one unlinked, then created in place),
+    the data rename, the record rename (the pending record renamed onto the record: nothing is
+    left to remove). Without this the matrix could be failing calls that do not matter."""
     seq = [c.split(" ", 1) for c in calls["put_overwrite"]]
     fns = [fn for fn, _ in seq]
     assert "flock" in fns
@@ -71,13 +71,21 @@ def test_the_shim_sees_every_step_of_a_commit(calls: dict[str, list[str]]) -> No
     def index(fn: str, where: str) -> int:
         return next(i for i, (f, p) in enumerate(seq) if f == fn and where in p)
 
-    pending = index("renameat", ".commitstore.new.w.bin.json")
+    unlinked = index("unlinkat", ".commitstore.new.w.bin.json")
+    pending = next(
+        i
+        for i in range(unlinked + 1, len(seq))
+        if seq[i][0].startswith("open") and seq[i][1] == ".commitstore.new.w.bin.json"
+    )
     data = index("renameat", "w.bin")
     while seq[data][1] != "w.bin":
         data = next(i for i in range(data + 1, len(seq)) if seq[i][0].startswith("renameat"))
     record = next(i for i, (f, p) in enumerate(seq) if f.startswith("rename") and ".rec." in p)
-    assert fns.index("flock") < pending < data < record
-    assert not [p for f, p in seq if f.startswith("unlink") and ".commitstore.new." in p]
+    assert fns.index("flock") < unlinked < pending < data < record
+    assert not [p for f, p in seq if f.startswith("rename") and ".commitstore.new." in p]
+    assert [i for i, (f, p) in enumerate(seq) if f.startswith("unlink") and ".new." in p] == [
+        unlinked
+    ]
 
 
 FULL = ("put_new", "put_overwrite", "put_overwrite_bridge", "delete_file")

@@ -31,6 +31,7 @@ from commitstore import (
     open_store,
 )
 from commitstore import _commit as commit_module
+from commitstore.backends.rename.posix import LocalBackend
 from commitstore.testing import Backdoor, LocalBackdoor, S3Backdoor, record_path
 
 from .faultshim.check import chain, chain_of, leftovers, state
@@ -407,7 +408,11 @@ def test_a_failure_before_the_data_raises_and_the_old_version_stays(
             raise InsufficientSpaceError("no space left while writing the pending record")
         return original(backend, parts, body, mode)
 
+    def refuse_in_place(self: LocalBackend, parts: tuple[str, ...], body: bytes) -> Any:
+        raise InsufficientSpaceError("no space left while writing the pending record")
+
     monkeypatch.setattr(commit_module, "put_small", refuse_pending)
+    monkeypatch.setattr(LocalBackend, "put_pending", refuse_in_place)  # local disks write it so
     with pytest.raises(CommitStoreError):
         store.put_bytes("ckpt", NEW, overwrite=True)
     assert state(LocalBackdoor(tmp_path / "store"), "ckpt", VERSIONS) == "old"

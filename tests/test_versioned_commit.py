@@ -213,6 +213,15 @@ KILLER = textwrap.dedent(
         return renamed(self, src, dst, mode=mode)
 
     LocalBackend.publish_small_from = publish_small_from
+    in_place = LocalBackend.put_pending
+
+    def put_pending(self, parts, body):  # local disks write the pending record in place
+        result = in_place(self, parts, body)
+        if when == "after-pending":
+            os.kill(os.getpid(), signal.SIGKILL)  # pending record written, data not yet
+        return result
+
+    LocalBackend.put_pending = put_pending
     open_store(root).put_bytes(name, b"the new version " * 4000, overwrite=True)
     """
 )
@@ -261,3 +270,29 @@ def test_no_artifact_is_committed_inside_a_committed_folder(
     assert t.door.read("ckpt-100/notes.txt") is None
     assert t.reopen().verify().ok
     assert [r.name for r in t.reopen().list()] == ["ckpt-100"]
+
+
+@pytest.mark.parametrize("left", ["empty", "torn", "none"])
+def test_a_crash_inside_the_in_place_pending_write_leaves_the_old_version(
+    tmp_path: Path, left: str
+) -> None:
+    """Local disks write the pending record in place (``LocalBackend.put_pending``), so a
+    crash before its syncs complete can leave it empty, torn (part of the new record) or not
+    there, beside the new data's staging file (the data rename waits for those syncs). The
+    name verifies and reads as the old version, and gc removes what is left."""
+    scratch = open_store(tmp_path / "scratch")
+    scratch.put_bytes("step_60.pt", NEW)
+    new_record = LocalBackdoor(tmp_path / "scratch").read(record_path("step_60.pt")) or b""
+    t = local(tmp_path)
+    t.store.put_bytes("step_60.pt", OLD)
+    planted = {"empty": b"", "torn": new_record[: len(new_record) // 2]}
+    if left in planted:
+        t.door.write(pending_path("step_60.pt"), planted[left])
+    t.door.write(".commitstore.tmp.0123456789abcdef.step_60.pt", NEW)
+    fresh = t.reopen()
+    assert fresh.verify().ok
+    assert fresh.read_bytes("step_60.pt") == OLD
+    fresh.gc(min_age=0)
+    assert t.door.read(pending_path("step_60.pt")) is None
+    assert not [f for f in t.door.files() if ".commitstore.tmp." in f]
+    assert fresh.record("step_60.pt").digest == xxh(OLD)

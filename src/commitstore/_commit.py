@@ -178,19 +178,24 @@ class Committer(Deletes):
         Where the pending record is the record to publish (same bytes) and the backend renames
         in one step (``Backend.publish_small_from``: local disks), the record is published by
         renaming the pending record onto it, then syncing that folder, instead of writing and
-        syncing a second copy and removing the first. A small local commit then makes five
-        syncs, in this order: (1) the pending record's file, (2) the records folder (the
-        pending record is named), (3) the data's file, (4) the data's folder (its rename),
-        (5) the records folder again (the record's rename). Crash consistency, step by step:
-        before (2) completes, the data is not renamed yet, so the old version stands whatever
-        of the pending record survives (a pending record without matching data is ignored).
-        From (2) on, the pending record is whole and named durably before the data's rename is
-        even issued, so once that rename survives, the name verifies as the new version. (4)
+        syncing a second copy and removing the first. There the pending record is written in
+        place (``Backend.put_pending``). A small local commit then makes five syncs: (1) the
+        pending record's file, (2) the records folder (the pending record is named) and (3)
+        the data's file, all three in flight at once (workers), then (4) the data's folder
+        (its rename), (5) the records folder again (the record's rename). Crash consistency,
+        step by step: until (1), (2) and (3) complete, the data is not renamed yet, so the old
+        version stands whatever of the pending record survives (none, a torn one: a pending
+        record without matching data is ignored, and the one it replaced was not what made
+        the name verify: ``promote_earlier``). From then on, the pending record is whole and
+        named durably before the data's rename is even issued, so once that rename survives,
+        the name verifies as the new version. (4)
         completes before the record's rename is issued, so a record naming the new data never
         survives without it. The rename of (5) is one step: a crash leaves the same bytes under
         the pending name or under the record's (old record or none beside it), both of which
         verify as the new version. (2) and (5) cannot be one sync: the pending record must be
-        durable before the data's rename and the record's rename must follow the data's sync.
+        durable before the data's rename and the record's rename must follow the data's sync;
+        nor can (5) be left to a later sync: a new name whose record's rename is lost is found
+        by no reader until gc.
 
         With ``CREATE`` on storage without an atomic create-only publish, the absence of record
         and data is checked first, under the lock. ``data_in_place``: the data under the name
@@ -257,7 +262,13 @@ class Committer(Deletes):
                 if slot is None:
                     self.promote_earlier(parts)
                 pending = body if body is not None else encode_record(intent)
-                put_small(self.backend, slot or intent_parts(parts), pending, PutMode.REPLACE)
+                where = slot or intent_parts(parts)
+                wrote = None if slot is not None else self.backend.put_pending(where, pending)
+                if wrote is None:
+                    put_small(self.backend, where, pending, PutMode.REPLACE)
+                elif not wrote.durable:  # its folder sync failed: said, as the data's would be
+                    durable = False
+                    notes += (f"pending record: {n}" for n in wrote.notes)
             beat = (
                 _slots.heartbeat(self.backend, slot, pending, _slots.interval(self.backend))
                 if slot is not None and pending is not None

@@ -239,6 +239,26 @@ class Backend(abc.ABC):
         the rename fails; ``src`` is then left as it was."""
         return None
 
+    def put_pending(self, parts: Parts, body: bytes) -> CommitInfo | None:
+        """Write a commit's pending record ``body`` at ``parts`` (``layout.intent_parts``),
+        durable (its bytes and its name) when this returns, unless the returned info says
+        durability unconfirmed (a failed folder sync, reported on the commit's outcome). Called
+        by ``Committer.commit`` only, under the publish lock, after ``promote_earlier`` and
+        before the data is published.
+
+        Unlike a record it need not appear whole in one step, so a backend may write it in
+        place and make its bytes and its name durable at once: until the data is renamed into
+        place, a pending record that the data does not match (none, an empty one, a torn one)
+        is ignored by every reader and by gc, and the pending record it replaces is not what
+        makes the name verify (``promote_earlier`` made that one the record first). What a
+        crash leaves before this returns is therefore the old version.
+
+        Returns None, having done nothing, where the storage has no such path (the default):
+        the caller then writes it with ``put_small`` (a staged write renamed into place). Raises
+        as a sink's publish does (nothing is published then; a partial file left is removed
+        where it can be)."""
+        return None
+
     def remove_files(self, parts: Parts, files: list[Parts]) -> bool:
         """Remove exactly the files ``files`` (paths relative to the folder ``parts``, as a
         folder record names them), then every folder below ``parts``, and ``parts`` itself, that

@@ -107,6 +107,16 @@ def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) 
         return put_small(*args, **kw)
 
     commit_module.put_small = counted_put  # in the child only
+    put_pending = backend.put_pending  # where the pending record is written in place
+
+    def counted_pending(parts: tuple[str, ...], body: bytes) -> Any:
+        if point == "before-pending":
+            signal_parent()
+        got = put_pending(parts, body)
+        pending_written[0] = pending_written[0] or got is not None
+        return got
+
+    backend.put_pending = counted_pending
     if point in ("before-record", "before-cleanup"):
         # where the record is the pending record renamed onto it (local disks): before that
         # rename, or once it is done (nothing is left to clean up after it)

@@ -1,8 +1,10 @@
 """A buffered staging file's ``fsync`` started early, in a worker thread, when its writer
 commits (``LocalBackend.prepare``): it runs while the commit writes and syncs its pending record,
 and the data's rename waits for it (``LocalBackend.finish``), so the ordering is the one of an
-``fsync`` in the caller: the data is durable before its rename is issued. Two syncs in flight
-at once let the filesystem make them durable in one journal commit where it can.
+``fsync`` in the caller: the data is durable before its rename is issued. The pending record's
+own file ``fsync`` runs here too, beside its folder's in the caller (``LocalBackend.put_pending``),
+and is waited for before that returns. Syncs in flight at once let the filesystem make them
+durable in one journal commit where it can.
 
 The workers are shared by the process (at most :data:`WORKERS` syncs in flight; more wait their
 turn) and made anew in a forked child (a pool's threads do not survive a fork).
@@ -41,8 +43,20 @@ def _sync(fd: int) -> None:
 
 def start_fsync(fd: int) -> Future[None]:
     """``fsync(fd)`` queued in a worker; the future raises its ``OSError``. The caller keeps
-    ``fd`` open until the future is done (:func:`wait_quietly` before closing)."""
-    return _Workers.get().submit(_sync, fd)
+    ``fd`` open until the future is done (:func:`wait_quietly` before closing). Once the
+    interpreter is shutting down the pool takes no new work (a commit from a thread still
+    running then): the ``fsync`` is made here, before this returns, and the future is done."""
+    try:
+        return _Workers.get().submit(_sync, fd)
+    except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+        done: Future[None] = Future()
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        return done
 
 
 def wait_quietly(sync: Future[None]) -> None:

@@ -32,6 +32,7 @@ from commitstore.backends.rename.ops import CommitPolicy
 from commitstore.backends.rename.posix import _liveness, _syscalls
 from commitstore.backends.rename.posix._direct import ALIGN, DirectWriter, set_direct
 from commitstore.backends.rename.posix._dirreads import DIR_FLAGS, FolderReader, open_regular
+from commitstore.backends.rename.posix._heldfolders import HeldFolders
 from commitstore.backends.rename.posix._localfs import (
     not_regular,
     os_error,
@@ -193,18 +194,38 @@ class LocalBackend(RenameBackend[int, Staging]):
         os.close(self.open_dir(parts, create=True))
 
     # -- directory walking -------------------------------------------------------------
+    _held: HeldFolders | None = None
+    """The folders kept open while this backend's publish lock is held (``_heldfolders``)."""
+
     def open_dir(self, parts: Parts, *, create: bool) -> int:
         """Open the folder ``parts`` below the root without following symlinks; return its fd.
-        With ``create`` missing folders are made."""
+        With ``create`` missing folders are made. Under the publish lock, in the thread holding
+        it, the walk starts from the deepest folder of ``parts`` already opened under this hold
+        (``_heldfolders``) and keeps the ones it opens."""
+        held = self._held
+        if held is None or not held.usable():
+            return self._walk(parts, create, None)
+        start = held.deepest(parts)
+        if start is not None and start[0] == len(parts):
+            return start[1]
+        return self._walk(parts, create, held, start)
+
+    def _walk(
+        self,
+        parts: Parts,
+        create: bool,
+        held: HeldFolders | None,
+        start: tuple[int, int] | None = None,
+    ) -> int:
+        if start is not None:
+            done, fd = start
+        else:
+            done, fd = 0, self._open_root(create)
+            if held is not None:
+                held.keep((), fd)
         try:
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            if not create:
-                raise
-            self._make_root()
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            for part in parts:
+            for i in range(done, len(parts)):
+                part = parts[i]
                 try:
                     nfd = os.open(part, DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
@@ -222,10 +243,27 @@ class LocalBackend(RenameBackend[int, Staging]):
                     raise
                 close_quietly(fd)
                 fd = nfd
+                if held is not None:
+                    held.keep(parts[: i + 1], fd)
         except BaseException:
             close_quietly(fd)
             raise
         return fd
+
+    def _open_root(self, create: bool) -> int:
+        try:
+            return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not create:
+                raise
+            self._make_root()
+            return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def _forget_held(self) -> None:
+        """Before a folder is removed: no folder kept open under the lock is used again."""
+        held = self._held
+        if held is not None and held.usable():
+            held.forget()
 
     # -- rename primitives (see sink.RenameOps) --------------------------------------------
     def shown(self, parts: Parts) -> str:
@@ -324,6 +362,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         except FileNotFoundError:
             return
         if statmod.S_ISDIR(st.st_mode):
+            self._forget_held()
             rmtree_at(folder, name)
         else:
             os.unlink(name, dir_fd=folder)
@@ -524,6 +563,70 @@ class LocalBackend(RenameBackend[int, Staging]):
             raise storage_error(exc, "publishing", shown) from exc
         return info
 
+    def put_pending(self, parts: Parts, body: bytes) -> CommitInfo | None:
+        """``Backend.put_pending`` on a local disk: the pending record is created in place
+        (any earlier one unlinked first; ``O_CREAT|O_EXCL|O_NOFOLLOW``, so no link is followed
+        and no other file's bytes are ever truncated), written, then its file's ``fsync`` runs
+        in a worker (``_earlysync``) while its folder is fsynced here; both are waited for
+        before this returns. Two syncs in flight, which the filesystem can make durable in one
+        journal commit, instead of a file sync, a rename, then a folder sync, one after the
+        other. The ordering the commit needs is unchanged: the pending record's bytes and name
+        are durable before the data's rename is issued. A crash before that leaves no pending
+        record, an empty or torn one, or the whole one: the data is not renamed yet, so the name
+        verifies as its old version in every case (``Backend.put_pending``). A failed folder
+        sync is the returned info's "durability unconfirmed" (:meth:`_sync_pending_folder`);
+        any other failure raises (the commit then fails with nothing published) after removing
+        the file, best effort."""
+        shown = self.path_of(parts)
+        info = CommitInfo(len(body))
+        try:
+            dirfd = self.open_dir(parts[:-1], create=True)
+        except CommitStoreError:
+            raise
+        except OSError as exc:
+            raise os_error(exc, "creating the folder of", shown) from exc
+        fd = -1
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(parts[-1], dir_fd=dirfd)
+            fd = os.open(parts[-1], _CREATE_FLAGS, 0o666, dir_fd=dirfd)
+            view = memoryview(body)
+            while view.nbytes:
+                view = view[os.write(fd, view) :]
+            sync = _earlysync.start_fsync(fd)
+            try:
+                self._sync_pending_folder(dirfd, info, shown)
+            finally:
+                _earlysync.wait_quietly(sync)
+            sync.result()  # the file's fsync error, if it met one
+            if os.fstat(fd).st_size != len(body):
+                raise CommitError(f"{shown}: {len(body)} bytes written, size differs after fsync")
+            return info
+        except BaseException as exc:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.unlink(parts[-1], dir_fd=dirfd)
+            if isinstance(exc, OSError):
+                raise os_error(exc, "writing the pending record", shown) from exc
+            raise
+        finally:
+            if fd >= 0:
+                close_quietly(fd)
+            close_quietly(dirfd)
+
+    def _sync_pending_folder(self, dirfd: int, info: CommitInfo, shown: str) -> None:
+        """The pending record's folder sync. A failure (EIO, or a tolerated EINVAL) is not
+        raised, as for any folder sync of a small file's publish (step 8 of ``sink.py``): the
+        commit goes on with its durability unconfirmed (``info``, which the commit reports)."""
+        try:
+            fsync_dir(dirfd, info, self.policy.dir_fsync_tolerated)
+        except OSError as exc:
+            info.durable = False
+            info.notes.append(
+                f"{shown} is written, but syncing its folder failed ({exc.strerror}): "
+                "durability unconfirmed"
+            )
+
     @translated("removing")
     def remove_empty_folder(self, parts: Parts) -> bool:
         """``rmdir``: removes the folder only if it is empty at that instant (a file that
@@ -535,6 +638,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         except (FileNotFoundError, NotADirectoryError):
             return False
         try:
+            self._forget_held()
             os.rmdir(parts[-1], dir_fd=dirfd)
         except (FileNotFoundError, NotADirectoryError):
             return False
@@ -554,10 +658,18 @@ class LocalBackend(RenameBackend[int, Staging]):
             InsufficientSpaceError, StorageError, BackendUnavailableError: the lock file could not
                 be created, opened or locked (nothing is done under it).
         """
-        fd = self._lock_fd((META_DIR, "lock"))
+        held = HeldFolders()  # the lock's own walk is kept, for use once the lock is held
+        try:
+            fd = self._lock_fd((META_DIR, "lock"), held)
+        except BaseException:
+            held.forget()
+            raise
+        self._held = held
         try:
             yield
         finally:
+            self._held = None
+            held.forget()
             close_quietly(fd)
 
     @contextlib.contextmanager
@@ -623,8 +735,8 @@ class LocalBackend(RenameBackend[int, Staging]):
         return fd
 
     @translated("locking")
-    def _lock_fd(self, parts: Parts) -> int:
-        dirfd = self.open_dir(parts[:-1], create=True)
+    def _lock_fd(self, parts: Parts, held: HeldFolders | None = None) -> int:
+        dirfd = self._walk(parts[:-1], True, held)
         try:
             fd = os.open(
                 parts[-1],

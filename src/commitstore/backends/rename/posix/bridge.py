@@ -57,6 +57,11 @@ class BridgeBackend(LocalBackend):
         record's own bytes; a rename on a FUSE or network mount is not taken as the local one."""
         return None
 
+    def put_pending(self, parts: Parts, body: bytes) -> CommitInfo | None:
+        """None: a bridge writes the pending record with the staged, checked write of every
+        small file (``Backend.put_pending``)."""
+        return None
+
     def __init__(
         self,
         root: str | os.PathLike[str],
