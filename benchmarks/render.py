@@ -68,6 +68,13 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "benchmarks/mirrors.py",
     ),
     "scale": (*_CORE, *_RENAME, *_OBJECT, "src/commitstore/maintenance", "benchmarks/scale.py"),
+    "scrub": (
+        *_CORE,
+        *_RENAME,
+        "src/commitstore/maintenance",
+        "src/commitstore/mirrors",
+        "benchmarks/scrub.py",
+    ),
     "dcp_local": (*_CORE, *_RENAME, "benchmarks/dcp.py"),
     "torch": (*_CORE, *_RENAME, "benchmarks/torchio.py"),
     "torch-s3": (*_CORE, *_OBJECT, "benchmarks/torchio.py"),
