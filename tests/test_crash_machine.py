@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from commitstore import open_store
+from commitstore import CommitError, open_store
 from commitstore.testing import GcsBackdoor, LocalBackdoor, S3Backdoor, Target, pending_paths
 from commitstore.testing.crashmachine import run_crash_machine
 
@@ -74,10 +74,16 @@ PAUSE_MIN_AGE = {"local": 0.3, "bridge": 0.3, "smb": 0.3, "s3": 1.7, "rclone": 1
 seconds, so it exceeds the heartbeat by more than 1.5 s (``docs/guarantees.md``)."""
 
 
-def s3_targets(server: S3Server, *, heartbeat: float | None = HEARTBEAT) -> Factory:
+MiB = 1024 * 1024
+
+
+def s3_targets(
+    server: S3Server, *, heartbeat: float | None = HEARTBEAT, small_parts: bool = False
+) -> Factory:
     """Fresh S3 stores on ``server``; writers beat every ``heartbeat`` seconds (None: the
     default, 60 s, so a paused writer's heartbeat never rewrites its pending record while the
-    machine looks)."""
+    machine looks). ``small_parts``: files above 5 MiB go in parts of 5 MiB (S3's smallest),
+    so a ``put_file`` of a few parts takes 11 MiB."""
     probe: Any = open_store(server.url("probe"), **server.options()).committer.backend
     conditional = probe.conditional_writes()  # moto honours them, rclone serve s3 does not
 
@@ -87,6 +93,8 @@ def s3_targets(server: S3Server, *, heartbeat: float | None = HEARTBEAT) -> Fact
         opts = {**server.options(), "conditional_writes": conditional}
         if heartbeat is not None:
             opts["heartbeat"] = heartbeat
+        if small_parts:
+            opts.update(part_size=5 * MiB, single_put_max=5 * MiB)
         return Target(
             open_store(url, **opts),
             S3Backdoor(server.client(), BUCKET, prefix),
@@ -199,6 +207,73 @@ def test_focused_machines_soak(
     kind: str, rule: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     run_focused(kind, request, tmp_path, rule=rule)
+
+
+RESUMED = ("killed_put_file", "resume_put_file", "gc")
+
+
+def run_resumed(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The run of rules :data:`RESUMED`; the first failing example is reported as found (each
+    shrink step sends megabytes)."""
+    make = (
+        s3_targets(request.getfixturevalue("moto" if kind == "s3" else kind), small_parts=True)
+        if kind in ("s3", "rclone")
+        else factory(kind, request, tmp_path)
+    )
+    examples, steps = (4, 3) if "soak" not in request.keywords else (12, 6)
+    run_crash_machine(
+        make, max_examples=examples, steps=steps, folder=False, only=RESUMED, shrink=False
+    )
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "s3",
+        pytest.param(
+            "rclone",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=CommitError,
+                reason="rclone serve s3 refuses to replace a part already streamed with other "
+                "bytes: resuming from a source rewritten in place (mtime kept) fails typed "
+                "instead of sending that part in a new upload",
+            ),
+        ),
+        "local",
+    ],
+)
+def test_resumed_uploads_in_the_machine(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Rules ``killed_put_file`` and ``resume_put_file`` (with gc): a ``put_file`` of three
+    5 MiB-sized parts killed once a part landed (S3: the backdoor shows it) leaves the old
+    version; the same ``put_file`` again (at once, after gc of the dead writer's state, or
+    later; of the source as it was or rewritten in its middle with its mtime kept) commits the
+    source's exact bytes. On local disk the killed put_file only leaves the old version."""
+    run_resumed(kind, request, tmp_path)
+
+
+def test_the_resumed_uploads_machine_catches_a_wrong_part_reused(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The run of ``test_resumed_uploads_in_the_machine[s3]`` (same sizes, derandomized) fails
+    when a resumed upload reuses every part the server holds without comparing its ETag and size
+    with the bytes written now (planted in this process, where the machine resumes): the source
+    rewritten in its middle, mtime kept, makes a held part no longer the source's."""
+    from commitstore.backends.object.s3.upload import S3Upload
+
+    def trusting(self: Any, number: int, md5: bytes, length: int) -> Any:
+        if number not in self._held:
+            return None
+        self._given.pop(number, None)
+        self._md5s[number] = md5
+        self._done[number] = md5.hex()
+        return {"PartNumber": number, "ETag": f'"{md5.hex()}"'}
+
+    monkeypatch.setattr(S3Upload, "reuse", trusting)
+    with pytest.raises((AssertionError, CommitError)):
+        run_resumed("s3", request, tmp_path)
 
 
 def test_folder_overwrite_on_a_fuse_bridge(mount: FaultMount) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
+import shutil
 import signal
 import tempfile
 import time
@@ -35,6 +37,7 @@ from hypothesis.stateful import (
 
 from commitstore import CommitStore, NameConflictError, NotFoundError, open_store
 from commitstore import _commit as commit_module
+from commitstore.layout import resume_parts
 from commitstore.maintenance.scrub import scrub
 from commitstore.mirrors.sync import sync_mirrors
 from commitstore.testing.backdoor import LocalBackdoor
@@ -151,6 +154,17 @@ def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) 
             return commit(self, parts, mode, stopped, **kw)
 
         commit_module.Committer.commit = stopping_commit  # type: ignore[method-assign]
+    if point == "mid-upload":
+        # a put_file sent in parts: once the first part the writer waits for has landed
+        from commitstore.backends.object.upload import ObjectFileSink
+
+        reap = ObjectFileSink._reap
+
+        def stopping_reap(self: Any) -> None:
+            reap(self)
+            signal_parent()
+
+        ObjectFileSink._reap = stopping_reap  # type: ignore[method-assign]
     if point == "mid-copy" and hasattr(backend, "server_copy"):
         copy = backend.server_copy
 
@@ -166,9 +180,12 @@ class Writer:
     """A forked writer that opens the store anew and commits ``data`` as ``name``, stopping
     once at ``point`` (``"finish"``: nowhere) until it is resumed or SIGKILLed. After
     construction :attr:`state` is ``"stopped"`` (at ``point``), ``"done"`` (committed: no such
-    point on its way) or ``"failed"``."""
+    point on its way) or ``"failed"``. With ``source`` (a local file), it ``put_file``s that
+    file instead of ``data``."""
 
-    def __init__(self, target: Target, name: str, data: bytes, point: str) -> None:
+    def __init__(
+        self, target: Target, name: str, data: bytes, point: str, source: Path | None = None
+    ) -> None:
         self.point = point
         ready_r, ready_w = os.pipe()
         go_r, go_w = os.pipe()
@@ -193,7 +210,10 @@ class Writer:
                     st_.write(data[: len(data) // 2 + 1])
                     signal_parent()
                 _stop_at(point, store, signal_parent)
-                _write(store, name, data)
+                if source is not None:
+                    store.put_file(name, source, overwrite=True)
+                else:
+                    _write(store, name, data)
                 os.write(ready_w, b"d")
             except BaseException:
                 os.write(ready_w, b"e")
@@ -278,8 +298,32 @@ RULES = (
     "two_writers",
     "pausing_writer",
     "scrub_repairs",
+    "killed_put_file",
+    "resume_put_file",
 )
 """The machine's rules."""
+
+OPT_IN = ("killed_put_file", "resume_put_file")
+"""Rules drawn only when asked for (``put_files=True``, or named in ``only``): each sends a
+source of a few parts (megabytes), so the default run and its derandomized examples stay as
+they were."""
+
+MiB = 1024 * 1024
+
+
+def source_size(backend: Any) -> int:
+    """The size of the source rule ``killed_put_file`` sends: three parts (the last one MiB) on
+    a store that sends a file of that size in parts, else 2 MiB."""
+    part = getattr(backend, "part_size", None)
+    if not isinstance(part, int):
+        return 2 * MiB
+    return 2 * part + MiB
+
+
+def resumes(backend: Any, size: int) -> bool:
+    """A ``put_file`` of ``size`` bytes on ``backend`` is sent in parts a later attempt may
+    resume (S3: ``reread_bodies``, above ``whole_max``)."""
+    return bool(getattr(backend, "reread_bodies", False)) and size > int(backend.whole_max)
 
 
 def _not_a_rule(method: Callable[..., None]) -> Callable[..., None]:
@@ -300,6 +344,7 @@ def run_crash_machine(
     shrink: bool = True,
     pause_min_age: float | None = None,
     only: Collection[str] | None = None,
+    put_files: bool = False,
 ) -> None:
     """Run the machine; every example gets a fresh target (an empty store) from
     ``make_target`` and starts from a history of two committed files. ``folder=False`` leaves
@@ -310,7 +355,9 @@ def run_crash_machine(
     ``pausing_writer`` runs, gc taking that ``min_age`` while a writer pauses longer (it must
     exceed the targets' ``heartbeat`` by more than 1.5 s where the store's times are whole
     seconds: S3, Azure); None leaves the rule out. ``only``: the rules drawn (of
-    :data:`RULES`; the default, all), so that a short run reaches the ones that matter to it.
+    :data:`RULES`; the default, all but :data:`OPT_IN`), so that a short run reaches the ones
+    that matter to it. ``put_files``: the default set includes :data:`OPT_IN` (a ``put_file``
+    of a few parts killed mid-upload, then resumed).
 
     Derandomized: the same code draws the same examples on every run, so a failure in CI is
     reproducible, and ``tests/test_crash_machine.py`` shows that the default sizes catch
@@ -327,6 +374,93 @@ def run_crash_machine(
             self.store = self.t.store
             self.model: dict[str, set[Version]] = {n: {None} for n in (*FILES, FOLDER)}
             self.damaged: set[str] = set()
+            self.killed_puts: dict[str, Path] = {}  # name -> source of a put_file killed
+            self._sources: Path | None = None
+
+        def teardown(self) -> None:
+            if self._sources is not None:
+                shutil.rmtree(self._sources, ignore_errors=True)
+
+        def new_source(self, seed: int) -> Path:
+            if self._sources is None:
+                self._sources = Path(tempfile.mkdtemp(prefix="crashmachine-src-"))
+            size = source_size(self.store.committer.backend)
+            path = self._sources / f"src-{seed}-{len(list(self._sources.iterdir()))}.bin"
+            path.write_bytes(random.Random(seed).randbytes(size))
+            return path
+
+        @rule(
+            name=st.sampled_from(FILES),
+            old=DATA,
+            seed=st.integers(0, 2**16),
+            then=st.sampled_from(("resume", "gc-then-put", "later")),
+            change=st.booleans(),
+        )
+        def killed_put_file(
+            self, name: str, old: bytes, seed: int, then: str, change: bool
+        ) -> None:
+            """A writer ``put_file``s a source of a few parts over ``name`` and is SIGKILLed
+            mid-upload: where the store resumes uploads (S3), once the backdoor shows a part of
+            its upload landed and its resume state written; elsewhere before its data is
+            published. The old version stands. Then (``then``) rule ``resume_put_file`` runs
+            now, after gc, or later (other rules between); ``change``: the source is rewritten
+            in its middle first, its mtime kept (the state still matches it), so a part the
+            server holds is no longer the source's."""
+            self.commit(name, old)
+            source = self.new_source(seed)
+            backend = self.store.committer.backend
+            resumable = resumes(backend, source.stat().st_size)
+            writer = Writer(self.t, name, b"", "mid-upload" if resumable else "before-data", source)
+            try:
+                assert writer.state == "stopped", f"the put_file writer: {writer.state}"
+                if resumable:
+                    door: Any = self.t.door
+                    key = f"{door.prefix}/{name}" if door.prefix else name
+                    ups = [u for u in door.pending_uploads() if u["Key"] == key]
+                    assert len(ups) == 1, ups
+                    landed = door.parts_uploaded(key, str(ups[0]["UploadId"]))
+                    assert landed >= 1, "no part landed before the kill"
+                    assert door.read("/".join(resume_parts(tuple(name.split("/"))))) is not None
+            finally:
+                writer.kill()
+            assert self.t.door.read(name) == old, f"{name}: a killed put_file published"
+            self.killed_puts[name] = source
+            if change:
+                stat = source.stat()
+                with source.open("r+b") as f:
+                    f.seek(stat.st_size // 2 - MiB)  # in the first part: not its head or tail
+                    byte = f.read(1)
+                    f.seek(-1, os.SEEK_CUR)
+                    f.write(bytes([byte[0] ^ 0x5A]))
+                os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+            if then == "gc-then-put":
+                self.gc()
+                state = "/".join(resume_parts(tuple(name.split("/"))))
+                assert self.t.door.read(state) is None, "gc left a dead writer's resume state"
+            if then != "later":
+                self.put_again(name)
+
+        @precondition(lambda self: bool(self.killed_puts))
+        @rule(pick=st.integers(0, 2))
+        def resume_put_file(self, pick: int) -> None:
+            """Resume one of the killed ``put_file`` writers (:meth:`put_again`)."""
+            names = sorted(self.killed_puts)
+            self.put_again(names[pick % len(names)])
+
+        def put_again(self, name: str) -> None:
+            """The same ``put_file`` of a killed writer's source, in this process: it commits
+            the source's exact bytes (the parts the server holds reused only when they are
+            exactly those), and only now is that the model's version; no resume state is left
+            for the name."""
+            source = self.killed_puts.pop(name)
+            data = source.read_bytes()
+            self.t.reopen().put_file(name, source, overwrite=True)
+            self.model[name] = {data}
+            self.damaged.discard(name)
+            assert self.t.door.read(name) == data, f"{name}: committed bytes are not the source"
+            assert self.t.reopen().verify(name, level="full").ok, f"{name}: does not verify"
+            state = "/".join(resume_parts(tuple(name.split("/"))))
+            assert self.t.door.read(state) is None, f"{name}: a resume state outlived its commit"
 
         def committed(self, name: str) -> bool:
             return self.t.door.read(record_path(name)) is not None
@@ -644,7 +778,9 @@ def run_crash_machine(
                     assert name in self.damaged, f"{name} does not verify"
 
     machine: type[RuleBasedStateMachine] = CrashMachine
-    if only is not None:  # the other rules stay methods (rules call each other), not rules
+    if only is None:
+        only = [r for r in RULES if put_files or r not in OPT_IN]
+    if set(only) != set(RULES):  # the other rules stay methods (rules call each other)
         unknown = set(only) - set(RULES)
         assert not unknown, f"no such rules: {sorted(unknown)}"
         machine = type(
