@@ -10,7 +10,7 @@ import io
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from commitstore.backends.base import Capabilities
+from commitstore.backends.base import Capabilities, Rereadable
 from commitstore.backends.object.bodies import SourceWindow
 from commitstore.layout import Parts
 
@@ -83,12 +83,12 @@ class Upload(abc.ABC):
         the store asks for them (``Store.md5_bodies``). Default: ignored."""
         del number, md5
 
-    def resume(self, identity: dict[str, Any]) -> None:
-        """Called once, before the first part, when the bytes come from a local file of
-        ``identity`` (``resume.source_identity``): a session that resumes finds the state an
+    def resume(self, identity: dict[str, Any], source: Rereadable) -> None:
+        """Called once, before the first part, when the bytes come from ``source``, a local file
+        of ``identity`` (``resume.source_identity``): a session that resumes finds the state an
         earlier attempt left (``backends/object/resume.py``) and the parts its server holds, or
         starts over. Default: nothing (every part is sent)."""
-        del identity
+        del identity, source
 
     def reuse(self, number: int, md5: bytes, length: int) -> Any | None:
         """The receipt of part ``number`` when the server already holds exactly these bytes

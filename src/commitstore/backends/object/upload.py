@@ -102,7 +102,7 @@ class ObjectFileSink(FileSink):
             identity = source_identity(source, size)
             if identity is not None:
                 try:
-                    self._session().resume(identity)
+                    self._session().resume(identity, source)
                 except BaseException:
                     self.abort()
                     raise

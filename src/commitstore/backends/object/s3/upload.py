@@ -28,6 +28,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from commitstore._recordrules import RecordFormatError
+from commitstore.backends.base import Rereadable
 from commitstore.backends.object.bodies import Body, SourceWindow
 from commitstore.backends.object.resume import ResumeState, parse
 from commitstore.backends.object.upload import Upload, Written
@@ -290,13 +291,17 @@ class S3Upload(Upload):
         self._drop_state()
 
     # -- resuming (``backends/object/resume.py``) ------------------------------------------
-    def resume(self, identity: dict[str, Any]) -> None:
+    def resume(self, identity: dict[str, Any], source: Rereadable) -> None:
         """Find the state an earlier attempt at this name left. It is resumed only when it
-        parses, names this key, this part size and a source of this very ``identity``, and the
-        server lists its upload id as an upload of this key; then the parts the server holds are
-        listed (each reused only by :meth:`reuse`). Otherwise the state is dropped (its upload
-        aborted when the server shows it is this key's: never another name's) and the upload
-        starts over; the state is written once the new upload is created."""
+        parses, names this key, this part size and a source of this very ``identity``, the
+        server lists its upload id as an upload of this key, and every part the server holds
+        for it has the MD5 and length of the same bytes of ``source`` read now (a source
+        changed in place with its identity kept would need a part sent again into the same
+        upload, which some servers refuse: ``rclone serve s3``); then those parts are reused
+        (each checked again by :meth:`reuse` against the bytes the sink hashes). Otherwise the
+        state is dropped (its upload aborted when the server shows it is this key's: never
+        another name's) and the upload starts over; the state is written once the new upload
+        is created."""
         where = resume_parts(self._parts)
         name = "/".join(self._parts)
         self._state = ResumeState(name, self._key, "", self.part_size, identity)
@@ -316,7 +321,7 @@ class S3Upload(Upload):
             and found.name == name
         ):
             held = self._list_parts(found.upload_id)
-            if held is not None:
+            if held is not None and self._all_match(held, found.part_size, source):
                 self._upload_id = found.upload_id
                 self._alive = _Alive(self._b, found.upload_id)
                 self._held = held
@@ -341,6 +346,34 @@ class S3Upload(Upload):
                 )
         with contextlib.suppress(CommitStoreError):
             self._b.call("removing", where, "delete_object", Key=self._b.key(where))
+
+    @staticmethod
+    def _all_match(held: dict[int, tuple[str, int]], part_size: int, source: Rereadable) -> bool:
+        """Whether each held part (number -> (ETag, size)) is the MD5 of ``size`` bytes of
+        ``source`` at that part's offset (parts of ``part_size``, doubled every 1,000 parts as
+        :meth:`reuse` and ``_send`` do); a failed read is no."""
+        offsets: dict[int, int] = {}
+        offset, size = 0, part_size
+        for number in range(1, max(held, default=0) + 1):
+            offsets[number] = offset
+            offset += size
+            if number % 1000 == 0:
+                size *= 2
+        for number, (etag, length) in held.items():
+            digest = hashlib.md5(usedforsecurity=False)
+            at, left = offsets[number], length
+            try:
+                while left:
+                    chunk = source.pread(at, min(left, 8 * 1024 * 1024))
+                    if not chunk:
+                        return False
+                    digest.update(chunk)
+                    at, left = at + len(chunk), left - len(chunk)
+            except CommitStoreError:
+                return False
+            if digest.hexdigest() != etag:
+                return False
+        return True
 
     def reuse(self, number: int, md5: bytes, length: int) -> Any | None:
         """Part ``number``'s receipt when the server holds a part of ETag ``md5`` (the MD5 of
