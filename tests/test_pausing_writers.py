@@ -204,9 +204,14 @@ def remove_staging(kind: str, t: Target, writer: PausingWriter) -> list[str]:
         door: Any = t.door
         listed = door.client.list_multipart_uploads(Bucket=door.bucket, Prefix=door.prefix + "/")
         for up in listed.get("Uploads", []):
-            door.client.abort_multipart_upload(
-                Bucket=door.bucket, Key=up["Key"], UploadId=up["UploadId"]
-            )
+            try:
+                door.client.abort_multipart_upload(
+                    Bucket=door.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                )
+            except door.client.exceptions.NoSuchUpload:
+                # the writer's heartbeat (a small marker, sent in parts here) completed it
+                # between the listing and the abort
+                continue
             gone.append(f"upload {up['Key']}")
     return gone
 
