@@ -390,3 +390,37 @@ def test_record_at_a_level_refuses_a_folder_that_matches_no_version(
     with pytest.raises(IntegrityError) as caught:
         store.record(FOLDER, level="size")
     assert caught.value.status == "size_mismatch"
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("where", WHERE)
+def test_latest_orders_a_name_by_the_pending_version_it_verifies_as(
+    where: str, tmp_path: Path, moto: MotoServer
+) -> None:
+    """``last.pt`` committed at step 0, ``mid.pt`` at step 1, then ``last.pt`` overwritten at
+    step 2 by a writer killed before its record step: the newest whole artifact is ``last.pt``
+    at step 2 (its pending version), not ``mid.pt``, although ``last.pt``'s stored record says
+    step 0."""
+    p = make(where, tmp_path, moto, "store")
+    p.t.store.put_bytes(NAME, OLD, step=0, metadata={"version": 1})
+    p.t.store.put_bytes("mid.pt", FIRST, step=1)
+    mirror = open_store(tmp_path / "mirror")
+    with p.open(mirror) as both:
+        assert both.sync().ok  # the mirror holds the old version of last.pt and mid.pt
+    crash(p, tmp_path)
+    assert stored_record(p.t.door, NAME)["step"] == 0
+    with p.open(mirror) as both:
+        assert_new_record(both.latest())
+        assert_new_record(both.latest(level="size"))
+        assert_new_record(both.latest(source="any"))
+        obj, rec = cs_torch.load_with_record(both)  # newest first
+        assert obj["step"] == 2
+        assert_new_record(rec)
+        order = list(both.newest(level="full"))
+        assert [(r.name, r.step) for r in order] == [(NAME, 2), ("mid.pt", 1)]
+        assert_new_record(order[0])
+    p.t.door.write("mid.pt", b"damaged")  # newest() skips what fails its check
+    with p.open() as one:
+        assert [(r.name, r.step) for r in one.newest(level="size")] == [(NAME, 2)]
+        with pytest.raises(ConfigurationError):
+            one.newest(level="quick")  # type: ignore[arg-type]

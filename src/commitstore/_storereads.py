@@ -8,10 +8,11 @@ import builtins
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from commitstore import _fetch, _foldermembers, _read, _scan, _verify
+from commitstore import _fetch, _foldermembers, _newest, _read, _scan, _verify
 from commitstore._commit import check_flag
 from commitstore._order import arrange_records
 from commitstore._storebase import Progress, StoreBase
@@ -94,10 +95,37 @@ class StoreReads(StoreBase):
         if source == "any":
             found = latest_any([self.committer, *(m.committer for m in self._mirrors)], level)
         else:
-            found = _verify.latest(self.backend, level)
+            found = _newest.latest(self.backend, level)
         if found is None:
             self._nothing_found()
         return found
+
+    def newest(self, *, level: Level = "size") -> Iterator[Record]:
+        """The artifacts that pass :meth:`verify` at ``level``, newest first, each as the
+        record of the version its name verifies as (a name a commit stopped after its data
+        step ranks by that new version, with its step; see :meth:`latest`); each name is
+        checked when it is reached, and one that fails is logged and skipped. The resume
+        order of the integrations: take the first that loads, fall back to the next. Like
+        :meth:`list`, never an in-flight commit's name that has no record yet.
+
+        Raises:
+            ConfigurationError: an unknown ``level``, before any I/O.
+        """
+        _verify.check_level(level)
+        return self._newest(level)
+
+    def _newest(self, level: str) -> Iterator[Record]:
+        found = False
+        for result, version in _newest.newest(self.backend, level):
+            if result.status == "ok":
+                found = True
+                yield version
+            else:
+                log.warning(
+                    "newest: skipping %s: %s (%s)", version.name, result.status, result.detail
+                )
+        if not found:
+            self._nothing_found()
 
     def open(self, name: str, *, verify: ReadLevel = "full") -> _read.VerifiedFile:
         """A readable, seekable binary file of ``name`` whose bytes passed the check first.

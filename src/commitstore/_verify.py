@@ -12,7 +12,6 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
-from commitstore._order import arrange_records
 from commitstore._scan import (
     NOT_REGULAR,
     StoredRecord,
@@ -445,16 +444,3 @@ def _unrecorded(backend: Backend, name: str) -> str:
     if pending is None:
         return "data without a record"
     return "data without a record; a commit of it stopped after its data step (gc completes it)"
-
-
-def latest(backend: Backend, level: str) -> Record | None:
-    """The newest artifact that passes :func:`check` at ``level``; skipped ones are logged."""
-    records, bad = scan_records(backend)
-    for b in bad:
-        log.warning("latest: skipping %s: bad_record (%s)", b.name, b.detail)
-    for rec in reversed(arrange_records(records)):
-        result, version = resolve(backend, rec, level)
-        if result.status == "ok":
-            return version
-        log.warning("latest: skipping %s: %s (%s)", rec.name, result.status, result.detail)
-    return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import pickle
 import uuid
 from collections.abc import Mapping
@@ -64,6 +65,8 @@ __all__ = ["StorageReader", "StorageWriter", "load", "save"]
 
 METADATA_FILE = ".metadata"
 """The DCP metadata file of a committed folder (as ``dcp.FileSystemWriter`` names it)."""
+
+log = logging.getLogger("commitstore")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,9 +317,17 @@ class StorageReader(dcp.StorageReader):  # type: ignore[misc]
             if not _is_dcp(rec):
                 raise ConfigurationError(f"{self.name} is not a DCP folder (no {METADATA_FILE})")
         else:
-            for cand in reversed(self.store.list()):
-                if _is_dcp(cand) and self.store.verify(cand.name, level="full").ok:
-                    rec = cand
+            # newest first by the version each name holds; a DCP folder is then checked in full
+            # and read as the version it verifies as (a save whose record was not written yet)
+            for cand in self.store.newest(level="size"):
+                if not _is_dcp(cand):
+                    continue
+                try:
+                    rec = self.store.record(cand.name, level="full")
+                except IntegrityError as exc:
+                    log.warning("skipping %s: %s", cand.name, exc)
+                    continue
+                if _is_dcp(rec):
                     break
             else:
                 raise NotFoundError(f"{self.store.url}: no DCP folder verifies")

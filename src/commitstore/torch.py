@@ -5,9 +5,10 @@
 - :func:`save` streams ``torch.save`` into a staged write: the artifact appears whole under its
   name (with its record) or not at all.
 - :func:`load` reads the artifact's bytes once, hashed on the way, and hands ``torch.load`` only
-  bytes that matched the record. ``name=None`` walks the committed artifacts newest first (the
-  order of ``store.list()``: records only, no separate ``latest()`` pass) and loads the first that
-  verifies, skipping bad ones with a warning. ``mmap=True`` maps a verified local copy made by
+  bytes that matched the record. ``name=None`` walks the committed artifacts newest first
+  (``store.newest(level="size")``: by the version each name holds, so a name whose commit stopped
+  after its data step ranks by its new step; each is then read once, hashed) and loads the first
+  that verifies, skipping bad ones with a warning. ``mmap=True`` maps a verified local copy made by
   ``store.fetch`` (cached by digest: a second resume of the same version reads none of the
   artifact's bytes).
 """
@@ -203,7 +204,7 @@ def load_with_record(
     folder = check_cache_dir(cache_dir) if mmap else None
     if name is not None:
         return _load_one(store, name, map_location, weights_only, folder)
-    for rec in reversed(store.list()):
+    for rec in store.newest(level="size"):
         if rec.kind != "file":
             continue
         try:

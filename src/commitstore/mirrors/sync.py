@@ -6,12 +6,12 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
+from commitstore import _newest
 from commitstore._commit import Committer
-from commitstore._order import arrange_records
-from commitstore._scan import StoredRecord, list_records, read_record
+from commitstore._scan import StoredRecord, list_records, read_record, scan_records
 from commitstore._verify import pending_versions, resolve, stored_version, verify
 from commitstore.errors import (
     AlreadyExistsError,
@@ -31,7 +31,7 @@ from commitstore.layout import (
     validate_name,
 )
 from commitstore.mirrors.copy import copy_with_retries, held_in_memory
-from commitstore.records import Record, RecordFormatError
+from commitstore.records import Record, RecordFormatError, VerifyResult
 
 log = logging.getLogger("commitstore")
 
@@ -293,7 +293,7 @@ def _same_version(
 def latest_any(stores: Sequence[Committer], level: str) -> Record | None:
     """The newest artifact that is whole on at least one of ``stores`` (primary first), as the
     record of the version it verifies as there (a pending version, with its step and metadata,
-    where a commit stopped after its data step).
+    where a commit stopped after its data step; it ranks by that version, ``_newest``).
 
     A store that cannot be reached (down, refusing, past its deadlines) is skipped with a
     warning, from the first failed request on, so a mirror that is down never stops a resume
@@ -304,36 +304,55 @@ def latest_any(stores: Sequence[Committer], level: str) -> Record | None:
         BackendUnavailableError, StorageError: no store could be listed (the primary's error).
     """
     by_name: dict[str, Record] = {}
+    pending: list[_newest.Candidate] = []
     alive: list[Committer] = []
     failures: list[CommitStoreError] = []
-    for store in stores:
+    for i, store in enumerate(stores):
         try:
-            listed = list_records(store.backend)
+            listing = store.backend.walk((META_DIR, RECORDS_DIR))
+            records, _bad = scan_records(store.backend, listing)
         except (BackendUnavailableError, StorageError) as exc:
             log.warning("latest: skipping %s, it cannot be listed: %s", store.url, exc)
             failures.append(exc)
             continue
         alive.append(store)
-        for rec in listed:
+        for rec in records:
             by_name.setdefault(rec.name, rec)
+        found = _newest.candidates(store.backend, records, listing, where=i)
+        pending.extend(c for c in found if c.origin is not None)
     if not alive and failures:
         raise failures[0]
-    for rec in reversed(arrange_records(by_name.values())):
+
+    def check_at(store: Committer, name: str) -> tuple[VerifyResult, Record] | None:
+        try:
+            found = _stored(store, name)
+            if found is None:
+                return None
+            return resolve(store.backend, found.record, level)
+        except IntegrityError:
+            return None
+        except (BackendUnavailableError, StorageError) as exc:
+            log.warning("latest: skipping %s from now on: %s", store.url, exc)
+            alive.remove(store)
+            return None
+
+    def check(rec: Record, where: Hashable) -> tuple[VerifyResult, Record] | None:
+        if isinstance(where, int):  # a pending version seen on that store: checked there
+            store = stores[where]
+            return check_at(store, rec.name) if store in alive else None
         for store in list(alive):
-            try:
-                found = _stored(store, rec.name)
-                if found is None:
-                    continue
-                result, version = resolve(store.backend, found.record, level)
-            except IntegrityError:
+            got = check_at(store, rec.name)
+            if got is None:
                 continue
-            except (BackendUnavailableError, StorageError) as exc:
-                log.warning("latest: skipping %s from now on: %s", store.url, exc)
-                alive.remove(store)
-                continue
-            if result.status == "ok":
-                return version
-            log.warning("latest: skipping %s on %s: %s", rec.name, store.url, result.status)
+            if got[0].status == "ok":
+                return got
+            log.warning("latest: skipping %s on %s: %s", rec.name, store.url, got[0].status)
+        return None
+
+    cands = [_newest.Candidate(rec, None, None) for rec in by_name.values()] + pending
+    for result, version in _newest.walk(cands, check):
+        if result.status == "ok":
+            return version
     return None
 
 
