@@ -424,3 +424,23 @@ def test_latest_orders_a_name_by_the_pending_version_it_verifies_as(
         assert [(r.name, r.step) for r in one.newest(level="size")] == [(NAME, 2)]
         with pytest.raises(ConfigurationError):
             one.newest(level="quick")  # type: ignore[arg-type]
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("where", WHERE)
+def test_prune_ranks_a_name_by_the_pending_version_it_verifies_as(
+    where: str, tmp_path: Path, moto: MotoServer
+) -> None:
+    """``last.pt`` committed at step 0, ``mid.pt`` at step 1, then ``last.pt`` overwritten at
+    step 2 by a writer killed before its record step: ``prune(keep_last=1)`` keeps ``last.pt``
+    (the newest whole version, step 2), never the data of the newest checkpoint; ``mid.pt`` goes."""
+    p = make(where, tmp_path, moto, "store")
+    p.t.store.put_bytes(NAME, OLD, step=0, metadata={"version": 1})
+    p.t.store.put_bytes("mid.pt", FIRST, step=1)
+    crash(p, tmp_path)
+    with p.open() as store:
+        report = store.prune(keep_last=1, min_age=0)
+    assert p.t.door.read(NAME) == NEW, report
+    assert p.t.door.read("mid.pt") is None, report
+    with p.open() as store:
+        assert_new_record(store.latest())

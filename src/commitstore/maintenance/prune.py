@@ -15,17 +15,15 @@ from dataclasses import dataclass, field, replace
 
 from commitstore import _verify
 from commitstore._commit import Committer
+from commitstore._newest import pending_marked
 from commitstore._order import OrderKey, arrange, sort_key
 from commitstore._scan import read_record, scan_entries
 from commitstore.backends import Backend, FileInfo
 from commitstore.errors import CommitStoreError, NameConflictError, NotFoundError
 from commitstore.layout import (
     META_DIR,
-    PENDING_DIR,
     RECORDS_DIR,
     Parts,
-    is_intent_leaf,
-    record_of_intent,
     record_parts,
 )
 from commitstore.maintenance.retention import (
@@ -105,9 +103,9 @@ def candidates(store: Committer, pending: set[str]) -> list[Listed]:
     walked = store.backend.walk(())
     listing = dict(walked)
     records_dir = (META_DIR, RECORDS_DIR)
-    found, _bad = scan_entries(
-        store.backend, [(rel[2:], info) for rel, info in walked if rel[:2] == records_dir]
-    )
+    records_listing = [(rel[2:], info) for rel, info in walked if rel[:2] == records_dir]
+    found, _bad = scan_entries(store.backend, records_listing)
+    marked = pending_marked(store.backend, records_listing)
     out = []
     for entry in found:
         rec = entry.record
@@ -122,7 +120,10 @@ def candidates(store: Committer, pending: set[str]) -> list[Listed]:
             rec.name in pending,
             alias=rec.alias,
         )
-        out.append(Listed(cand, rec))
+        item = Listed(cand, rec)
+        if marked and record_parts(tuple(rec.name.split("/")))[2:] in marked:
+            item = _as_version(store, item)
+        out.append(item)
     return out
 
 
@@ -132,14 +133,7 @@ def _from_records(store: Committer, pending: set[str]) -> list[Listed]:
     that stopped) has its data checked at once."""
     walked = store.backend.walk((META_DIR, RECORDS_DIR))
     found, _bad = scan_entries(store.backend, walked)
-    in_flight = {record_of_intent(rel) for rel, _info in walked if is_intent_leaf(rel[-1])}
-    if store.backend.writer_slots:  # writers' own pending records (``_slots``)
-        slots = store.backend.walk((META_DIR, PENDING_DIR))
-        in_flight |= {
-            record_of_intent(rel[:-1])
-            for rel, _i in slots
-            if len(rel) > 1 and is_intent_leaf(rel[-2])
-        }
+    in_flight = pending_marked(store.backend, walked)
     out = []
     for entry in found:
         rec = entry.record
@@ -154,9 +148,31 @@ def _from_records(store: Committer, pending: set[str]) -> list[Listed]:
         )
         item = Listed(cand, rec, checked=False)
         if in_flight and record_parts(tuple(rec.name.split("/")))[2:] in in_flight:
-            item = _check_data(store, item)
+            item = _as_version(store, item)
         out.append(item)
     return out
+
+
+def _as_version(store: Committer, item: Listed) -> Listed:
+    """``item``, a name with a pending record (a commit of it in flight, or one that stopped
+    after its data step), as the version the name verifies as at size level (``_verify.resolve``,
+    fresh stats): ranked by that version's step and order, whole if its data matches it, its
+    mtime the newest of that data and the record. A name whose data is the pending version is
+    then the newest checkpoint it is, never pruned as the older step its record still names;
+    ``item.record`` stays the stored record (what each delete re-checks)."""
+    result, version = _verify.resolve(store.backend, item.record, "size")
+    data = _newest(_fresh_infos(store.backend, version))
+    listed = item.candidate.mtime
+    mtime = None if data is None or listed is None else max(data, listed)
+    cand = replace(
+        item.candidate,
+        step=version.step,
+        order=sort_key(version),
+        alias=version.alias,
+        whole=result.status == "ok",
+        mtime=mtime,
+    )
+    return Listed(cand, item.record)
 
 
 def _check_data(store: Committer, item: Listed) -> Listed:
