@@ -251,3 +251,54 @@ def test_gc_removes_the_state(azurite: Azurite, t: Target, source: Path) -> None
     assert states(t) == []
     sent = put_counted(azurite, t, source)  # starts over cleanly
     assert sent >= SIZE
+
+
+@pytest.mark.parametrize("fault", ["cut_after", "reset_after"])
+def test_blocks_sent_from_the_file_are_retried(
+    azurite: Azurite, t: Target, source: Path, fault: str
+) -> None:
+    """Two connections broken mid-block: the SDK sends those blocks again, read again from the
+    file, and the commit is exactly the file's bytes."""
+    proxy = FaultProxy(azurite.port)
+    try:
+        store = open_store(
+            t.store.url,
+            connection_string=via(proxy.port),
+            block_size=BLOCK,
+            client_options={"retry_total": 3, "initial_backoff": 0.2, "increment_base": 0},
+        )
+        proxy.set(**{fault: 2 * MiB}, faulty=2)
+        store.put_file(NAME, source)
+        assert proxy.faulted == 2
+    finally:
+        proxy.stop()
+    assert door(t).read(NAME) == source.read_bytes()
+    assert t.reopen().verify(NAME).ok
+    assert states(t) == []
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["blocks", "put-blob"])
+def test_a_body_garbled_on_the_way_is_refused(
+    azurite: Azurite, t: Target, source: Path, whole: bool
+) -> None:
+    """One bit flipped in transit (TCP did not catch it): the server refuses the body for its
+    Content-MD5, and nothing is published (before, the blob was committed with the bad bytes
+    and only a later verify found them)."""
+    from commitstore import CommitStoreError
+
+    size = BLOCK // 2 if whole else SIZE
+    proxy = FaultProxy(azurite.port)
+    try:
+        store = open_store(
+            t.store.url,
+            connection_string=via(proxy.port),
+            block_size=BLOCK,
+            client_options={"retry_total": 0},
+        )
+        proxy.set(flip_every=BLOCK // 3, flips=1, faulty=None)
+        with pytest.raises(CommitStoreError):
+            store.put_bytes(NAME, source.read_bytes()[:size])
+    finally:
+        proxy.stop()
+    assert door(t).read(NAME) is None
+    assert door(t).read(record_path(NAME)) is None
