@@ -155,8 +155,9 @@ class AzureUpload(Upload):
         """Find the state an earlier attempt at this name left. It is resumed only when it
         parses and names this name, this blob, this block size and a source of this very
         ``identity``; then the blocks the server holds uncommitted for this blob (``Get Block
-        List``) are the ones :meth:`reuse` may take. Otherwise the state is dropped and every
-        block is sent. The state is (re)written before the first block is staged."""
+        List``) are the ones :meth:`reuse` may take, and the state found stands until a block
+        is taken. Otherwise the state is dropped and every block is sent; the new state is
+        written before the first block is staged."""
         del source  # each block is checked against the bytes written (reuse)
         where = resume_parts(self._parts)
         name = "/".join(self._parts)
@@ -178,14 +179,14 @@ class AzureUpload(Upload):
         ):
             self._held = self._uncommitted()
             self._stated = dict(found.blocks)
-            self._saved = 0  # the state found stands until a block is taken
+            self._saved = 0
             log.info(
                 "%s: resuming its upload (%d blocks on the server)",
                 self._b.shown(self._parts),
                 len(self._held),
             )
             return
-        with contextlib.suppress(CommitStoreError):  # rewritten before the first block
+        with contextlib.suppress(CommitStoreError):
             self._b.call("removing", where, lambda: self._b.blob(where).delete_blob())
 
     def _uncommitted(self) -> dict[str, int]:
