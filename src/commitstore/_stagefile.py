@@ -99,8 +99,8 @@ class Stage(io.RawIOBase):
 
     def offer_source(self, source: Rereadable, size: int) -> bool:
         """Before the first write: ``source`` holds the very bytes about to be written
-        (``FileSink.reread_from``; an S3 upload then sends its parts from it and may resume an
-        upload an earlier attempt left). True when the sink took it: the caller keeps
+        (``FileSink.reread_from``; an S3 or Azure upload then sends its parts from it and may
+        resume an upload an earlier attempt left). True when the sink took it: the caller keeps
         ``source`` open until the commit returns or the stage aborts."""
         if self._sink is None or self._hasher.count or self._buf:
             return False

@@ -13,10 +13,11 @@ absence under ``publish_lock()`` and the sink checks nothing itself. Every failu
 session.
 
 A sink offered a source that can give the bytes again (``reread_from``: a copy from a local file)
-holds none of them, on a store whose server checks each body's MD5 (S3): every body is a window
-over the source, its MD5 computed from the bytes written; what the window served is hashed again
-and compared with what was written, so even a server that checks nothing cannot store a source
-that changed in between (a part: nothing is completed; a whole-object put: it is taken back).
+holds none of them, on a store whose server checks each body's MD5 (S3, Azure): every body is a
+window over the source, its MD5 computed from the bytes written; what the window served is hashed
+again and compared with what was written, so even a server that checks nothing cannot store a
+source that changed in between (a part: nothing is completed; a whole-object put: it is taken
+back).
 Such a source that is a local file, sent in parts, is offered to the session to resume
 (``Upload.resume``, ``resume.py``): a part the server already holds as exactly the bytes written
 (its MD5 and length) is not sent again.

@@ -1,11 +1,13 @@
 """Azure Blob strategy (``az://container/prefix``): ``commit_block_list`` is the commit.
 
-Blocks are staged with ``stage_block`` (concurrently, at most ``max_inflight`` at a time) under
-block IDs unique to this writer; staged blocks are invisible and expire after seven days if never
-committed. ``commit_block_list`` publishes the blob in one step (with ``If-None-Match: *`` for
-``overwrite=False`` where the endpoint honours it, probed once), then fresh blob properties must
-show the expected size. adlfs commits on close regardless of ``autocommit``, so the write path
-drives azure-storage-blob directly.
+Blocks are staged with ``stage_block`` (concurrently, at most ``max_inflight`` at a time), each
+with its ``Content-MD5``, under block IDs made of its part number and MD5 (``upload.py``); staged
+blocks are invisible and expire after seven days if never committed. ``commit_block_list``
+publishes the blob in one step (with ``If-None-Match: *`` for ``overwrite=False`` where the
+endpoint honours it, probed once), then fresh blob properties must show the expected size. A
+``put_file`` sends its blocks from the file, and one killed mid-upload resumes from the blocks the
+server holds (``resume.py``). adlfs commits on close regardless of ``autocommit``, so the write
+path drives azure-storage-blob directly.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import concurrent.futures
 import contextlib
 import io
 import os
-import secrets
 import time
 import uuid
 from collections.abc import Callable
@@ -30,8 +31,9 @@ from commitstore.backends.object._transport import (
     check_deadlines,
 )
 from commitstore.backends.object.azure.errors import translate
+from commitstore.backends.object.azure.upload import AzureUpload
 from commitstore.backends.object.base import ObjectBackend, with_heartbeat
-from commitstore.backends.object.upload import ObjectStat, Upload, Written
+from commitstore.backends.object.upload import ObjectStat, Upload
 from commitstore.digest import READ_CHUNK
 from commitstore.errors import (
     AlreadyExistsError,
@@ -43,7 +45,9 @@ from commitstore.errors import (
 from commitstore.layout import Parts
 
 MiB = 1024 * 1024
-MAX_BLOCKS = 50_000
+SINGLE_PUT_MAX = 64 * MiB
+"""azure-storage-blob's default ``max_single_put_size``: the largest blob it sends in one Put
+Blob (a client option may lower it)."""
 T = TypeVar("T")
 COPY_WAIT = 600.0
 """Seconds a Copy Blob inside the account may stay pending before the copy counts as failed."""
@@ -55,6 +59,10 @@ class AzureBackend(ObjectBackend):
     strategy = "azure-blocklist"
     mtime_resolution = 1.0  # Last-Modified: an HTTP date, whole seconds
     scheme = "az"
+    md5_bodies = True
+    """Every block and every Put Blob carries the Content-MD5 of its body (the server checks it)."""
+    reread_bodies = True
+    """So a copy from a local file sends its bodies from the file (and may resume)."""
 
     def __init__(
         self,
@@ -65,12 +73,14 @@ class AzureBackend(ObjectBackend):
         max_inflight: int = 4,
         conditional_writes: bool | None = None,
         reason: str = "az:// URL",
+        single_put_max: int = SINGLE_PUT_MAX,
     ) -> None:
         super().__init__(
             container.container_name, prefix, conditional_writes=conditional_writes, reason=reason
         )
         self.container = container
         self.block_size = block_size
+        self.single_put_max = single_put_max
         self.max_inflight = max(1, max_inflight)
         self.pool = concurrent.futures.ThreadPoolExecutor(self.max_inflight)
 
@@ -101,7 +111,23 @@ class AzureBackend(ObjectBackend):
     # -- primitives --------------------------------------------------------------------
     @property
     def whole_max(self) -> int:
-        return max(0, self.block_size - 1)  # a full block is staged
+        """A full block is staged; and never more than the SDK sends in one Put Blob (beyond
+        it the SDK would split the body into blocks of its own, each refused for the whole
+        body's Content-MD5)."""
+        return max(0, min(self.block_size, self.single_put_max) - 1)
+
+    def sink_memory(self, size: int, *, source_rereads: bool) -> int:
+        """Sent in blocks from a local source file, nothing is held; sent whole, the SDK reads
+        the body into memory first (at most :attr:`whole_max`)."""
+        if source_rereads and size > self.whole_max:
+            return 0
+        return min(size, self.whole_max)
+
+    def resume_upload_of(self, state: bytes) -> tuple[str, str] | None:
+        """None: an Azure upload's state names no upload to abort (its uncommitted blocks are
+        invisible and expire on the server after seven days), so gc ages the state alone."""
+        del state
+        return None
 
     def new_upload(self, parts: Parts, *, create_only: bool) -> Upload:
         return AzureUpload(self, parts, create_only=create_only)
@@ -261,55 +287,6 @@ class _RangeReader(io.RawIOBase):
         return len(data)
 
 
-class AzureUpload(Upload):
-    """Blocks staged (concurrently) under IDs unique to this writer; ``commit_block_list`` is the
-    commit, with ``If-None-Match: *`` for create-only. Staged blocks are invisible and expire after
-    seven days: there is nothing to abort."""
-
-    max_parts = MAX_BLOCKS
-
-    def __init__(self, backend: AzureBackend, parts: Parts, *, create_only: bool) -> None:
-        self._b, self._parts, self._client = backend, parts, backend.blob(parts)
-        self._cond: dict[str, Any] = {"if_none_match": "*"} if create_only else {}
-        self._token = secrets.token_hex(6)
-        self.part_size = backend.block_size
-        self.max_inflight = backend.max_inflight
-
-    def send_part(
-        self, number: int, body: io.BytesIO, length: int, *, final: bool
-    ) -> concurrent.futures.Future[Any]:
-        chunk = body.getvalue()  # the buffer's own bytes (no copy)
-        block_id = base64.b64encode(f"{self._token}-{number - 1:08d}".encode()).decode()
-
-        def stage() -> str:
-            self._b.call(
-                "staging a block of", self._parts, lambda: self._client.stage_block(block_id, chunk)
-            )
-            return block_id
-
-        return self._b.pool.submit(stage)
-
-    def complete(self, receipts: list[Any]) -> Written:
-        done = self._b.call(
-            "committing the block list of",
-            self._parts,
-            lambda: self._client.commit_block_list(receipts, **self._cond),
-        )
-        return Written(done.get("etag"))
-
-    def put_whole(self, body: io.BytesIO, length: int) -> Written:
-        data = body.getvalue()
-        done = self._b.call(
-            "uploading",
-            self._parts,
-            lambda: self._client.upload_blob(data, overwrite=True, **self._cond),
-        )
-        return Written(done.get("etag"))
-
-    def abort(self) -> None:
-        """Nothing to do: uncommitted blocks are never visible and expire after seven days."""
-
-
 def _ts(item: Any) -> float | None:
     ts = item.last_modified.timestamp() if item.last_modified else 0.0
     return ts if ts > 0 else None
@@ -387,5 +364,6 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         max_inflight=int(opts["max_inflight"]),
         conditional_writes=opts["conditional_writes"],
         reason="az:// URL (commit_block_list is the commit)",
+        single_put_max=int(client_options.get("max_single_put_size", SINGLE_PUT_MAX)),
     )
     return with_heartbeat(backend, opts["heartbeat"])
