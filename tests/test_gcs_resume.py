@@ -191,7 +191,7 @@ def _more_sent(state: dict[str, Any], proxied: Proxied, t: Target) -> dict[str, 
     chunks = state["gcs"]["crc32c"]
     n = len(chunks) + 1
     body = Path(state["__source"]).read_bytes()[(n - 1) * CHUNK : n * CHUNK]
-    chunks[str(n)] = google_crc32c.Checksum(body).digest().hex()
+    chunks[str(n)] = google_crc32c.Checksum(body).digest().hex()  # type: ignore[no-untyped-call]
     state["gcs"]["sent"] = n * CHUNK
     return state
 
@@ -220,7 +220,7 @@ def _start_session(proxied: Proxied, key: str) -> str:
         f"?uploadType=resumable&name={quote(key, safe='')}"
     )
     headers = _request("POST", url, json.dumps({"name": key}).encode(), {})
-    location = headers["Location"]
+    location = str(headers["Location"])
     return location.replace(f":{proxied.proxy_port}/", f":{proxied.server.port}/")
 
 
