@@ -518,7 +518,11 @@ class GcsUpload(Upload):
         """The bytes the session holds: the server's answer to a status query where the
         endpoint answers one as a query, else the state's acknowledged chunks; -1 when the
         session is gone or finalised, or the server holds more than the state lists."""
-        if not self._b.probe_status_queries():
+        try:
+            answers = self._b.probe_status_queries()
+        except CommitStoreError:  # not known: nothing is resumed on a guess
+            return -1
+        if not answers:
             return found.sent
         try:
             status, headers = self._b.query(self._parts, found.session, size)
