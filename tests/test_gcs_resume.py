@@ -93,12 +93,13 @@ def states(t: Target) -> list[str]:
 
 
 def landed(t: Target) -> int:
-    """The chunks the resume state lists as acknowledged (0 before it exists)."""
+    """The chunks the resume state says were acknowledged (0 before it exists)."""
     found = states(t)
     data = door(t).read(found[0]) if found else None
     if not data:
         return 0
-    return len(json.loads(data)["gcs"]["crc32c"])
+    sent: int = json.loads(data)["gcs"]["sent"]
+    return sent // CHUNK
 
 
 def kill_mid_upload(proxied: Proxied, t: Target, src: Path) -> dict[str, Any]:
@@ -135,7 +136,7 @@ def kill_mid_upload(proxied: Proxied, t: Target, src: Path) -> dict[str, Any]:
     assert door(t).read(record_path(NAME)) is None
     (where,) = states(t)
     state: dict[str, Any] = json.loads(door(t).read(where) or b"")
-    assert LANDED <= len(state["gcs"]["crc32c"]) < CHUNKS
+    assert LANDED * CHUNK <= state["gcs"]["sent"] < SIZE
     return state
 
 
@@ -189,7 +190,7 @@ def _more_sent(state: dict[str, Any], proxied: Proxied, t: Target) -> dict[str, 
     import google_crc32c
 
     chunks = state["gcs"]["crc32c"]
-    n = len(chunks) + 1
+    n = state["gcs"]["sent"] // CHUNK + 1
     body = Path(state["__source"]).read_bytes()[(n - 1) * CHUNK : n * CHUNK]
     chunks[str(n)] = google_crc32c.Checksum(body).digest().hex()  # type: ignore[no-untyped-call]
     state["gcs"]["sent"] = n * CHUNK
@@ -200,7 +201,7 @@ def _other_session(state: dict[str, Any], proxied: Proxied, t: Target) -> dict[s
     # another name's session, holding the same first chunks' bytes
     other_key = f"{door(t).prefix}/other.pt"
     location = _start_session(proxied, other_key)
-    body = Path(state["__source"]).read_bytes()[: len(state["gcs"]["crc32c"]) * CHUNK]
+    body = Path(state["__source"]).read_bytes()[: state["gcs"]["sent"]]
     _request("PUT", location, body, {"Content-Range": f"bytes 0-{len(body) - 1}/*"})
     state["upload_id"] = location
     return state

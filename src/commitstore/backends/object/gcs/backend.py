@@ -408,6 +408,8 @@ class GcsUpload(Upload):
             }
             if final:
                 headers["x-goog-hash"] = f"crc32c={self.checksum()}"
+            else:  # listed before it is sent: whatever the server took, the state covers
+                self._save_state(number, crc)
             # Sent straight from the part's buffer (no copy of the chunk).
             _headers, txt = b.call(
                 "uploading",
@@ -419,7 +421,6 @@ class GcsUpload(Upload):
             )
         self._offset += length
         if not final:
-            self._save_state(number, crc)
             return done(None)
         self._location = None  # finalised: nothing left to cancel
         self._drop_state()
@@ -501,7 +502,7 @@ class GcsUpload(Upload):
             held = self._held_by(found, size)
             if 0 < held < size and self._all_match(found, held, source):
                 self._location, self._held = found.session, held
-                found.sent = min(found.sent, held - held % self.part_size)
+                found.sent = held - held % self.part_size
                 found.crc32c = {
                     n: c for n, c in found.crc32c.items() if n * self.part_size <= found.sent
                 }
@@ -537,7 +538,8 @@ class GcsUpload(Upload):
             if match is None:
                 return -1
             held = int(match.group(1)) + 1
-        # every byte held must lie in a chunk whose CRC32C the state lists
+        # every byte held must lie in a chunk whose CRC32C the state lists (the chunk in
+        # flight at the kill is listed before it is sent)
         return held if held <= len(found.crc32c) * self.part_size else -1
 
     def _all_match(self, found: GcsState, held: int, source: Rereadable) -> bool:
@@ -561,9 +563,10 @@ class GcsUpload(Upload):
         return True
 
     def _save_state(self, number: int, crc: str) -> None:
-        """Record chunk ``number`` as acknowledged and rewrite the state (from the writer's
-        thread, after the chunk's answer). A failed write is logged: the upload goes on, and a
-        later resume finds fewer chunks (or none) to reuse."""
+        """List chunk ``number`` (of CRC32C ``crc``) and rewrite the state, just before the
+        chunk is sent (from the writer's thread): ``sent``, the bytes acknowledged, is then
+        where the chunk starts. A failed write is logged: the upload goes on, and a later
+        resume finds fewer chunks (or none) to reuse."""
         state = self._state
         if state is None or not state.session:
             return

@@ -4,7 +4,8 @@ Same place (``layout.resume_parts(name)``) and schema (``commitstore.resume/1``)
 (``backends/object/resume.py``): ``upload_id`` is the session URI, ``parts`` is empty, and the
 GCS-only fields sit under ``"gcs"``: ``sent`` (the bytes the server acknowledged, in whole
 chunks), ``create_only`` (the session's ``ifGenerationMatch=0``) and ``crc32c`` (chunk number ->
-CRC32C, 8 hex digits, of each chunk the server acknowledged). The common parser reads it too
+CRC32C, 8 hex digits, of each chunk acknowledged, and of the one being sent when the state was
+written: it is rewritten just before each chunk is sent). The common parser reads it too
 (gc finds the session it names with ``upload_id_of``).
 
 Nothing in it is trusted on its own: a state that does not parse, names another name, key,
@@ -77,8 +78,8 @@ def parse_gcs(data: bytes) -> GcsState | None:
         numbered[int(number)] = crc
     if sorted(numbered) != list(range(1, len(numbered) + 1)):
         return None
-    if sent != len(numbered) * base.part_size:
-        return None
+    if sent not in (len(numbered) * base.part_size, (len(numbered) - 1) * base.part_size):
+        return None  # every acknowledged chunk, and at most one more (sent when the state was)
     name, key, session = base.name, base.key, base.upload_id
     return GcsState(name, key, session, base.part_size, base.source, create_only, sent, numbered)
 
