@@ -213,6 +213,19 @@ def _foreign_host(state: dict[str, Any], proxied: Proxied, t: Target) -> dict[st
     return state
 
 
+def _other_chunk_size(state: dict[str, Any], proxied: Proxied, t: Target) -> dict[str, Any]:
+    # the same chunks' CRC32Cs, named for chunks of another size
+    state["part_size"] = 2 * CHUNK
+    state["gcs"]["sent"] = len(state["gcs"]["crc32c"]) * 2 * CHUNK
+    return state
+
+
+def _create_only(state: dict[str, Any], proxied: Proxied, t: Target) -> dict[str, Any]:
+    # a session started as create-only is not the one an overwrite resumes
+    state["gcs"]["create_only"] = True
+    return state
+
+
 def _start_session(proxied: Proxied, key: str) -> str:
     from urllib.parse import quote
 
@@ -241,7 +254,15 @@ def _request(method: str, url: str, body: bytes, headers: dict[str, str]) -> Any
 
 @pytest.mark.parametrize(
     "hostile",
-    [_garbage, _wrong_checksums, _more_sent, _other_session, _foreign_host],
+    [
+        _garbage,
+        _wrong_checksums,
+        _more_sent,
+        _other_session,
+        _foreign_host,
+        _other_chunk_size,
+        _create_only,
+    ],
     ids=lambda f: f.__name__,
 )
 def test_hostile_state_never_commits_bad_bytes(
