@@ -357,13 +357,13 @@ def _stat(doc: dict[str, Any]) -> ObjectStat:
 class GcsUpload(Upload):
     """A resumable upload: 256 KiB-aligned chunks, one at a time and in order, CRC32C-summed on
     the way; the final one (never empty: the sink keeps a byte for it) carries the total size and
-    the CRC32C of every byte written (``x-goog-hash``: GCS refuses to finalise an object whose
-    bytes do not match it) and is the commit. Create-only is ``ifGenerationMatch=0`` on the
-    session.
+    the CRC32C of every byte written (``x-goog-hash``: GCS documents that it refuses an upload
+    whose bytes do not match a checksum supplied with it) and is the commit. Create-only is
+    ``ifGenerationMatch=0`` on the session.
 
     Offered a local source (:meth:`resume`), the session keeps its state on the target (the
-    session URI, each acknowledged chunk's CRC32C: ``gcs/resume.py``), rewritten after each
-    chunk, so a later attempt from the same unchanged source sends only what the server lacks."""
+    session URI, each chunk's CRC32C: ``gcs/resume.py``), rewritten just before each chunk is
+    sent, so a later attempt from the same unchanged source sends only what the server lacks."""
 
     max_inflight = 1
 
@@ -474,7 +474,8 @@ class GcsUpload(Upload):
         it must have the CRC32C the state lists for it over the same bytes of ``source`` read
         now (and :meth:`send_part` checks each again against the bytes written). Otherwise the
         state is dropped (its session cancelled when it is this key's: never another URL) and
-        the upload starts over; the state is written once the new session took a chunk."""
+        the upload starts over; the state is written once the new session is started, just
+        before its first chunk is sent."""
         where = resume_parts(self._parts)
         name = "/".join(self._parts)
         mine = GcsState(name, self._key, "", self.part_size, identity, self._create_only)
@@ -503,8 +504,10 @@ class GcsUpload(Upload):
             if 0 < held < size and self._all_match(found, held, source):
                 self._location, self._held = found.session, held
                 found.sent = held - held % self.part_size
+                # the chunks that hold a byte below the offset (one partly, where the server
+                # kept part of a chunk), each checked again in send_part
                 found.crc32c = {
-                    n: c for n, c in found.crc32c.items() if n * self.part_size <= found.sent
+                    n: c for n, c in found.crc32c.items() if (n - 1) * self.part_size < held
                 }
                 self._state = found
                 log.info("%s: resuming upload at byte %d", self._b.shown(self._parts), held)
