@@ -496,7 +496,7 @@ class CommitStore(StoreReads, StoreUpkeep):
         """Commit a local file as ``name``, streamed with constant memory; checks free space first.
         On S3 and Azure the parts are sent from the file, and an upload killed midway resumes at
         the next ``put_file`` of the same unchanged file (``docs/guarantees.md``, "Resuming an
-        upload").
+        upload"); on GCS its resumable session resumes the same way ("Resuming a GCS upload").
 
         Raises:
             NotFoundError (a ``FileNotFoundError``), StorageError: the local file cannot be read.

@@ -33,9 +33,10 @@ from .samba import free_port
 class FaultProxy:
     """Listens on ``self.port``, forwards to ``upstream_port``."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, *, port: int | None = None) -> None:
+        """``port``: where it listens (a free one by default)."""
         self.upstream = ("127.0.0.1", upstream_port)
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.cut_after: int | None = None
         self.reset_after: int | None = None
         self.flip_every: int | None = None
@@ -174,9 +175,13 @@ class FaultProxy:
                     s.close()
 
     def stop(self) -> None:
+        """Stop accepting (the port is free once this returns) and end every connection."""
         self._stop.set()
         with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept, which holds the socket
+        with contextlib.suppress(OSError):
             self._sock.close()
+        self._thread.join(5)
 
 
 @contextlib.contextmanager

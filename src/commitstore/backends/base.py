@@ -515,6 +515,12 @@ class Backend(abc.ABC):
         names, for gc; None when it does not parse. Storage without resumable uploads: None."""
         return None
 
+    def abandon_upload_of(self, state: bytes) -> None:
+        """Cancel, where possible, the upload a stale resume state names before gc removes the
+        state (GCS: its resumable session, which no listing shows). Default: nothing (S3's
+        uploads are aborted by gc's pass over the unfinished uploads)."""
+        del state
+
     def abort_upload(self, upload: PendingUpload) -> None:
         """Abort one unfinished upload (object stores)."""
         raise NotImplementedError(f"{type(self).__name__} has no uploads to abort")

@@ -3,7 +3,9 @@
 A state is removed once older than ``min_age`` (it is rewritten as its upload's parts land),
 unless the upload it names is still live (gc kept it: its writer's proof of life, or a part,
 is younger than ``min_age``). Its upload, when older, is aborted by gc's pass over the
-unfinished uploads, which runs first. A state that does not parse is aged the same way. A later
+unfinished uploads, which runs first (a GCS session, which no listing shows, is cancelled
+with its state: ``Backend.abandon_upload_of``). A state that does not parse is aged the same
+way. A later
 attempt whose state gc removed starts a new upload."""
 
 from __future__ import annotations
@@ -41,5 +43,6 @@ def collect(
             kept.append((path, "its upload is live"))
             continue
         if judge(path, "resume", info.mtime) and not dry_run:
+            backend.abandon_upload_of(data)  # GCS: its session, which no listing shows
             backend.remove(parts)
     return kept

@@ -20,7 +20,9 @@ source that changed in between (a part: nothing is completed; a whole-object put
 back).
 Such a source that is a local file, sent in parts, is offered to the session to resume
 (``Upload.resume``, ``resume.py``): a part the server already holds as exactly the bytes written
-(its MD5 and length) is not sent again.
+(its MD5 and length) is not sent again. A store that resumes without sending from the source
+(GCS, ``resumes_uploads``) is offered the source's identity the same way; its bytes still go
+through the sink's buffers, and its session skips the chunks its server holds (``gcs/resume.py``).
 """
 
 from __future__ import annotations
@@ -94,7 +96,10 @@ class ObjectFileSink(FileSink):
         return self._up
 
     def reread_from(self, source: Rereadable, size: int) -> bool:
-        if self.bytes_written or self._closed or not (self._b.reread_bodies and self._md5_on):
+        if self.bytes_written or self._closed:
+            return False
+        if not (self._b.reread_bodies and self._md5_on):
+            self._resume_only(source, size)
             return False
         self._source, self._whole = source, None
         self._in_parts = size > self._b.whole_max
@@ -108,6 +113,21 @@ class ObjectFileSink(FileSink):
                     self.abort()
                     raise
         return True
+
+    def _resume_only(self, source: Rereadable, size: int) -> None:
+        """A store that resumes uploads without sending bodies from the source (GCS:
+        ``resumes_uploads``): the bytes still go through the sink's buffers, and the session
+        only learns the source's identity, to find and check what an earlier attempt left."""
+        if not getattr(self._b, "resumes_uploads", False) or size <= self._b.whole_max:
+            return
+        identity = source_identity(source, size)
+        if identity is None:
+            return
+        try:
+            self._session().resume(identity, source)
+        except BaseException:
+            self.abort()
+            raise
 
     def write(self, data: memoryview) -> None:
         assert not self._closed, "write after publish/abort"

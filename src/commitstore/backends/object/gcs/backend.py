@@ -16,7 +16,9 @@ import contextlib
 import functools
 import io
 import json
+import logging
 import os
+import re
 import uuid
 from typing import Any, BinaryIO, cast
 from urllib.parse import quote, unquote, urlsplit
@@ -24,8 +26,9 @@ from urllib.parse import quote, unquote, urlsplit
 import google_crc32c
 from fsspec.asyn import sync
 
+from commitstore._recordrules import RecordFormatError
 from commitstore._secrets import leaks, redact, secret_values, stand_in
-from commitstore.backends.base import MAX_SMALL_BYTES, take_options, too_large
+from commitstore.backends.base import MAX_SMALL_BYTES, Rereadable, take_options, too_large
 from commitstore.backends.object._transport import (
     ATTEMPTS,
     CONNECT_TIMEOUT,
@@ -36,6 +39,7 @@ from commitstore.backends.object._transport import (
 from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.bodies import ViewReader
 from commitstore.backends.object.gcs.errors import translate
+from commitstore.backends.object.gcs.resume import GcsState, parse_gcs, session_of
 from commitstore.backends.object.upload import ObjectStat, Upload, Written, done
 from commitstore.errors import (
     AlreadyExistsError,
@@ -45,12 +49,14 @@ from commitstore.errors import (
     ConfigurationError,
     NotFoundError,
 )
-from commitstore.layout import Parts
+from commitstore.layout import Parts, resume_parts
 
 MiB = 1024 * 1024
 CRC_PIECE = 1024 * 1024
 """CRC32C is fed in pieces of this size, each a small copy of the part of the chunk it covers."""
 ALIGN = 256 * 1024
+
+log = logging.getLogger("commitstore")
 
 
 def crc32c_b64(value: int) -> str:
@@ -63,6 +69,9 @@ class GcsBackend(ObjectBackend):
 
     strategy = "gcs-resumable"
     scheme = "gs"
+    resumes_uploads = True
+    """A ``put_file`` sent in chunks resumes the session an earlier attempt left
+    (:meth:`GcsUpload.resume`)."""
 
     def __init__(
         self,
@@ -81,6 +90,10 @@ class GcsBackend(ObjectBackend):
         self.fs = fs
         self.chunk_size = chunk_size
         self._secrets = secrets
+        self.status_queries: bool | None = None
+        """Whether the endpoint answers a resumable session's status query (``Content-Range:
+        bytes */N``, no body) with the offset it holds, without finalising the object: probed
+        once per store, the first time a resume needs it (:meth:`probe_status_queries`)."""
 
     def run(self, what: str, parts: Parts, coro: Any) -> Any:
         """Run a gcsfs coroutine on its loop; errors translated in one place (a credential in
@@ -124,6 +137,62 @@ class GcsBackend(ObjectBackend):
             with contextlib.suppress(Exception):
                 self.delete_key(parts, key)
         return False
+
+    def probe_status_queries(self) -> bool:
+        """Does a status query of a resumable session answer 308 with the offset it holds?
+
+        GCS does; fake-gcs-server finalises the object with what it holds instead (so a query
+        there would publish a truncated object). Probed on a probe key of our own: one 256 KiB
+        chunk, then the query; only a 308 answer says yes. Cached once known."""
+        if self.status_queries is not None:
+            return self.status_queries
+        parts = (".commitstore", f"probe-{uuid.uuid4().hex}")
+        key = self.key(parts)
+        loc = self.initiate(parts, key, create_only=False)
+        try:
+            self.call(
+                "probing",
+                parts,
+                "PUT",
+                loc,
+                headers={"Content-Range": f"bytes 0-{ALIGN - 1}/*", "Content-Length": str(ALIGN)},
+                data=bytes(ALIGN),
+            )
+            status, headers = self.query(parts, loc, 2 * ALIGN)
+            self.status_queries = status == 308 and headers.get("Range") == f"bytes=0-{ALIGN - 1}"
+        finally:
+            with contextlib.suppress(Exception):
+                self.call("probing", parts, "DELETE", loc)
+            with contextlib.suppress(Exception):
+                self.delete_key(parts, key)
+        return self.status_queries
+
+    def query(self, parts: Parts, location: str, total: int) -> tuple[int, Any]:
+        """The status query of resumable session ``location`` (``total``: the object's size):
+        the answer's status and headers (308 and ``Range``: the bytes the session holds)."""
+        status, headers, _info, _data = self.run(
+            "querying the upload of",
+            parts,
+            self.fs._request(
+                "PUT",
+                location,
+                headers={"Content-Range": f"bytes */{total}", "Content-Length": "0"},
+                data=b"",
+            ),
+        )
+        return int(status), headers
+
+    def abandon_upload_of(self, state: bytes) -> None:
+        """Cancel the resumable session a stale state names (gc), when it is a session of the
+        key the state names on this endpoint and bucket (never a URL of another); errors are
+        ignored (GCS expires an abandoned session after a week)."""
+        found = parse_gcs(state)
+        if found is None:
+            return
+        if not session_of(self.fs._location, self.bucket, found.key, found.session):
+            return
+        with contextlib.suppress(Exception):
+            self.call("cancelling the upload of", (found.key,), "DELETE", found.session)
 
     # -- protocol pieces -------------------------------------------------------------------
     def initiate(self, parts: Parts, key: str, *, create_only: bool) -> str:
@@ -288,7 +357,13 @@ def _stat(doc: dict[str, Any]) -> ObjectStat:
 class GcsUpload(Upload):
     """A resumable upload: 256 KiB-aligned chunks, one at a time and in order, CRC32C-summed on
     the way; the final one (never empty: the sink keeps a byte for it) carries the total size and
-    is the commit. Create-only is ``ifGenerationMatch=0`` on the session."""
+    the CRC32C of every byte written (``x-goog-hash``: GCS documents that it refuses an upload
+    whose bytes do not match a checksum supplied with it) and is the commit. Create-only is
+    ``ifGenerationMatch=0`` on the session.
+
+    Offered a local source (:meth:`resume`), the session keeps its state on the target (the
+    session URI, each chunk's CRC32C: ``gcs/resume.py``), rewritten just before each chunk is
+    sent, so a later attempt from the same unchanged source sends only what the server lacks."""
 
     max_inflight = 1
 
@@ -299,33 +374,74 @@ class GcsUpload(Upload):
         self._crc = google_crc32c.Checksum()  # type: ignore[no-untyped-call]
         self._location: str | None = None
         self._offset = 0
+        self._state: GcsState | None = None  # resumable: the state kept on the target
+        self._held = 0  # resumed: the bytes the session holds (chunks not sent again)
+        self.reused_bytes = 0
 
     def send_part(
         self, number: int, body: io.BytesIO, length: int, *, final: bool
     ) -> concurrent.futures.Future[Any]:
         b = self._b
-        if self._location is None:
-            self._location = b.initiate(self._parts, self._key, create_only=self._create_only)
-        total = str(self._offset + length) if final else "*"
-        rng = f"bytes {self._offset}-{self._offset + length - 1}/{total}"
-        # Sent straight from the part's buffer (no copy of the chunk); CRC32C is fed in small
-        # copies, as google-crc32c wants read-only bytes.
+        # CRC32C is fed in small copies, as google-crc32c wants read-only bytes; the chunk's
+        # own CRC32C too, when the state keeps it.
+        own = google_crc32c.Checksum()  # type: ignore[no-untyped-call]
         with body.getbuffer() as view, view[:length] as chunk:
             for i in range(0, length, CRC_PIECE):
-                self._crc.update(bytes(chunk[i : i + CRC_PIECE]))  # type: ignore[no-untyped-call]
+                piece = bytes(chunk[i : i + CRC_PIECE])
+                self._crc.update(piece)  # type: ignore[no-untyped-call]
+                if self._state is not None:
+                    own.update(piece)  # type: ignore[no-untyped-call]
+            crc = own.digest().hex()  # type: ignore[no-untyped-call]
+            skip = self._reused(number, crc, length)
+            if skip == length:
+                self._offset += length
+                return done(None)
+            if self._location is None:
+                self._location = b.initiate(self._parts, self._key, create_only=self._create_only)
+                if self._state is not None:
+                    self._state.session = self._location
+            start = self._offset + skip
+            total = str(self._offset + length) if final else "*"
+            headers = {
+                "Content-Range": f"bytes {start}-{self._offset + length - 1}/{total}",
+                "Content-Length": str(length - skip),
+            }
+            if final:
+                headers["x-goog-hash"] = f"crc32c={self.checksum()}"
+            else:  # listed before it is sent: whatever the server took, the state covers
+                self._save_state(number, crc)
+            # Sent straight from the part's buffer (no copy of the chunk).
             _headers, txt = b.call(
                 "uploading",
                 self._parts,
                 "POST",
                 self._location,
-                headers={"Content-Range": rng, "Content-Length": str(length)},
-                data=ViewReader(chunk),
+                headers=headers,
+                data=ViewReader(chunk[skip:]),
             )
         self._offset += length
         if not final:
             return done(None)
         self._location = None  # finalised: nothing left to cancel
+        self._drop_state()
         return done(json.loads(txt) if txt else {})
+
+    def _reused(self, number: int, crc: str, length: int) -> int:
+        """The bytes of chunk ``number`` (of CRC32C ``crc``, computed from the bytes written)
+        that the resumed session already holds: none past its offset; below it, the chunk
+        must be the one the state lists (checked up front against the source), else the
+        source changed since and the commit fails (nothing is finalised)."""
+        if self._offset >= self._held:
+            return 0
+        assert self._state is not None
+        if self._state.crc32c.get(number) != crc:
+            raise CommitError(
+                f"{self._b.shown(self._parts)}: chunk {number} is not the bytes the resumed "
+                "upload holds (the source changed while it was copied); nothing was published"
+            )
+        skip = min(length, self._held - self._offset)
+        self.reused_bytes += skip
+        return skip
 
     def complete(self, receipts: list[Any]) -> Written:
         return _written(receipts[-1] or {})  # the final chunk was the commit
@@ -338,6 +454,7 @@ class GcsUpload(Upload):
         )
 
     def abort(self) -> None:
+        self._drop_state()
         if self._location is not None:
             location, self._location = self._location, None
             # An unreachable endpoint leaves the session; GCS expires it after a week.
@@ -345,6 +462,143 @@ class GcsUpload(Upload):
 
     def checksum(self) -> str | None:
         return crc32c_b64(int.from_bytes(self._crc.digest(), "big"))  # type: ignore[no-untyped-call]
+
+    # -- resuming (``gcs/resume.py``) ------------------------------------------------------
+    def resume(self, identity: dict[str, Any], source: Rereadable) -> None:
+        """Find the state an earlier attempt at this name left and resume its session. It is
+        resumed only when the state parses, names this name, key, chunk size, session mode and
+        a source of this very ``identity``, and a session URI of this key on this endpoint; the
+        offset comes from the server's answer to a status query where the endpoint answers one
+        (GCS), else (fake-gcs-server, whose status query would finalise the object) from the
+        state, checked only by the finalisation (see ``docs/guarantees.md``); every chunk below
+        it must have the CRC32C the state lists for it over the same bytes of ``source`` read
+        now (and :meth:`send_part` checks each again against the bytes written). Otherwise the
+        state is dropped (its session cancelled when it is this key's: never another URL) and
+        the upload starts over; the state is written once the new session is started, just
+        before its first chunk is sent."""
+        where = resume_parts(self._parts)
+        name = "/".join(self._parts)
+        mine = GcsState(name, self._key, "", self.part_size, identity, self._create_only)
+        self._state = mine
+        size = int(identity["size"])
+        try:
+            data = self._b.read_small(where)
+        except NotFoundError:
+            return
+        except RecordFormatError:
+            data = b""
+        found = parse_gcs(data)
+        ours = found is not None and session_of(
+            self._b.fs._location, self._b.bucket, self._key, found.session
+        )
+        if (
+            found is not None
+            and ours
+            and found.name == name
+            and found.key == self._key
+            and found.chunk_size == self.part_size
+            and found.create_only == self._create_only
+            and found.source == identity
+        ):
+            held = self._held_by(found, size)
+            if 0 < held < size and self._all_match(found, held, source):
+                self._location, self._held = found.session, held
+                found.sent = held - held % self.part_size
+                # the chunks that hold a byte below the offset (one partly, where the server
+                # kept part of a chunk), each checked again in send_part
+                found.crc32c = {
+                    n: c for n, c in found.crc32c.items() if (n - 1) * self.part_size < held
+                }
+                self._state = found
+                log.info("%s: resuming upload at byte %d", self._b.shown(self._parts), held)
+                return
+        if found is not None and ours:  # another source, or a state not to trust: start over
+            with contextlib.suppress(CommitStoreError):
+                self._b.call("cancelling the upload of", self._parts, "DELETE", found.session)
+        with contextlib.suppress(CommitStoreError):
+            self._b.delete_key(where, self._b.key(where))
+
+    def _held_by(self, found: GcsState, size: int) -> int:
+        """The bytes the session holds: the server's answer to a status query where the
+        endpoint answers one as a query, else the state's acknowledged chunks; -1 when the
+        session is gone or finalised, or the server holds more than the state lists."""
+        try:
+            answers = self._b.probe_status_queries()
+        except CommitStoreError:  # not known: nothing is resumed on a guess
+            return -1
+        if not answers:
+            # the state's word is checked only by the finalisation, which replaces what stands
+            # under the name before its check can fail: taken only when nothing stands there
+            # (an overwrite of a committed object starts over instead, so it never loses it)
+            try:
+                standing = self._b.head(self._parts)
+            except CommitStoreError:
+                return -1
+            return found.sent if standing is None else -1
+        try:
+            status, headers = self._b.query(self._parts, found.session, size)
+        except CommitStoreError:
+            return -1
+        if status != 308:
+            return -1  # finalised (200/201) or cancelled (499)
+        held = 0
+        got = headers.get("Range")
+        if got is not None:
+            match = re.fullmatch(r"bytes=0-(\d+)", str(got).strip())
+            if match is None:
+                return -1
+            held = int(match.group(1)) + 1
+        # every byte held must lie in a chunk whose CRC32C the state lists (the chunk in
+        # flight at the kill is listed before it is sent)
+        return held if held <= len(found.crc32c) * self.part_size else -1
+
+    def _all_match(self, found: GcsState, held: int, source: Rereadable) -> bool:
+        """Whether each chunk that holds a byte below ``held`` has the CRC32C the state lists
+        over the same bytes of ``source`` read now; a failed or short read is no."""
+        chunks = -(-held // self.part_size)
+        for number in range(1, chunks + 1):
+            crc = google_crc32c.Checksum()  # type: ignore[no-untyped-call]
+            at, left = (number - 1) * self.part_size, self.part_size
+            try:
+                while left:
+                    piece = source.pread(at, min(left, 8 * MiB))
+                    if not piece:
+                        return False
+                    crc.update(piece)  # type: ignore[no-untyped-call]
+                    at, left = at + len(piece), left - len(piece)
+            except CommitStoreError:
+                return False
+            if crc.digest().hex() != found.crc32c.get(number):  # type: ignore[no-untyped-call]
+                return False
+        return True
+
+    def _save_state(self, number: int, crc: str) -> None:
+        """List chunk ``number`` (of CRC32C ``crc``) and rewrite the state, just before the
+        chunk is sent (from the writer's thread): ``sent``, the bytes acknowledged, is then
+        where the chunk starts. A failed write is logged: the upload goes on, and a later
+        resume finds fewer chunks (or none) to reuse."""
+        state = self._state
+        if state is None or not state.session:
+            return
+        state.crc32c[number] = crc
+        state.sent = self._offset
+        where = resume_parts(self._parts)
+        try:
+            self._b.upload_small(where, self._b.key(where), state.to_bytes(), create_only=False)
+        except CommitStoreError as exc:
+            log.warning("%s", exc)
+
+    def _drop_state(self) -> None:
+        """Remove the state once the upload finalised or aborted (a failure is logged: gc, or
+        the next attempt, removes it)."""
+        if self._state is None:
+            return
+        self._state = None
+        where = resume_parts(self._parts)
+        try:
+            self._b.delete_key(where, self._b.key(where))
+        except CommitStoreError as exc:
+            log.debug("%s", exc)
 
 
 def _redacted(err: CommitStoreError, secrets: tuple[str, ...]) -> CommitStoreError:
