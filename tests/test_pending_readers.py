@@ -167,14 +167,14 @@ def pending_file(where: str, tmp_path: Path, moto: MotoServer) -> Place:
     return p
 
 
-def crash(p: Place, tmp_path: Path) -> None:
-    """``last.pt`` overwritten by NEW in a writer killed before its record step: the new bytes
-    under the name, the old record, a pending record."""
+def crash(p: Place, tmp_path: Path, old: bytes = OLD) -> None:
+    """``last.pt`` (holding ``old``) overwritten by NEW in a writer killed before its record
+    step: the new bytes under the name, the old record, a pending record."""
     source = tmp_path / "new.pt"
     source.write_bytes(NEW)
     kill_new_version(p, NAME, source)
     assert p.t.door.read(NAME) == NEW
-    assert stored_record(p.t.door, NAME)["digest"] == xxh(OLD)
+    assert stored_record(p.t.door, NAME)["digest"] == xxh(old)
 
 
 def pending_folder(where: str, tmp_path: Path, moto: MotoServer) -> Place:
@@ -392,22 +392,30 @@ def test_record_at_a_level_refuses_a_folder_that_matches_no_version(
     assert caught.value.status == "size_mismatch"
 
 
+SAME_SIZE_OLD = payload(0, 3000)
+"""An old version of ``last.pt`` as large as NEW (one model's checkpoints): sizes cannot tell
+them apart."""
+assert len(SAME_SIZE_OLD) == len(NEW)
+OLDS = {"other_size": OLD, "same_size": SAME_SIZE_OLD}
+
+
 @pytest.mark.crash
+@pytest.mark.parametrize("old", OLDS)
 @pytest.mark.parametrize("where", WHERE)
 def test_latest_orders_a_name_by_the_pending_version_it_verifies_as(
-    where: str, tmp_path: Path, moto: MotoServer
+    where: str, old: str, tmp_path: Path, moto: MotoServer
 ) -> None:
     """``last.pt`` committed at step 0, ``mid.pt`` at step 1, then ``last.pt`` overwritten at
     step 2 by a writer killed before its record step: the newest whole artifact is ``last.pt``
     at step 2 (its pending version), not ``mid.pt``, although ``last.pt``'s stored record says
-    step 0."""
+    step 0; also when the old version has the new one's size (checked in full then)."""
     p = make(where, tmp_path, moto, "store")
-    p.t.store.put_bytes(NAME, OLD, step=0, metadata={"version": 1})
+    p.t.store.put_bytes(NAME, OLDS[old], step=0, metadata={"version": 1})
     p.t.store.put_bytes("mid.pt", FIRST, step=1)
     mirror = open_store(tmp_path / "mirror")
     with p.open(mirror) as both:
         assert both.sync().ok  # the mirror holds the old version of last.pt and mid.pt
-    crash(p, tmp_path)
+    crash(p, tmp_path, OLDS[old])
     assert stored_record(p.t.door, NAME)["step"] == 0
     with p.open(mirror) as both:
         assert_new_record(both.latest())
@@ -416,6 +424,10 @@ def test_latest_orders_a_name_by_the_pending_version_it_verifies_as(
         obj, rec = cs_torch.load_with_record(both)  # newest first
         assert obj["step"] == 2
         assert_new_record(rec)
+        data, rec = both.read_with_record(NAME, verify="size")  # sizes may not settle it
+        assert data == NEW
+        assert_new_record(rec)
+        assert_new_record(both.record(NAME, level="size"))
         order = list(both.newest(level="full"))
         assert [(r.name, r.step) for r in order] == [(NAME, 2), ("mid.pt", 1)]
         assert_new_record(order[0])
@@ -427,17 +439,19 @@ def test_latest_orders_a_name_by_the_pending_version_it_verifies_as(
 
 
 @pytest.mark.crash
+@pytest.mark.parametrize("old", OLDS)
 @pytest.mark.parametrize("where", WHERE)
 def test_prune_ranks_a_name_by_the_pending_version_it_verifies_as(
-    where: str, tmp_path: Path, moto: MotoServer
+    where: str, old: str, tmp_path: Path, moto: MotoServer
 ) -> None:
     """``last.pt`` committed at step 0, ``mid.pt`` at step 1, then ``last.pt`` overwritten at
     step 2 by a writer killed before its record step: ``prune(keep_last=1)`` keeps ``last.pt``
-    (the newest whole version, step 2), never the data of the newest checkpoint; ``mid.pt`` goes."""
+    (the newest whole version, step 2), never the data of the newest checkpoint; ``mid.pt`` goes.
+    Also when the old version has the new one's size."""
     p = make(where, tmp_path, moto, "store")
-    p.t.store.put_bytes(NAME, OLD, step=0, metadata={"version": 1})
+    p.t.store.put_bytes(NAME, OLDS[old], step=0, metadata={"version": 1})
     p.t.store.put_bytes("mid.pt", FIRST, step=1)
-    crash(p, tmp_path)
+    crash(p, tmp_path, OLDS[old])
     with p.open() as store:
         report = store.prune(keep_last=1, min_age=0)
     assert p.t.door.read(NAME) == NEW, report

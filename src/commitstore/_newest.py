@@ -10,11 +10,13 @@ older step than the newest whole one until gc settles the record.
 So every pending version is a candidate too, at its own place in the order (``_order``): the
 names that have one are found from the same listing of the records folder (pending records sit
 beside the records) plus, on object stores, one listing of the writers' slots; only those names'
-pending records are read. Walking candidates newest first, a pending version is taken only when
-its name verifies as exactly that version (the name is checked once, whichever of its
-candidates comes first); a record only when its name verifies (as the record, or as a pending
-version that appeared after the listing). Each name is yielded at most once, so the walk is
-exactly the order of the versions the names hold.
+pending records are read. A name one of whose pending versions has the same sizes as its record
+(a same-size overwrite: one model's checkpoints) is checked in full whatever the level asked,
+since sizes cannot tell which version it holds. Walking candidates newest first, a pending
+version is taken only when its name verifies as exactly that version (the name is checked
+once, whichever of its candidates comes first); a record only when its name verifies (as the
+record, or as a pending version that appeared after the listing). Each name is yielded at most
+once, so the walk is exactly the order of the versions the names hold.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from commitstore._order import arrange, sort_key
 from commitstore._scan import scan_records
 from commitstore._slots import uses_slots
-from commitstore._verify import pending_versions, resolve
+from commitstore._verify import pending_versions, resolve, same_shape
 from commitstore.backends import Backend, FileInfo
 from commitstore.errors import CommitStoreError
 from commitstore.layout import (
@@ -97,6 +99,20 @@ def candidates(
     return out
 
 
+def ambiguous(found: Iterable[Candidate]) -> set[str]:
+    """The names one of whose pending versions a size-level check cannot tell from its record
+    (:func:`same_shape`): they are checked in full wherever a walk ranks by the version a name
+    holds, else a stopped same-size overwrite would rank (and be served) as its old step."""
+    return {
+        c.version.name for c in found if c.origin is not None and same_shape(c.version, c.origin)
+    }
+
+
+def level_for(name: str, level: str, sharp: set[str]) -> str:
+    """``level``, raised to ``"full"`` for a name in ``sharp`` (:func:`ambiguous`)."""
+    return "full" if name in sharp else level
+
+
 def walk(found: Iterable[Candidate], check: Resolver) -> Iterator[tuple[VerifyResult, Record]]:
     """``(result, version)`` per name, newest first by the version each name verifies as
     (module docstring); a name that does not verify is yielded once, with its failed result,
@@ -127,8 +143,11 @@ def newest(backend: Backend, level: str) -> Iterator[tuple[VerifyResult, Record]
     records, bad = scan_records(backend, listing)
     for b in bad:
         log.warning("latest: skipping %s: bad_record (%s)", b.name, b.detail)
+    found = candidates(backend, records, listing)
+    sharp = ambiguous(found)
     yield from walk(
-        candidates(backend, records, listing), lambda rec, _where: resolve(backend, rec, level)
+        found,
+        lambda rec, _where: resolve(backend, rec, level_for(rec.name, level, sharp), settle=False),
     )
 
 

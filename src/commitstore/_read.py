@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import stat
 from collections.abc import Callable
@@ -60,13 +61,19 @@ def _record_changed(backend: Backend, rec: Record) -> bool:
 
 
 def _served(
-    backend: Backend, rec: Record, level: str, size: int, digest: str | None
+    backend: Backend,
+    rec: Record,
+    level: str,
+    size: int,
+    digest: str | None,
+    *,
+    rehash: Callable[[], str] | None = None,
 ) -> Record | IntegrityError:
     """The version the bytes read (``size``, ``digest``) are: ``rec``, or the pending version
     of a commit whose record was not written yet (``_commit``), the new version of the name
     (``_verify.served_version``, the one resolution); else the IntegrityError."""
     try:
-        return served_version(backend, rec, level, size=size, digest=digest)
+        return served_version(backend, rec, level, size=size, digest=digest, rehash=rehash)
     except IntegrityError as exc:
         return exc
 
@@ -105,6 +112,12 @@ def _open_parts(backend: Backend, name: str, parts: tuple[str, ...]) -> BinaryIO
         ) from exc
 
 
+def _rehash(f: BinaryIO) -> str:
+    """The digest of all of ``f`` (a size-level read that sizes cannot settle)."""
+    f.seek(0)
+    return hash_stream(f)[1]
+
+
 def open_verified(backend: Backend, url: str, name: str, level: str) -> VerifiedFile:
     """Open, check at ``level`` (reading the file once for ``"full"``), rewind and return."""
     for attempt in range(ATTEMPTS):
@@ -116,7 +129,9 @@ def open_verified(backend: Backend, url: str, name: str, level: str) -> Verified
                     size, digest = hash_stream(f)
                 else:
                     size, digest = f.seek(0, os.SEEK_END), None
-                served = _served(backend, rec, level, size, digest)
+                served = _served(
+                    backend, rec, level, size, digest, rehash=functools.partial(_rehash, f)
+                )
             except BaseException:
                 f.close()
                 raise
@@ -144,7 +159,8 @@ def read_with_record(backend: Backend, url: str, name: str, level: str) -> tuple
             with _open_data(backend, rec) as f:
                 data = f.read()
         digest = digest_bytes(data) if level == "full" else None
-        served = _served(backend, rec, level, len(data), digest)
+        rehash = functools.partial(digest_bytes, data)
+        served = _served(backend, rec, level, len(data), digest, rehash=rehash)
         if isinstance(served, Record):
             return data, served
         if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -128,16 +129,37 @@ def pending_version(backend: Backend, record: Record) -> Record | None:
 
 
 def served_version(
-    backend: Backend, record: Record, level: str, *, size: int, digest: str | None
+    backend: Backend,
+    record: Record,
+    level: str,
+    *,
+    size: int,
+    digest: str | None,
+    rehash: Callable[[], str] | None = None,
 ) -> Record:
     """The one resolution, for bytes a reader read (``size``, and ``digest`` when hashed):
     ``record`` if they match it at ``level``, else the first of :func:`pending_versions` (a
     file version) they match, which is then the version served, with its own step and
     metadata. :func:`locate` resolves bytes left in storage the same way.
 
+    Below ``"full"``, bytes of the record's size while a pending version has that size too (a
+    same-size overwrite that stopped after its data step) cannot be told apart by size: they
+    are compared by digest then (``digest``, else ``rehash()`` of the bytes read, when given),
+    so the version served is the one the bytes are, never the old record for new bytes.
+
     Raises:
         IntegrityError: the bytes match neither (the mismatch against ``record``).
     """
+    if (
+        level != "full"
+        and record.kind == "file"
+        and size == record.size
+        and any(p.kind == "file" and p.size == size for p in pending_versions(backend, record))
+    ):
+        if digest is None and rehash is not None:
+            digest = rehash()
+        if digest is not None:
+            level = "full"
     found = compare(record.size, record.digest, found_size=size, found_digest=digest, level=level)
     if found is None:
         return record
@@ -210,13 +232,27 @@ def check(backend: Backend, record: Record, level: str) -> VerifyResult:
     published but whose record was not, see ``_commit``) is tried too: the name then verifies
     as that new version (the detail says so). Never both a mismatch and a match: old or new.
     """
-    return resolve(backend, record, level)[0]
+    return resolve(backend, record, level, settle=False)[0]
 
 
-def resolve(backend: Backend, record: Record, level: str) -> tuple[VerifyResult, Record]:
-    """:func:`check`, plus the version that passed it: ``record``, or the pending version."""
-    result, version, _where = locate(backend, record, level)
+def resolve(
+    backend: Backend, record: Record, level: str, *, settle: bool = True
+) -> tuple[VerifyResult, Record]:
+    """:func:`check`, plus the version that passed it: ``record``, or the pending version.
+    ``settle``: as :func:`locate`."""
+    result, version, _where = locate(backend, record, level, settle=settle)
     return result, version
+
+
+def same_shape(a: Record, b: Record) -> bool:
+    """Whether a size-level check cannot tell ``a`` from ``b``: the same kind, and the same size
+    (a file) or the same files with the same sizes (a folder). A same-size overwrite of one
+    model's checkpoint is the usual case."""
+    if a.kind != b.kind:
+        return False
+    if a.kind == "file":
+        return a.size == b.size
+    return sorted((f.path, f.size) for f in a.files) == sorted((f.path, f.size) for f in b.files)
 
 
 STAGED_NOTE = (
@@ -231,16 +267,23 @@ changed meanwhile (another process overwrote the artifact during the scan); the 
 the publish lock, so a busy writer cannot keep a check losing (where the storage has a lock)."""
 
 
-def locate(backend: Backend, record: Record, level: str) -> tuple[VerifyResult, Record, Parts]:
+def locate(
+    backend: Backend, record: Record, level: str, *, settle: bool = True
+) -> tuple[VerifyResult, Record, Parts]:
     """:func:`resolve`, plus where the bytes of that version are: the name itself, or the
     staged copy of an object-store folder replace that stopped while copying it
     (``backends/object/dirsink``), which then verifies as the pending version.
+
+    ``settle`` (the version matters, not only the status): below ``"full"``, a name that
+    passes as ``record`` while a pending version has the same sizes (:func:`same_shape`: a
+    same-size overwrite stopped after its data step) is checked in full, so the version
+    returned is the one the bytes are (one more read of the pending records at size level).
 
     A mismatch is an answer only if the record did not change meanwhile: a scan reads a record,
     then the data, and a concurrent overwrite may publish its data and record (and drop its
     pending record) in between. The check then runs again against the fresh record.
     """
-    found = _locate_once(backend, record, level)
+    found = _locate_once(backend, record, level, settle)
     for attempt in range(1, RECHECKS):
         if found[0].status == "ok":
             return found
@@ -252,17 +295,22 @@ def locate(backend: Backend, record: Record, level: str) -> tuple[VerifyResult, 
             if fresh is None or fresh.record == record:
                 return found  # the record stands: so does the mismatch
             record = fresh.record
-            found = _locate_once(backend, record, level)
+            found = _locate_once(backend, record, level, settle)
     return found
 
 
 def _locate_once(
-    backend: Backend, record: Record, level: str
+    backend: Backend, record: Record, level: str, settle: bool
 ) -> tuple[VerifyResult, Record, Parts]:
     parts = tuple(record.name.split("/"))
     result = check_exact(backend, record, level)
     if result.status == "ok":
-        return result, record, parts
+        if not settle or level == "full":
+            return result, record, parts
+        pendings = pending_versions(backend, record)
+        if not any(same_shape(p, record) for p in pendings):
+            return result, record, parts
+        return _locate_once(backend, record, "full", False)  # sizes cannot tell them apart
     pendings = pending_versions(backend, record)
     if result.status == "missing" and (moved := _aside(backend, record, pendings, level)):
         return moved

@@ -156,11 +156,12 @@ def _from_records(store: Committer, pending: set[str]) -> list[Listed]:
 def _as_version(store: Committer, item: Listed) -> Listed:
     """``item``, a name with a pending record (a commit of it in flight, or one that stopped
     after its data step), as the version the name verifies as at size level (``_verify.resolve``,
-    fresh stats): ranked by that version's step and order, whole if its data matches it, its
+    fresh stats; in full where a pending version has the record's sizes, which sizes cannot
+    tell apart): ranked by that version's step and order, whole if its data matches it, its
     mtime the newest of that data and the record. A name whose data is the pending version is
     then the newest checkpoint it is, never pruned as the older step its record still names;
     ``item.record`` stays the stored record (what each delete re-checks)."""
-    result, version = _verify.resolve(store.backend, item.record, "size")
+    result, version = _verify.resolve(store.backend, item.record, "size")  # settled
     data = _newest(_fresh_infos(store.backend, version))
     listed = item.candidate.mtime
     mtime = None if data is None or listed is None else max(data, listed)

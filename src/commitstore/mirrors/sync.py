@@ -323,12 +323,15 @@ def latest_any(stores: Sequence[Committer], level: str) -> Record | None:
     if not alive and failures:
         raise failures[0]
 
+    sharp = _newest.ambiguous(pending)
+
     def check_at(store: Committer, name: str) -> tuple[VerifyResult, Record] | None:
         try:
             found = _stored(store, name)
             if found is None:
                 return None
-            return resolve(store.backend, found.record, level)
+            at = _newest.level_for(name, level, sharp)
+            return resolve(store.backend, found.record, at, settle=False)
         except IntegrityError:
             return None
         except (BackendUnavailableError, StorageError) as exc:
