@@ -24,6 +24,7 @@ import hashlib
 import io
 import logging
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
@@ -38,6 +39,12 @@ from commitstore.layout import META_DIR, Parts, resume_parts
 MAX_PARTS = 10_000
 UPLOADS_DIR = "uploads"
 """``.commitstore/uploads/<upload id>``: the proof of life of a live multipart upload."""
+PARTS_PER_SIZE = 1000
+"""The part size doubles after every this many parts (:func:`part_span`)."""
+STALE_BEATS = 3.0
+"""An upload is live (another writer's resume never aborts nor joins it) while its last activity
+(its start, a part, its writer's marker) is younger than this many heartbeats, less the store's
+``mtime_resolution``: a writer may miss one beat and still be taken for alive."""
 
 log = logging.getLogger("commitstore")
 
@@ -49,12 +56,26 @@ def upload_marker(upload_id: str) -> Parts:
     return (META_DIR, UPLOADS_DIR, upload_id.replace("/", "_"))
 
 
+def part_span(number: int, part_size: int) -> tuple[int, int]:
+    """(offset, size) of part ``number`` (from 1) of an upload whose first part is ``part_size``
+    bytes: the size doubles every :data:`PARTS_PER_SIZE` parts (under 10,000 parts up to ~16
+    TiB at 5 MiB). The one place that rule is written: the sink fills parts of
+    :attr:`S3Upload.part_size`, which follows it, and a resume checks and reuses the server's
+    parts at the offsets it gives."""
+    if number < 1:
+        raise ValueError(f"part numbers start at 1, not {number}")
+    block, index = divmod(number - 1, PARTS_PER_SIZE)
+    size = part_size << block
+    return PARTS_PER_SIZE * part_size * ((1 << block) - 1) + index * size, size
+
+
 class S3Calls(Protocol):
     """What an upload session needs of its store (``s3.S3Backend`` provides it)."""
 
     fs: Any
     part_size: int
     max_inflight: int
+    mtime_resolution: float
     part_etags_md5: bool | None
     """True once a part was answered with its body's MD5 as ETag, False once one was answered
     otherwise although the server took its Content-MD5, None before either."""
@@ -80,6 +101,8 @@ class S3Calls(Protocol):
     def run_coro(self, coro: Any) -> Any: ...
 
     def read_small(self, parts: Parts) -> bytes: ...
+
+    def head(self, parts: Parts) -> Any: ...
 
     @property
     def heartbeat(self) -> float: ...
@@ -140,7 +163,8 @@ class S3Upload(Upload):
     def __init__(self, backend: S3Calls, parts: Parts, *, create_only: bool) -> None:
         self._b, self._parts, self._key = backend, parts, backend.key(parts)
         self._cond: dict[str, Any] = {"IfNoneMatch": "*"} if create_only else {}
-        self.part_size = backend.part_size
+        self._base = backend.part_size
+        self.part_size = backend.part_size  # of the next part to fill (``part_span``)
         self.max_inflight = backend.max_inflight
         self._upload_id: str | None = None
         self._md5s: dict[int, bytes] = {}
@@ -184,8 +208,7 @@ class S3Upload(Upload):
             if self._state is not None:
                 self._state.upload_id, self._saved = self._upload_id, -1
         self._save_state()
-        if number % 1000 == 0:
-            self.part_size *= 2
+        self.part_size = part_span(number + 1, self._base)[1]
         upload_id = self._upload_id
 
         async def part() -> dict[str, Any]:
@@ -294,17 +317,19 @@ class S3Upload(Upload):
     def resume(self, identity: dict[str, Any], source: Rereadable) -> None:
         """Find the state an earlier attempt at this name left. It is resumed only when it
         parses, names this key, this part size and a source of this very ``identity``, the
-        server lists its upload id as an upload of this key, and every part the server holds
-        for it has the MD5 and length of the same bytes of ``source`` read now (a source
-        changed in place with its identity kept would need a part sent again into the same
-        upload, which some servers refuse: ``rclone serve s3``); then those parts are reused
-        (each checked again by :meth:`reuse` against the bytes the sink hashes). Otherwise the
-        state is dropped (its upload aborted when the server shows it is this key's: never
-        another name's) and the upload starts over; the state is written once the new upload
-        is created."""
+        server lists its upload id as an upload of this key, that upload is not live
+        (:meth:`_live`: another writer's, still running), and every part the server holds for
+        it has the MD5 and length of the same bytes of ``source`` read now (a source changed in
+        place with its identity kept would need a part sent again into the same upload, which
+        some servers refuse: ``rclone serve s3``); then those parts are reused (each checked
+        again by :meth:`reuse` against the bytes the sink hashes). A live upload is neither
+        joined nor aborted, and its state is left in place: this upload starts anew (its own
+        state replaces that one once it is created). Otherwise the state is dropped (its upload
+        aborted when the server shows it is this key's: never another name's) and the upload
+        starts over; the state is written once the new upload is created."""
         where = resume_parts(self._parts)
         name = "/".join(self._parts)
-        self._state = ResumeState(name, self._key, "", self.part_size, identity)
+        self._state = ResumeState(name, self._key, "", self._base, identity)
         try:
             data = self._b.read_small(where)
         except NotFoundError:
@@ -312,19 +337,28 @@ class S3Upload(Upload):
         except RecordFormatError:
             data = b""
         found = parse(data)
-        ours = found is not None and found.key == self._key and self._owns(found.upload_id)
-        if (
-            ours
-            and found is not None
-            and found.part_size == self.part_size
-            and found.source == identity
-            and found.name == name
-        ):
-            held = self._list_parts(found.upload_id)
-            if held is not None and self._all_match(held, found.part_size, source):
+        listed = None
+        if found is not None and found.key == self._key:
+            listed = self._listed(found.upload_id)
+        held = None if listed is None or found is None else self._list_parts(found.upload_id)
+        if found is not None and listed is not None and held is not None:
+            if self._live(found.upload_id, listed, held):
+                log.info(
+                    "%s: upload %s of the resume state is live (another writer's): neither "
+                    "joined nor aborted, a new upload is started",
+                    self._b.shown(self._parts),
+                    found.upload_id,
+                )
+                return
+            if (
+                found.part_size == self._base
+                and found.source == identity
+                and found.name == name
+                and self._all_match(held, found.part_size, source)
+            ):
                 self._upload_id = found.upload_id
                 self._alive = _Alive(self._b, found.upload_id)
-                self._held = held
+                self._held = {n: (tag, size) for n, (tag, size, _t) in held.items()}
                 self._state = found
                 self._done = dict(found.parts)
                 self._saved = len(self._done)
@@ -335,7 +369,7 @@ class S3Upload(Upload):
                     len(held),
                 )
                 return
-        if ours and found is not None:  # another source, or a state not to trust: start over
+        if found is not None and listed is not None:  # another source, or not to trust
             with contextlib.suppress(CommitStoreError):
                 self._b.call(
                     "aborting the upload of",
@@ -347,21 +381,44 @@ class S3Upload(Upload):
         with contextlib.suppress(CommitStoreError):
             self._b.call("removing", where, "delete_object", Key=self._b.key(where))
 
+    def _live(
+        self,
+        upload_id: str,
+        listed: dict[str, Any],
+        held: dict[int, tuple[str, int, float | None]],
+    ) -> bool:
+        """Whether upload ``upload_id`` may be another writer's, still running: its last
+        activity (its start as listed, its parts' times, its writer's marker,
+        :func:`upload_marker`, rewritten every heartbeat while that writer lives) is younger
+        than :data:`STALE_BEATS` heartbeats, judged as gc judges ages (the local clock against
+        the server's times, less the store's ``mtime_resolution``: a time truncated to the
+        second never makes an upload look older than it is). An unreadable marker, or no time
+        at all, counts as live."""
+        started = listed.get("Initiated")
+        times = [started.timestamp()] if started is not None else []
+        times += [t for _tag, _size, t in held.values() if t is not None]
+        try:
+            alive = self._b.head(upload_marker(upload_id))
+        except CommitStoreError:
+            return True
+        if alive is not None:
+            if alive.mtime is None:
+                return True
+            times.append(alive.mtime)
+        if not times:
+            return True
+        age = time.time() - max(times) - float(self._b.mtime_resolution)
+        return bool(age < STALE_BEATS * self._b.heartbeat)
+
     @staticmethod
-    def _all_match(held: dict[int, tuple[str, int]], part_size: int, source: Rereadable) -> bool:
-        """Whether each held part (number -> (ETag, size)) is the MD5 of ``size`` bytes of
-        ``source`` at that part's offset (parts of ``part_size``, doubled every 1,000 parts as
-        :meth:`reuse` and ``_send`` do); a failed read is no."""
-        offsets: dict[int, int] = {}
-        offset, size = 0, part_size
-        for number in range(1, max(held, default=0) + 1):
-            offsets[number] = offset
-            offset += size
-            if number % 1000 == 0:
-                size *= 2
-        for number, (etag, length) in held.items():
+    def _all_match(
+        held: dict[int, tuple[str, int, float | None]], part_size: int, source: Rereadable
+    ) -> bool:
+        """Whether each held part (number -> (ETag, size, time)) is the MD5 of ``size`` bytes
+        of ``source`` at that part's offset (:func:`part_span`); a failed read is no."""
+        for number, (etag, length, _t) in held.items():
             digest = hashlib.md5(usedforsecurity=False)
-            at, left = offsets[number], length
+            at, left = part_span(number, part_size)[0], length
             try:
                 while left:
                     chunk = source.pread(at, min(left, 8 * 1024 * 1024))
@@ -385,16 +442,16 @@ class S3Upload(Upload):
         stated = self._state.parts.get(number, hexed) if self._state is not None else hexed
         if held is None or held != (hexed, length) or stated != hexed:
             return None
-        if number % 1000 == 0:  # as _send: the part size doubles every 1,000 parts
-            self.part_size *= 2
+        self.part_size = part_span(number + 1, self._base)[1]
         self._given.pop(number, None)
         self._md5s[number] = md5
         self._done[number] = hexed
         self.reused_bytes += length
         return {"PartNumber": number, "ETag": f'"{hexed}"'}
 
-    def _owns(self, upload_id: str) -> bool:
-        """The server lists ``upload_id`` as an upload in progress of this very key."""
+    def _listed(self, upload_id: str) -> dict[str, Any] | None:
+        """The server's listing entry of ``upload_id`` when it is an upload in progress of this
+        very key; None otherwise."""
         marker: dict[str, Any] = {}
         while True:
             try:
@@ -406,21 +463,21 @@ class S3Upload(Upload):
                     **marker,
                 )
             except NotFoundError:  # rclone answers NoSuchUpload when there are none
-                return False
+                return None
             for up in page.get("Uploads", []):
                 if up.get("Key") == self._key and up.get("UploadId") == upload_id:
-                    return True
+                    return dict(up)
             if not page.get("IsTruncated"):
-                return False
+                return None
             marker = {
                 "KeyMarker": page.get("NextKeyMarker"),
                 "UploadIdMarker": page.get("NextUploadIdMarker"),
             }
 
-    def _list_parts(self, upload_id: str) -> dict[int, tuple[str, int]] | None:
-        """The parts the server holds for ``upload_id``: number -> (ETag unquoted, size); None
-        when the upload is gone."""
-        held: dict[int, tuple[str, int]] = {}
+    def _list_parts(self, upload_id: str) -> dict[int, tuple[str, int, float | None]] | None:
+        """The parts the server holds for ``upload_id``: number -> (ETag unquoted, size, time
+        it landed or None); None when the upload is gone."""
+        held: dict[int, tuple[str, int, float | None]] = {}
         marker: dict[str, Any] = {}
         while True:
             try:
@@ -436,7 +493,9 @@ class S3Upload(Upload):
                 return None
             for p in page.get("Parts", []):
                 tag = str(p.get("ETag") or "").strip().strip('"')
-                held[int(p["PartNumber"])] = (tag, int(p.get("Size", -1)))
+                landed = p.get("LastModified")
+                when = landed.timestamp() if landed is not None else None
+                held[int(p["PartNumber"])] = (tag, int(p.get("Size", -1)), when)
             if not page.get("IsTruncated"):
                 return held
             marker = {"PartNumberMarker": page.get("NextPartNumberMarker")}
