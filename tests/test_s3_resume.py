@@ -135,28 +135,10 @@ def kill_mid_upload(server: S3Server, t: Target, src: Path) -> dict[str, Any]:
     return up
 
 
-def last_activity(t: Target, up: dict[str, Any]) -> float:
-    """The newest of an upload's start, its parts' times and its marker's, read through the
-    backdoor."""
-    client, key, upload_id = door(t).client, str(up["Key"]), str(up["UploadId"])
-    times = [up["Initiated"].timestamp()]
-    page = client.list_parts(Bucket=BUCKET, Key=key, UploadId=upload_id)
-    times += [p["LastModified"].timestamp() for p in page.get("Parts", [])]
-    marker = f".commitstore/uploads/{upload_id.replace('/', '_')}"
-    if door(t).read(marker) is not None:
-        head = client.head_object(Bucket=BUCKET, Key=f"{door(t).prefix}/{marker}")
-        times.append(head["LastModified"].timestamp())
-    return float(max(times))
-
-
 def wait_dead(t: Target, up: dict[str, Any]) -> None:
-    """Wait until the upload of a killed writer looks dead to a resuming writer (its last
-    activity older than ``STALE_BEATS`` heartbeats plus the mtime resolution)."""
-    deadline = time.monotonic() + 60
-    limit = STALE_BEATS * HEARTBEAT + MTIME_RESOLUTION
-    while time.time() - last_activity(t, up) <= limit:
-        assert time.monotonic() < deadline, "the killed writer's upload still looks live"
-        time.sleep(0.1)
+    """Wait until the upload of a killed writer looks dead to a resuming writer (no activity
+    for ``STALE_BEATS`` heartbeats plus the mtime resolution)."""
+    door(t).wait_dead(str(up["Key"]), STALE_BEATS * HEARTBEAT + MTIME_RESOLUTION)
 
 
 def put_counted(
