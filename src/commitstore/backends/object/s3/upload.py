@@ -58,8 +58,8 @@ def upload_marker(upload_id: str) -> Parts:
 
 def part_span(number: int, part_size: int) -> tuple[int, int]:
     """(offset, size) of part ``number`` (from 1) of an upload whose first part is ``part_size``
-    bytes: the size doubles every :data:`PARTS_PER_SIZE` parts (under 10,000 parts up to ~16
-    TiB at 5 MiB). The one place that rule is written: the sink fills parts of
+    bytes: the size doubles every :data:`PARTS_PER_SIZE` parts (10,000 parts hold 1,023,000
+    first parts' worth of bytes). The one place that rule is written: the sink fills parts of
     :attr:`S3Upload.part_size`, which follows it, and a resume checks and reuses the server's
     parts at the offsets it gives."""
     if number < 1:
