@@ -283,7 +283,9 @@ class LiveWriter:
     ``PAUSE_AT`` while its upload's marker keeps being rewritten every ``HEARTBEAT``: a live
     writer. :meth:`go` lets it finish; leaving the block SIGKILLs it if it still runs."""
 
-    def __init__(self, server: S3Server, t: Target, name: str, src: Path) -> None:
+    def __init__(
+        self, server: S3Server, t: Target, name: str, src: Path, heartbeat: float = HEARTBEAT
+    ) -> None:
         self.t = t
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.putwriter", t.store.url, name, str(src)],
@@ -295,7 +297,9 @@ class LiveWriter:
                 **os.environ,
                 **server.env(),
                 "WRITER_PAUSE_AT": str(PAUSE_AT),
-                "WRITER_STORE_OPTIONS": json.dumps({**SMALL, "max_inflight": 1}),
+                "WRITER_STORE_OPTIONS": json.dumps(
+                    {**SMALL, "max_inflight": 1, "heartbeat": heartbeat}
+                ),
             },
         )
 
@@ -357,6 +361,30 @@ def test_a_live_writer_is_never_joined_nor_aborted(
         t.reopen().put_file(NAME, theirs, overwrite=True)
         assert door(t).read(NAME) == theirs.read_bytes()
         assert t.reopen().verify(NAME).ok
+        assert a.pending(), "another writer completed or aborted the live writer's upload"
+        assert a.parts() == PAUSE_AT - 1, "another writer sent parts into a live upload"
+        assert a.go() == "done"
+    assert door(t).read(NAME) == source.read_bytes()
+    report = t.reopen().verify(NAME)
+    assert report.ok, report
+    assert uploads(t) == []
+    assert states(t) == []
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-source", "other-source"])
+def test_a_live_writer_of_a_longer_heartbeat_is_never_joined_nor_aborted(
+    s3: tuple[S3Server, Target], source: Path, tmp_path: Path, same: bool
+) -> None:
+    """Writer A beats every 30 s (its marker says so); writer B, beating every 0.5 s, puts
+    the same name once A's upload had no activity for longer than B's own limit (3 of B's
+    heartbeats plus the mtime resolution), though well within A's. B judges A's upload by A's
+    heartbeat: it commits its own upload and leaves A's untouched; A then commits."""
+    server, t = s3
+    theirs = source if same else _random_file(tmp_path / "b.bin")
+    with LiveWriter(server, t, NAME, source, heartbeat=30.0) as a:
+        wait_dead(t, a.upload)  # by B's heartbeat only
+        t.reopen().put_file(NAME, theirs, overwrite=True)
+        assert door(t).read(NAME) == theirs.read_bytes()
         assert a.pending(), "another writer completed or aborted the live writer's upload"
         assert a.parts() == PAUSE_AT - 1, "another writer sent parts into a live upload"
         assert a.go() == "done"

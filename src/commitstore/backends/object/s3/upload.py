@@ -22,7 +22,9 @@ import concurrent.futures
 import contextlib
 import hashlib
 import io
+import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Coroutine
@@ -50,10 +52,30 @@ log = logging.getLogger("commitstore")
 
 
 def upload_marker(upload_id: str) -> Parts:
-    """Where the writer of multipart upload ``upload_id`` proves it is alive (an empty object
-    rewritten every ``heartbeat`` seconds while the upload is open): gc ages the upload by it,
-    so a writer that pauses between parts for longer than ``min_age`` keeps its upload."""
+    """Where the writer of multipart upload ``upload_id`` proves it is alive (a small object,
+    :func:`marker_body`, rewritten every ``heartbeat`` seconds while the upload is open): gc ages
+    the upload by it, so a writer that pauses between parts for longer than ``min_age`` keeps
+    its upload; another writer's resume never joins nor aborts the upload while it is fresh."""
     return (META_DIR, UPLOADS_DIR, upload_id.replace("/", "_"))
+
+
+def marker_body(heartbeat: float) -> bytes:
+    """An upload marker's bytes: ``{"heartbeat": <seconds>}``, its writer's interval, so a
+    resuming writer of another ``heartbeat`` judges the marker by the longer of the two."""
+    return json.dumps({"heartbeat": heartbeat}).encode("ascii")
+
+
+def stated_heartbeat(data: bytes) -> float:
+    """The heartbeat a marker states (:func:`marker_body`); 0.0 when it states none (an empty
+    marker, as older versions wrote, or garbage)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return 0.0
+    value = doc.get("heartbeat") if isinstance(doc, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    return float(value) if math.isfinite(value) and value > 0 else 0.0
 
 
 def part_span(number: int, part_size: int) -> tuple[int, int]:
@@ -129,7 +151,7 @@ class _Alive:
                 self._parts,
                 "put_object",
                 Key=self._b.key(self._parts),
-                Body=b"",
+                Body=marker_body(self._b.heartbeat),
             )
         except CommitStoreError as exc:
             log.warning("%s", exc)
@@ -392,14 +414,19 @@ class S3Upload(Upload):
         :func:`upload_marker`, rewritten every heartbeat while that writer lives) is younger
         than :data:`STALE_BEATS` heartbeats, judged as gc judges ages (the local clock against
         the server's times, less the store's ``mtime_resolution``: a time truncated to the
-        second never makes an upload look older than it is). An unreadable marker, or no time
-        at all, counts as live."""
+        second never makes an upload look older than it is); the heartbeat is the longer of this
+        store's and the one the marker states (:func:`marker_body`). An unreadable marker, or
+        no time at all, counts as live."""
         started = listed.get("Initiated")
         times = [started.timestamp()] if started is not None else []
         times += [t for _tag, _size, t in held.values() if t is not None]
+        heartbeat = self._b.heartbeat
+        marker = upload_marker(upload_id)
         try:
-            alive = self._b.head(upload_marker(upload_id))
-        except CommitStoreError:
+            alive = self._b.head(marker)
+            if alive is not None:
+                heartbeat = max(heartbeat, stated_heartbeat(self._b.read_small(marker)))
+        except (CommitStoreError, RecordFormatError):  # gone meanwhile, unreadable, too large
             return True
         if alive is not None:
             if alive.mtime is None:
@@ -408,7 +435,7 @@ class S3Upload(Upload):
         if not times:
             return True
         age = time.time() - max(times) - float(self._b.mtime_resolution)
-        return bool(age < STALE_BEATS * self._b.heartbeat)
+        return bool(age < STALE_BEATS * heartbeat)
 
     @staticmethod
     def _all_match(
