@@ -2,10 +2,12 @@
 
 A writer process (``tests.helpers.putwriter``) puts a file through a proxy; once about 80% of its
 parts are on the server (polled through boto3, the server's own client) the proxy stops
-forwarding and the writer is SIGKILLed. A second writer process puts the same file again through
-a counting proxy (``tests/helpers/faultproxy.py``): the bytes it sent, against the bytes of one
-uninterrupted ``put_file`` of the same file under another name through the same proxy, are the
-resumed-bytes ratio (ideal: the share of parts that had not landed, plus requests' overhead).
+forwarding and the writer is SIGKILLed. Once its upload looks dead (a resume never joins an
+upload that may be live: no activity for a few heartbeats of 1 s), a second writer process
+puts the same file again through a counting proxy (``tests/helpers/faultproxy.py``): the bytes
+it sent, against the bytes of one uninterrupted ``put_file`` of the same file under another
+name through the same proxy, are the resumed-bytes ratio (ideal: the share of parts that had
+not landed, plus requests' overhead).
 Both commits are checked (``verify``). Measured against moto and ``rclone serve s3``, 256 MiB by
 default, 8 MiB parts. Target: ratio <= (1 - landed share) + 0.02.
 
@@ -35,7 +37,8 @@ from tests.helpers.s3servers import BUCKET, MotoServer, RcloneS3, S3Server
 from tests.helpers.samba import free_port
 
 from commitstore import open_store
-from commitstore.testing import GcsBackdoor
+from commitstore.backends.object.s3.upload import STALE_BEATS
+from commitstore.testing import GcsBackdoor, S3Backdoor
 
 from ._harness import MiB, verdict, write_results
 
@@ -44,12 +47,21 @@ PART = 8 * MiB
 KILL_AT = 0.8
 """The share of parts on the server when the writer is killed."""
 SLACK = 0.02
+HEARTBEAT = 1.0
+"""The writers' heartbeat: the killed writer's upload looks dead (and is resumed) a few seconds
+after the kill (``s3/upload.STALE_BEATS`` heartbeats plus the 1 s mtime resolution)."""
 
 
 def _writer(
     server: S3Server, url: str, name: str, source: Path, endpoint: str, **more: Any
 ) -> subprocess.Popen[str]:
-    options = {"part_size": PART, "single_put_max": PART, "endpoint_url": endpoint, **more}
+    options = {
+        "part_size": PART,
+        "single_put_max": PART,
+        "endpoint_url": endpoint,
+        "heartbeat": HEARTBEAT,
+        **more,
+    }
     return subprocess.Popen(
         [sys.executable, "-m", "tests.helpers.putwriter", url, name, str(source)],
         cwd=ROOT,
@@ -104,6 +116,8 @@ def _kill_at(server: S3Server, url: str, prefix: str, source: Path, total: int) 
     landed = _landed(client, f"{prefix}/")
     if landed >= total:
         raise RuntimeError(f"{server.name}: every part landed before the kill")
+    # a resume never joins an upload that may still be live: wait until it looks dead
+    S3Backdoor(client, BUCKET, prefix).wait_dead("ckpt.pt", STALE_BEATS * HEARTBEAT + 1.0)
     return landed
 
 

@@ -2,8 +2,11 @@
 
 A writer subprocess ``put_file``s a file through a slowed proxy, one part at a time; once the
 backdoor lists enough parts the proxy stops forwarding and the writer is killed (no sleep is the
-timing). The next ``put_file`` goes through a proxy that counts the bytes sent. Assertions read
-the bucket through the backdoor (boto3).
+timing). Once its upload looks dead (its last activity older than the resume's live limit, read
+through the backdoor), the next ``put_file`` goes through a proxy that counts the bytes sent.
+A live writer (a subprocess paused between two parts, its upload's marker still rewritten) is
+never joined nor aborted by another writer's ``put_file`` of its name. Assertions read the
+bucket through the backdoor (boto3).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from typing import Any
 import pytest
 
 from commitstore import open_store
+from commitstore.backends.object.resume import source_identity
+from commitstore.backends.object.s3.upload import STALE_BEATS
+from commitstore.layout import resume_parts
 from commitstore.testing import S3Backdoor, Target, record_path
 
 from .helpers.faultproxy import FaultProxy
@@ -35,11 +41,17 @@ LANDED = 5  # the kill comes once 5 of the 6 parts landed (~83%)
 OVERHEAD = 2 * MiB  # requests' headers, the state, the record, the pending records
 NAME = "run/step_0007.pt"
 STATE_DIR = ".commitstore/resume/"
+HEARTBEAT = 0.5
+"""Every writer's heartbeat here: a killed writer's upload looks dead a few seconds after."""
+MTIME_RESOLUTION = 1.0
+
+
+SMALL = {"part_size": PART, "single_put_max": PART, "heartbeat": HEARTBEAT}
 
 
 def make_target(server: S3Server, endpoint: str | None = None) -> tuple[Target, dict[str, Any]]:
     prefix = f"t{time.monotonic_ns()}"
-    opts: dict[str, Any] = {**server.options(), "part_size": PART, "single_put_max": PART}
+    opts: dict[str, Any] = {**server.options(), **SMALL}
     url = server.url(prefix)
     return (
         Target(
@@ -83,7 +95,7 @@ def kill_mid_upload(server: S3Server, t: Target, src: Path) -> dict[str, Any]:
     SIGKILLed. Returns the unfinished upload (nothing was published)."""
     slow = FaultProxy(server.port)
     slow.set(delay=0.005, faulty=None)
-    options = {"part_size": PART, "single_put_max": PART, "max_inflight": 1}
+    options = {**SMALL, "max_inflight": 1}
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.putwriter", t.store.url, NAME, str(src)],
@@ -119,7 +131,14 @@ def kill_mid_upload(server: S3Server, t: Target, src: Path) -> dict[str, Any]:
     (up,) = uploads(t)
     assert door(t).parts_uploaded(str(up["Key"]), str(up["UploadId"])) < PARTS
     assert len(states(t)) == 1
+    wait_dead(t, up)
     return up
+
+
+def wait_dead(t: Target, up: dict[str, Any]) -> None:
+    """Wait until the upload of a killed writer looks dead to a resuming writer (no activity
+    for ``STALE_BEATS`` heartbeats plus the mtime resolution)."""
+    door(t).wait_dead(str(up["Key"]), STALE_BEATS * HEARTBEAT + MTIME_RESOLUTION)
 
 
 def put_counted(
@@ -134,7 +153,7 @@ def put_counted(
     uploads ``keep`` (none by default) are the only ones left pending, and no state is left."""
     proxy = FaultProxy(server.port)
     try:
-        opts = {**server.options(), "part_size": PART, "single_put_max": PART}
+        opts = {**server.options(), **SMALL}
         store = open_store(t.store.url, **{**opts, "endpoint_url": proxy.endpoint})
         record = store.put_file(NAME, src, overwrite=True)
         assert record.size == SIZE
@@ -253,6 +272,194 @@ def test_gc_removes_the_state_and_aborts_the_upload(
     assert up["UploadId"] not in [u["UploadId"] for u in uploads(t)]
     sent = put_counted(server, t, source)  # starts over cleanly
     assert sent >= SIZE
+
+
+PAUSE_AT = 3
+"""A live writer pauses just before its third part: two parts landed, its state written."""
+
+
+class LiveWriter:
+    """A ``put_file`` writer subprocess of ``src`` as ``name``, paused just before part
+    ``PAUSE_AT`` while its upload's marker keeps being rewritten every ``HEARTBEAT``: a live
+    writer. :meth:`go` lets it finish; leaving the block SIGKILLs it if it still runs."""
+
+    def __init__(
+        self, server: S3Server, t: Target, name: str, src: Path, heartbeat: float = HEARTBEAT
+    ) -> None:
+        self.t = t
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.putwriter", t.store.url, name, str(src)],
+            cwd=ROOT_DIR,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                **server.env(),
+                "WRITER_PAUSE_AT": str(PAUSE_AT),
+                "WRITER_STORE_OPTIONS": json.dumps(
+                    {**SMALL, "max_inflight": 1, "heartbeat": heartbeat}
+                ),
+            },
+        )
+
+    def __enter__(self) -> LiveWriter:
+        try:
+            assert self.line() == "ready"
+            assert self.line() == "paused"
+            (self.upload,) = uploads(self.t)
+            assert self.parts() == PAUSE_AT - 1
+            assert len(states(self.t)) == 1
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def parts(self) -> int:
+        up = self.upload
+        return door(self.t).parts_uploaded(str(up["Key"]), str(up["UploadId"]))
+
+    def pending(self) -> bool:
+        return self.upload["UploadId"] in [u["UploadId"] for u in uploads(self.t)]
+
+    def go(self) -> str:
+        """Let the writer send its remaining parts and commit; its last line."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        answer = self.line()
+        self.proc.wait(60)
+        return answer
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+
+def _random_file(path: Path) -> Path:
+    path.write_bytes(os.urandom(SIZE))
+    return path
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-source", "other-source"])
+def test_a_live_writer_is_never_joined_nor_aborted(
+    s3: tuple[S3Server, Target], source: Path, tmp_path: Path, same: bool
+) -> None:
+    """Writer A puts ``source`` and is live between two parts (its state names its upload,
+    whose marker is fresh); writer B puts the same name, from the same file (same identity:
+    it would have joined A's upload) or another (it would have aborted it). B commits its own
+    upload and leaves A's untouched; A then commits; the name verifies as A's bytes, and
+    neither an upload nor a state is left."""
+    server, t = s3
+    theirs = source if same else _random_file(tmp_path / "b.bin")
+    with LiveWriter(server, t, NAME, source) as a:
+        t.reopen().put_file(NAME, theirs, overwrite=True)
+        assert door(t).read(NAME) == theirs.read_bytes()
+        assert t.reopen().verify(NAME).ok
+        assert a.pending(), "another writer completed or aborted the live writer's upload"
+        assert a.parts() == PAUSE_AT - 1, "another writer sent parts into a live upload"
+        assert a.go() == "done"
+    assert door(t).read(NAME) == source.read_bytes()
+    report = t.reopen().verify(NAME)
+    assert report.ok, report
+    assert uploads(t) == []
+    assert states(t) == []
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-source", "other-source"])
+def test_a_live_writer_of_a_longer_heartbeat_is_never_joined_nor_aborted(
+    s3: tuple[S3Server, Target], source: Path, tmp_path: Path, same: bool
+) -> None:
+    """Writer A beats every 30 s (its marker says so); writer B, beating every 0.5 s, puts
+    the same name once A's upload had no activity for longer than B's own limit (3 of B's
+    heartbeats plus the mtime resolution), though well within A's. B judges A's upload by A's
+    heartbeat: it commits its own upload and leaves A's untouched; A then commits."""
+    server, t = s3
+    theirs = source if same else _random_file(tmp_path / "b.bin")
+    with LiveWriter(server, t, NAME, source, heartbeat=30.0) as a:
+        wait_dead(t, a.upload)  # by B's heartbeat only
+        t.reopen().put_file(NAME, theirs, overwrite=True)
+        assert door(t).read(NAME) == theirs.read_bytes()
+        assert a.pending(), "another writer completed or aborted the live writer's upload"
+        assert a.parts() == PAUSE_AT - 1, "another writer sent parts into a live upload"
+        assert a.go() == "done"
+    assert door(t).read(NAME) == source.read_bytes()
+    report = t.reopen().verify(NAME)
+    assert report.ok, report
+    assert uploads(t) == []
+    assert states(t) == []
+
+
+class _File:
+    """A local file read by position (what ``put_file`` offers the sink)."""
+
+    def __init__(self, path: Path) -> None:
+        self._f = path.open("rb")
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def pread(self, offset: int, n: int) -> bytes:
+        return os.pread(self._f.fileno(), n, offset)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _state_naming(upload: dict[str, Any], name: str, key: str, src: Path) -> bytes:
+    """A state of ``name`` (as a person could write it) naming ``upload``, with ``key`` and the
+    identity of ``src``: were it trusted, ``src``'s writer would reuse (or abort) the upload."""
+    f = _File(src)
+    try:
+        identity = source_identity(f, SIZE)
+    finally:
+        f.close()
+    state = {
+        "schema": "commitstore.resume/1",
+        "name": name,
+        "key": key,
+        "upload_id": upload["UploadId"],
+        "part_size": PART,
+        "source": identity,
+        "parts": {},
+    }
+    return json.dumps(state).encode()
+
+
+@pytest.mark.parametrize("where", ["this-name", "other-name", "other-name-own-key"])
+def test_a_hand_edited_state_never_touches_a_live_upload(
+    s3: tuple[S3Server, Target], source: Path, tmp_path: Path, where: str
+) -> None:
+    """A state edited to name a live writer's upload: this name's (with the identity of a copy
+    of the live writer's source: every part the server holds matches it), or another name's
+    (naming the live upload's key, or its own key). The writer that finds it commits its own
+    upload; the live one is neither joined nor aborted, and commits after."""
+    server, t = s3
+    copy = tmp_path / "copy.bin"
+    copy.write_bytes(source.read_bytes())
+    other = "run/other.pt"
+    with LiveWriter(server, t, NAME, source) as a:
+        live_key = str(a.upload["Key"])
+        target = NAME if where == "this-name" else other
+        key = live_key if where != "other-name-own-key" else f"{door(t).prefix}/{other}"
+        state = _state_naming(a.upload, target, key, copy)
+        door(t).write("/".join(resume_parts(tuple(target.split("/")))), state)
+        t.reopen().put_file(target, copy, overwrite=True)
+        assert door(t).read(target) == copy.read_bytes()
+        assert a.pending(), "a hand-edited state had the live writer's upload completed or aborted"
+        assert a.parts() == PAUSE_AT - 1, "a hand-edited state had parts sent into a live upload"
+        assert a.go() == "done"
+    assert door(t).read(NAME) == source.read_bytes()
+    for name in {NAME, target}:
+        report = t.reopen().verify(name)
+        assert report.ok, report
+    assert uploads(t) == []
+    assert states(t) == []
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -156,6 +157,51 @@ class S3Backdoor:
         rel = f"{self.prefix}/{key}" if self.prefix and not key.startswith(self.prefix) else key
         res = self.client.list_parts(Bucket=self.bucket, Key=rel, UploadId=upload_id)
         return len(res.get("Parts", []))
+
+    def last_activity(self, upload: dict[str, Any]) -> float:
+        """The newest of an unfinished upload's start, its parts' times and its writer's
+        marker's (``.commitstore/uploads/<id>``), as the server reports them; 0.0 once the
+        upload is gone."""
+        key, upload_id = str(upload["Key"]), str(upload["UploadId"])
+        times = [upload["Initiated"].timestamp()]
+        try:
+            page = self.client.list_parts(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception as exc:  # completed or aborted meanwhile
+            if "NoSuchUpload" in str(exc) or "404" in str(exc):
+                return 0.0
+            raise
+        times += [p["LastModified"].timestamp() for p in page.get("Parts", [])]
+        marker = self._k(f".commitstore/uploads/{upload_id.replace('/', '_')}")
+        try:
+            times.append(
+                self.client.head_object(Bucket=self.bucket, Key=marker)["LastModified"].timestamp()
+            )
+        except Exception as exc:  # no marker: its writer removed it, or never wrote it
+            if (
+                "404" not in str(exc)
+                and "NoSuchKey" not in str(exc)
+                and "Not Found" not in str(exc)
+            ):
+                raise
+        return float(max(times))
+
+    def wait_dead(self, key: str, limit: float, timeout: float = 120.0) -> None:
+        """Wait until every unfinished upload of ``key`` (under the prefix, or the bucket key)
+        looks dead to a resuming writer: no activity for more than ``limit`` seconds by this
+        clock (``STALE_BEATS`` heartbeats plus the store's mtime resolution). Raises
+        AssertionError when one still looks live after ``timeout`` seconds."""
+        full = key if self.prefix and key.startswith(f"{self.prefix}/") else self._k(key)
+        deadline = time.monotonic() + timeout
+        while True:
+            live = [
+                u
+                for u in self.pending_uploads()
+                if u["Key"] == full and time.time() - self.last_activity(u) <= limit
+            ]
+            if not live:
+                return
+            assert time.monotonic() < deadline, f"{full}: an upload still looks live"
+            time.sleep(0.1)
 
 
 class GcsBackdoor:

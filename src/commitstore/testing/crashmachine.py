@@ -40,7 +40,7 @@ from commitstore import _commit as commit_module
 from commitstore.layout import resume_parts
 from commitstore.maintenance.scrub import scrub
 from commitstore.mirrors.sync import sync_mirrors
-from commitstore.testing.backdoor import LocalBackdoor
+from commitstore.testing.backdoor import LocalBackdoor, S3Backdoor
 from commitstore.testing.pausing import HOWS, PausingWriter, Plan, is_typed, staged_state
 from commitstore.testing.target import Target, pending_paths, record_path, xxh
 
@@ -320,6 +320,21 @@ def source_size(backend: Any) -> int:
     return 2 * part + MiB
 
 
+def wait_dead_uploads(t: Target, name: str) -> None:
+    """On S3: wait until the unfinished uploads of ``name`` (a killed writer's) look dead to a
+    resuming writer, which never joins a live one (``s3/upload.STALE_BEATS`` heartbeats of
+    the store plus its mtime resolution, by the backdoor's reading of the server's times).
+    Elsewhere: nothing."""
+    door = t.door
+    if not isinstance(door, S3Backdoor):
+        return
+    from commitstore.backends.object.s3.upload import STALE_BEATS
+
+    backend: Any = t.store.committer.backend
+    limit = STALE_BEATS * float(backend.heartbeat) + float(backend.mtime_resolution)
+    door.wait_dead(f"{door.prefix}/{name}" if door.prefix else name, limit)
+
+
 def resumes(backend: Any, size: int) -> bool:
     """A ``put_file`` of ``size`` bytes on ``backend`` is sent in parts a later attempt may
     resume (S3: ``reread_bodies``, above ``whole_max``)."""
@@ -448,12 +463,14 @@ def run_crash_machine(
             self.put_again(names[pick % len(names)])
 
         def put_again(self, name: str) -> None:
-            """The same ``put_file`` of a killed writer's source, in this process: it commits
+            """The same ``put_file`` of a killed writer's source, in this process, once the
+            killed writer's upload looks dead (:func:`wait_dead_uploads`): it commits
             the source's exact bytes (the parts the server holds reused only when they are
             exactly those), and only now is that the model's version; no resume state is left
             for the name."""
             source = self.killed_puts.pop(name)
             data = source.read_bytes()
+            wait_dead_uploads(self.t, name)
             self.t.reopen().put_file(name, source, overwrite=True)
             self.model[name] = {data}
             self.damaged.discard(name)

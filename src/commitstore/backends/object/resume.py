@@ -13,6 +13,10 @@ it is this key's); a part the server holds is reused only when its ETag and size
 length of the very bytes written this time (and agree with the state's MD5, when it has one);
 every other part is sent again. The record's size and digest are always those of the bytes
 written, and the completion stays the commit.
+
+An upload a state names that may be live (another writer's, still running: its last activity,
+its writer's marker included, younger than a few heartbeats; ``s3/upload.S3Upload._live``) is
+never joined nor aborted, whatever the state says: the writer that found it starts its own.
 """
 
 from __future__ import annotations

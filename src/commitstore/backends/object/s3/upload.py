@@ -22,8 +22,11 @@ import concurrent.futures
 import contextlib
 import hashlib
 import io
+import json
 import logging
+import math
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
@@ -38,15 +41,54 @@ from commitstore.layout import META_DIR, Parts, resume_parts
 MAX_PARTS = 10_000
 UPLOADS_DIR = "uploads"
 """``.commitstore/uploads/<upload id>``: the proof of life of a live multipart upload."""
+PARTS_PER_SIZE = 1000
+"""The part size doubles after every this many parts (:func:`part_span`)."""
+STALE_BEATS = 3.0
+"""An upload is live (another writer's resume never aborts nor joins it) while its last activity
+(its start, a part, its writer's marker) is younger than this many heartbeats, less the store's
+``mtime_resolution``: a writer may miss one beat and still be taken for alive."""
 
 log = logging.getLogger("commitstore")
 
 
 def upload_marker(upload_id: str) -> Parts:
-    """Where the writer of multipart upload ``upload_id`` proves it is alive (an empty object
-    rewritten every ``heartbeat`` seconds while the upload is open): gc ages the upload by it,
-    so a writer that pauses between parts for longer than ``min_age`` keeps its upload."""
+    """Where the writer of multipart upload ``upload_id`` proves it is alive (a small object,
+    :func:`marker_body`, rewritten every ``heartbeat`` seconds while the upload is open): gc ages
+    the upload by it, so a writer that pauses between parts for longer than ``min_age`` keeps
+    its upload; another writer's resume never joins nor aborts the upload while it is fresh."""
     return (META_DIR, UPLOADS_DIR, upload_id.replace("/", "_"))
+
+
+def marker_body(heartbeat: float) -> bytes:
+    """An upload marker's bytes: ``{"heartbeat": <seconds>}``, its writer's interval, so a
+    resuming writer of another ``heartbeat`` judges the marker by the longer of the two."""
+    return json.dumps({"heartbeat": heartbeat}).encode("ascii")
+
+
+def stated_heartbeat(data: bytes) -> float:
+    """The heartbeat a marker states (:func:`marker_body`); 0.0 when it states none (an empty
+    marker, as older versions wrote, or garbage)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return 0.0
+    value = doc.get("heartbeat") if isinstance(doc, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    return float(value) if math.isfinite(value) and value > 0 else 0.0
+
+
+def part_span(number: int, part_size: int) -> tuple[int, int]:
+    """(offset, size) of part ``number`` (from 1) of an upload whose first part is ``part_size``
+    bytes: the size doubles every :data:`PARTS_PER_SIZE` parts (10,000 parts hold 1,023,000
+    first parts' worth of bytes). The one place that rule is written: the sink fills parts of
+    :attr:`S3Upload.part_size`, which follows it, and a resume checks and reuses the server's
+    parts at the offsets it gives."""
+    if number < 1:
+        raise ValueError(f"part numbers start at 1, not {number}")
+    block, index = divmod(number - 1, PARTS_PER_SIZE)
+    size = part_size << block
+    return PARTS_PER_SIZE * part_size * ((1 << block) - 1) + index * size, size
 
 
 class S3Calls(Protocol):
@@ -55,6 +97,7 @@ class S3Calls(Protocol):
     fs: Any
     part_size: int
     max_inflight: int
+    mtime_resolution: float
     part_etags_md5: bool | None
     """True once a part was answered with its body's MD5 as ETag, False once one was answered
     otherwise although the server took its Content-MD5, None before either."""
@@ -81,6 +124,8 @@ class S3Calls(Protocol):
 
     def read_small(self, parts: Parts) -> bytes: ...
 
+    def head(self, parts: Parts) -> Any: ...
+
     @property
     def heartbeat(self) -> float: ...
 
@@ -106,7 +151,7 @@ class _Alive:
                 self._parts,
                 "put_object",
                 Key=self._b.key(self._parts),
-                Body=b"",
+                Body=marker_body(self._b.heartbeat),
             )
         except CommitStoreError as exc:
             log.warning("%s", exc)
@@ -140,7 +185,8 @@ class S3Upload(Upload):
     def __init__(self, backend: S3Calls, parts: Parts, *, create_only: bool) -> None:
         self._b, self._parts, self._key = backend, parts, backend.key(parts)
         self._cond: dict[str, Any] = {"IfNoneMatch": "*"} if create_only else {}
-        self.part_size = backend.part_size
+        self._base = backend.part_size
+        self.part_size = backend.part_size  # of the next part to fill (``part_span``)
         self.max_inflight = backend.max_inflight
         self._upload_id: str | None = None
         self._md5s: dict[int, bytes] = {}
@@ -184,8 +230,7 @@ class S3Upload(Upload):
             if self._state is not None:
                 self._state.upload_id, self._saved = self._upload_id, -1
         self._save_state()
-        if number % 1000 == 0:
-            self.part_size *= 2
+        self.part_size = part_span(number + 1, self._base)[1]
         upload_id = self._upload_id
 
         async def part() -> dict[str, Any]:
@@ -294,17 +339,19 @@ class S3Upload(Upload):
     def resume(self, identity: dict[str, Any], source: Rereadable) -> None:
         """Find the state an earlier attempt at this name left. It is resumed only when it
         parses, names this key, this part size and a source of this very ``identity``, the
-        server lists its upload id as an upload of this key, and every part the server holds
-        for it has the MD5 and length of the same bytes of ``source`` read now (a source
-        changed in place with its identity kept would need a part sent again into the same
-        upload, which some servers refuse: ``rclone serve s3``); then those parts are reused
-        (each checked again by :meth:`reuse` against the bytes the sink hashes). Otherwise the
-        state is dropped (its upload aborted when the server shows it is this key's: never
-        another name's) and the upload starts over; the state is written once the new upload
-        is created."""
+        server lists its upload id as an upload of this key, that upload is not live
+        (:meth:`_live`: another writer's, still running), and every part the server holds for
+        it has the MD5 and length of the same bytes of ``source`` read now (a source changed in
+        place with its identity kept would need a part sent again into the same upload, which
+        some servers refuse: ``rclone serve s3``); then those parts are reused (each checked
+        again by :meth:`reuse` against the bytes the sink hashes). A live upload is neither
+        joined nor aborted, and its state is left in place: this upload starts anew (its own
+        state replaces that one once it is created). Otherwise the state is dropped (its upload
+        aborted when the server shows it is this key's: never another name's) and the upload
+        starts over; the state is written once the new upload is created."""
         where = resume_parts(self._parts)
         name = "/".join(self._parts)
-        self._state = ResumeState(name, self._key, "", self.part_size, identity)
+        self._state = ResumeState(name, self._key, "", self._base, identity)
         try:
             data = self._b.read_small(where)
         except NotFoundError:
@@ -312,19 +359,28 @@ class S3Upload(Upload):
         except RecordFormatError:
             data = b""
         found = parse(data)
-        ours = found is not None and found.key == self._key and self._owns(found.upload_id)
-        if (
-            ours
-            and found is not None
-            and found.part_size == self.part_size
-            and found.source == identity
-            and found.name == name
-        ):
-            held = self._list_parts(found.upload_id)
-            if held is not None and self._all_match(held, found.part_size, source):
+        listed = None
+        if found is not None and found.key == self._key:
+            listed = self._listed(found.upload_id)
+        held = None if listed is None or found is None else self._list_parts(found.upload_id)
+        if found is not None and listed is not None and held is not None:
+            if self._live(found.upload_id, listed, held):
+                log.info(
+                    "%s: upload %s of the resume state is live (another writer's): neither "
+                    "joined nor aborted, a new upload is started",
+                    self._b.shown(self._parts),
+                    found.upload_id,
+                )
+                return
+            if (
+                found.part_size == self._base
+                and found.source == identity
+                and found.name == name
+                and self._all_match(held, found.part_size, source)
+            ):
                 self._upload_id = found.upload_id
                 self._alive = _Alive(self._b, found.upload_id)
-                self._held = held
+                self._held = {n: (tag, size) for n, (tag, size, _t) in held.items()}
                 self._state = found
                 self._done = dict(found.parts)
                 self._saved = len(self._done)
@@ -335,7 +391,7 @@ class S3Upload(Upload):
                     len(held),
                 )
                 return
-        if ours and found is not None:  # another source, or a state not to trust: start over
+        if found is not None and listed is not None:  # another source, or not to trust
             with contextlib.suppress(CommitStoreError):
                 self._b.call(
                     "aborting the upload of",
@@ -347,21 +403,49 @@ class S3Upload(Upload):
         with contextlib.suppress(CommitStoreError):
             self._b.call("removing", where, "delete_object", Key=self._b.key(where))
 
+    def _live(
+        self,
+        upload_id: str,
+        listed: dict[str, Any],
+        held: dict[int, tuple[str, int, float | None]],
+    ) -> bool:
+        """Whether upload ``upload_id`` may be another writer's, still running: its last
+        activity (its start as listed, its parts' times, its writer's marker,
+        :func:`upload_marker`, rewritten every heartbeat while that writer lives) is younger
+        than :data:`STALE_BEATS` heartbeats, judged as gc judges ages (the local clock against
+        the server's times, less the store's ``mtime_resolution``: a time truncated to the
+        second never makes an upload look older than it is); the heartbeat is the longer of this
+        store's and the one the marker states (:func:`marker_body`). An unreadable marker, or
+        no time at all, counts as live."""
+        started = listed.get("Initiated")
+        times = [started.timestamp()] if started is not None else []
+        times += [t for _tag, _size, t in held.values() if t is not None]
+        heartbeat = self._b.heartbeat
+        marker = upload_marker(upload_id)
+        try:
+            alive = self._b.head(marker)
+            if alive is not None:
+                heartbeat = max(heartbeat, stated_heartbeat(self._b.read_small(marker)))
+        except (CommitStoreError, RecordFormatError):  # gone meanwhile, unreadable, too large
+            return True
+        if alive is not None:
+            if alive.mtime is None:
+                return True
+            times.append(alive.mtime)
+        if not times:
+            return True
+        age = time.time() - max(times) - float(self._b.mtime_resolution)
+        return bool(age < STALE_BEATS * heartbeat)
+
     @staticmethod
-    def _all_match(held: dict[int, tuple[str, int]], part_size: int, source: Rereadable) -> bool:
-        """Whether each held part (number -> (ETag, size)) is the MD5 of ``size`` bytes of
-        ``source`` at that part's offset (parts of ``part_size``, doubled every 1,000 parts as
-        :meth:`reuse` and ``_send`` do); a failed read is no."""
-        offsets: dict[int, int] = {}
-        offset, size = 0, part_size
-        for number in range(1, max(held, default=0) + 1):
-            offsets[number] = offset
-            offset += size
-            if number % 1000 == 0:
-                size *= 2
-        for number, (etag, length) in held.items():
+    def _all_match(
+        held: dict[int, tuple[str, int, float | None]], part_size: int, source: Rereadable
+    ) -> bool:
+        """Whether each held part (number -> (ETag, size, time)) is the MD5 of ``size`` bytes
+        of ``source`` at that part's offset (:func:`part_span`); a failed read is no."""
+        for number, (etag, length, _t) in held.items():
             digest = hashlib.md5(usedforsecurity=False)
-            at, left = offsets[number], length
+            at, left = part_span(number, part_size)[0], length
             try:
                 while left:
                     chunk = source.pread(at, min(left, 8 * 1024 * 1024))
@@ -385,16 +469,16 @@ class S3Upload(Upload):
         stated = self._state.parts.get(number, hexed) if self._state is not None else hexed
         if held is None or held != (hexed, length) or stated != hexed:
             return None
-        if number % 1000 == 0:  # as _send: the part size doubles every 1,000 parts
-            self.part_size *= 2
+        self.part_size = part_span(number + 1, self._base)[1]
         self._given.pop(number, None)
         self._md5s[number] = md5
         self._done[number] = hexed
         self.reused_bytes += length
         return {"PartNumber": number, "ETag": f'"{hexed}"'}
 
-    def _owns(self, upload_id: str) -> bool:
-        """The server lists ``upload_id`` as an upload in progress of this very key."""
+    def _listed(self, upload_id: str) -> dict[str, Any] | None:
+        """The server's listing entry of ``upload_id`` when it is an upload in progress of this
+        very key; None otherwise."""
         marker: dict[str, Any] = {}
         while True:
             try:
@@ -406,21 +490,21 @@ class S3Upload(Upload):
                     **marker,
                 )
             except NotFoundError:  # rclone answers NoSuchUpload when there are none
-                return False
+                return None
             for up in page.get("Uploads", []):
                 if up.get("Key") == self._key and up.get("UploadId") == upload_id:
-                    return True
+                    return dict(up)
             if not page.get("IsTruncated"):
-                return False
+                return None
             marker = {
                 "KeyMarker": page.get("NextKeyMarker"),
                 "UploadIdMarker": page.get("NextUploadIdMarker"),
             }
 
-    def _list_parts(self, upload_id: str) -> dict[int, tuple[str, int]] | None:
-        """The parts the server holds for ``upload_id``: number -> (ETag unquoted, size); None
-        when the upload is gone."""
-        held: dict[int, tuple[str, int]] = {}
+    def _list_parts(self, upload_id: str) -> dict[int, tuple[str, int, float | None]] | None:
+        """The parts the server holds for ``upload_id``: number -> (ETag unquoted, size, time
+        it landed or None); None when the upload is gone."""
+        held: dict[int, tuple[str, int, float | None]] = {}
         marker: dict[str, Any] = {}
         while True:
             try:
@@ -436,7 +520,9 @@ class S3Upload(Upload):
                 return None
             for p in page.get("Parts", []):
                 tag = str(p.get("ETag") or "").strip().strip('"')
-                held[int(p["PartNumber"])] = (tag, int(p.get("Size", -1)))
+                landed = p.get("LastModified")
+                when = landed.timestamp() if landed is not None else None
+                held[int(p["PartNumber"])] = (tag, int(p.get("Size", -1)), when)
             if not page.get("IsTruncated"):
                 return held
             marker = {"PartNumberMarker": page.get("NextPartNumberMarker")}
