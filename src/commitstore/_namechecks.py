@@ -106,7 +106,7 @@ class NameChecks:
         a write in progress below it (or one a dead writer left, which gc removes by age), whose
         files a delete of the whole folder would take. Nothing below ``parts``: nothing to do."""
         info = self.backend.stat(parts)
-        if info is None or not info.is_dir or not self.backend.staging_names:
+        if info is None or not info.is_dir or not self.backend.capabilities.staging_names:
             return
         staging = [rel for rel, _ in self.backend.walk(parts) if any(map(is_staging_part, rel))]
         if staging:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import enum
 import io
 import logging
@@ -87,6 +88,41 @@ class Capabilities:
     """Each request is retried by the store's own client as often as the store allows, each
     attempt bounded by its timeouts (object stores): a mirror copy that timed out there is not
     tried again as a whole (``mirrors/copy``), which would repeat every attempt per copy."""
+    staging_names: bool = True
+    """Writes in flight leave entries under reserved staging names (``.commitstore.tmp.*``)
+    until they publish, as the rename family does: gc, deletes and reads look for them. Not
+    declared (object stores, which upload to the final key): none ever appear, and nothing
+    looks for them."""
+    writer_slots: bool = False
+    """:meth:`Backend.publish_lock` holds nothing across processes (object stores): each commit
+    then writes its pending record to a slot of its own (``_slots``), which gc, prune and the
+    foreign-file check read besides the pending record."""
+    plans_from_records: bool = False
+    """A prune may plan from the records' listing alone and look at data only where the plan
+    depends on it (the newest artifacts, the ones the policy keeps, names with a commit in
+    flight): declared where data is only ever changed by a whole replace, which a commit fronts
+    with its pending record, and where listing every data file costs per key (object stores).
+    Every delete still re-checks its data and record with fresh stats first
+    (``prune.still_planned``), so this changes what a plan costs, never what is deleted.
+    Elsewhere (file systems, where a modification time can be 0, "unknown") the plan lists the
+    data too."""
+    read_concurrency: int = 1
+    """How many small reads (records) may run at once, each on its own thread, through one
+    :meth:`Backend.small_reads` reader (scans, the record cache, prune's re-checks); object
+    stores raise it."""
+    rereads_locally: bool = False
+    """:meth:`Backend.open_read` returns readers whose raw file is :class:`Rereadable` and a
+    second read of the same bytes costs no transfer (a local disk's page cache): a copy to a
+    sink that takes :meth:`FileSink.reread_from` then holds none of the bytes in memory."""
+    reread_bodies: bool = False
+    """A file sink takes :meth:`FileSink.reread_from` (of a source offered before its first
+    write): it sends its bodies read again from that source instead of buffers it holds, and
+    only where the server checks each body against the checksum computed from the bytes
+    written (S3's Content-MD5), so a source that changed fails the publish."""
+    whole_max: int = 0
+    """Bytes a file sink holds in memory (to send them as one whole-object put) before it
+    sends in parts: an object store's single-put limit. 0: the sink stages on the storage as
+    it is written. With :attr:`reread_bodies` and a rereadable source, nothing is held."""
 
 
 @dataclass(slots=True)
@@ -184,6 +220,17 @@ class DirSink(abc.ABC):
     @abc.abstractmethod
     def abort(self) -> None:
         """Remove the staging folder. Idempotent."""
+
+
+LEGACY_FLAGS = (
+    "staging_names",
+    "writer_slots",
+    "plans_from_records",
+    "read_concurrency",
+    "rereads_locally",
+)
+"""The :class:`Capabilities` fields that backends once declared as loose class attributes;
+:meth:`Backend.__init_subclass__` folds such a declaration into the class's capabilities."""
 
 
 class Backend(abc.ABC):
@@ -313,30 +360,36 @@ class Backend(abc.ABC):
     checkpointer) where the backend itself holds what cannot be pickled (an object store's
     client). None for a backend built directly."""
 
-    read_concurrency: int = 1
-    """How many small reads (records) may run at once; object stores raise it."""
+    @property
+    def staging_names(self) -> bool:
+        """:attr:`Capabilities.staging_names` of this backend (a read-only view)."""
+        return self.capabilities.staging_names
 
-    rereads_locally: bool = False
-    """True when :meth:`open_read` returns readers whose raw file is :class:`Rereadable` and a
-    second read of the same bytes costs no transfer (a local disk's page cache): a copy to a
-    sink that takes :meth:`FileSink.reread_from` then holds none of the bytes in memory."""
+    @property
+    def writer_slots(self) -> bool:
+        """:attr:`Capabilities.writer_slots` of this backend (a read-only view)."""
+        return self.capabilities.writer_slots
 
-    plans_from_records: bool = False
-    """Whether a prune may plan from the records' listing alone and look at data only where the
-    plan depends on it (the newest artifacts, the ones the policy keeps, names with a commit in
-    flight): True where data is only ever changed by a whole replace, which a commit fronts with
-    its pending record, and where listing every data file costs per key (object stores). Every
-    delete still re-checks its data and record with fresh stats first (``prune.still_planned``),
-    so this changes what a plan costs, never what is deleted. Elsewhere (file systems, where a
-    modification time can be 0, "unknown") the plan lists the data too."""
-
-    writer_slots: bool = False
-    """True where :meth:`publish_lock` holds nothing across processes (object stores): each
-    commit then writes its pending record to a slot of its own (``_slots``)."""
-    staging_names: bool = True
-    """Whether writes leave entries under reserved staging names (``.commitstore.tmp.*``) while
-    they run, as the rename family does. Object stores upload to the final key and have none, so
-    ``gc`` never looks for staging entries there."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Fold a behaviour a subclass still declares as a class attribute named like a
+        :class:`Capabilities` field (``rereads_locally = True``, as backends written before
+        those fields did) into its class-level :attr:`capabilities`, so the core, which reads
+        only :attr:`capabilities`, sees it. A backend whose capabilities are a property
+        (object stores) builds them itself."""
+        super().__init_subclass__(**kwargs)
+        caps = getattr(cls, "capabilities", None)
+        if not isinstance(caps, Capabilities):
+            return
+        declared: dict[str, Any] = {}
+        for name in LEGACY_FLAGS:
+            for klass in cls.__mro__:
+                if klass is Backend:
+                    break
+                if name in vars(klass) and not isinstance(vars(klass)[name], property):
+                    declared[name] = vars(klass)[name]
+                    break
+        if any(getattr(caps, k) != v for k, v in declared.items()):
+            cls.capabilities = dataclasses.replace(caps, **declared)
 
     def place(self) -> tuple[str, ...] | None:
         """Where the store lives, as a path: a kind of storage (and its server), then the
@@ -392,15 +445,20 @@ class Backend(abc.ABC):
     def sink_memory(self, size: int, *, source_rereads: bool) -> int:
         """Bytes a file sink of this store holds in memory at most, beyond the caller's read
         buffer, for a file of ``size`` bytes; ``source_rereads``: the bytes come from a reader
-        whose raw file is :class:`Rereadable` (:attr:`rereads_locally`). Default: 0 (the sink
-        stages on disk)."""
-        return 0
+        whose raw file is :class:`Rereadable` (:attr:`Capabilities.rereads_locally`). From the
+        declared capabilities: up to :attr:`Capabilities.whole_max` (0: the sink stages on the
+        storage), none where the sink sends from a rereadable source
+        (:attr:`Capabilities.reread_bodies`)."""
+        caps = self.capabilities
+        if source_rereads and caps.reread_bodies:
+            return 0
+        return min(size, caps.whole_max)
 
     def publish_folder(self, staging: Parts, parts: Parts, *, mode: PutMode) -> CommitInfo:
         """Publish the staging folder ``staging`` (a staging name beside ``parts``, filled in
         place by other sinks, each file already durable) under ``parts`` in one step per
         ``mode``, as :meth:`open_dir_sink`'s publish would; the folders are made durable first.
-        Only where :attr:`staging_names` is True. Default: not supported."""
+        Only where :attr:`Capabilities.staging_names` is declared. Default: not supported."""
         raise NotImplementedError(f"{type(self).__name__} cannot publish a staged folder")
 
     def restore_aside(self, parts: Parts) -> bool:
@@ -473,7 +531,7 @@ class Backend(abc.ABC):
         family: one directory descriptor per scan instead of a walk from the root per file);
         those may stop reading a file after ``max_bytes + 1`` bytes (the caller refuses it as too
         large), or refuse a larger one from its size with RecordFormatError. Thread-safe where
-        :attr:`read_concurrency` > 1. Default: a loop of :meth:`read_small_tagged`."""
+        :attr:`Capabilities.read_concurrency` > 1. Default: a loop of :meth:`read_small_tagged`."""
         return contextlib.nullcontext(lambda rel: self.read_small_tagged((*folder, *rel)))
 
     @contextlib.contextmanager
