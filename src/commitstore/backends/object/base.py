@@ -29,14 +29,37 @@ def with_heartbeat(backend: ObjectBackend, value: object) -> ObjectBackend:
     return backend
 
 
+PROBED_FIELDS = frozenset(
+    (
+        "atomic_replace",
+        "exclusive_create",
+        "dir_fsync",
+        "atomic_dir_publish",
+        "free_space",
+        "empty_folders",
+        "mtime_resolution",
+        "client_retries",
+    )
+)
+"""The fields of an object store's capabilities whose first read probes create-only writes
+(once per backend), as every read of them always has: the storage guarantees. The behaviour
+fields (``staging_names``, ``read_concurrency``, ``whole_max``, ...) never probe, so a scan or a
+read-only check sends no write."""
+
+
 class ProbedCapabilities(Capabilities):
     """An object store's capabilities, whose ``exclusive_create`` is the answer of ``probe``
     (``ObjectBackend.conditional_writes``: asked of the endpoint once, on first need), asked
-    only when that field is read: reading any other field sends no request."""
+    when a field of :data:`PROBED_FIELDS` is read, never for the others."""
 
     def __init__(self, probe: Callable[[], bool], **declared: Any) -> None:
         object.__setattr__(self, "_probe", probe)
         super().__init__(exclusive_create=False, **declared)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in PROBED_FIELDS:
+            object.__getattribute__(self, "_probe")()
+        return super().__getattribute__(name)
 
     @property
     def exclusive_create(self) -> bool:
@@ -77,7 +100,8 @@ class ObjectBackend(Backend):
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
         """What every object store declares, with this store's time precision, single-put
-        limit and body rereads; ``exclusive_create`` is probed on its first read only."""
+        limit and body rereads; create-only writes are probed on the first read of a storage
+        guarantee (:data:`PROBED_FIELDS`), never of a behaviour field."""
         return ProbedCapabilities(
             self.conditional_writes,
             atomic_replace=True,
