@@ -14,16 +14,20 @@ import dataclasses
 import enum
 import io
 import logging
-import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from commitstore._recordrules import MAX_RECORD_BYTES, RecordFormatError
+
+# re-exported: backends import what they declare and how they take options from here
+from commitstore.backends.capabilities import LEGACY_FLAGS as LEGACY_FLAGS  # noqa: PLC0414
+from commitstore.backends.capabilities import Capabilities as Capabilities  # noqa: PLC0414
+from commitstore.backends.storageoptions import Kinds as Kinds  # noqa: PLC0414
+from commitstore.backends.storageoptions import take_options as take_options  # noqa: PLC0414
 from commitstore.errors import (
     CommitError,
-    ConfigurationError,
     InsufficientSpaceError,
     IntegrityError,
     StorageError,
@@ -61,68 +65,6 @@ class FileInfo:
     """False for what is neither a regular file nor a folder: a symlink (never followed; ``size``
     is then the link's own), a FIFO, a socket, a device. Never read as an artifact or a record.
     Object stores hold only regular objects."""
-
-
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    """Declared properties of a backend; the conformance suite checks each one is true."""
-
-    atomic_replace: bool
-    """Publishing onto an existing name replaces it in one step (readers see old or new)."""
-    exclusive_create: bool
-    """Publishing with ``PutMode.CREATE`` fails, atomically, if the name exists."""
-    dir_fsync: bool
-    """Directory entries can be made durable (fsync of the directory)."""
-    atomic_dir_publish: bool
-    """A folder artifact appears under its name in one step."""
-    free_space: bool
-    """``free_space`` answers with a number."""
-    empty_folders: bool = True
-    """An empty folder artifact is visible as a folder (object stores have no folders)."""
-    mtime_resolution: float = 0.0
-    """Seconds by which a modification time the store reports may lag the write it dates (S3
-    and Azure listings, SFTP and WebDAV: whole seconds). gc counts every entry that much
-    younger, so a writer whose heartbeat is within ``min_age`` is never judged dead by a
-    truncated time."""
-    client_retries: bool = False
-    """Each request is retried by the store's own client as often as the store allows, each
-    attempt bounded by its timeouts (object stores): a mirror copy that timed out there is not
-    tried again as a whole (``mirrors/copy``), which would repeat every attempt per copy."""
-    staging_names: bool = True
-    """Writes in flight leave entries under reserved staging names (``.commitstore.tmp.*``)
-    until they publish, as the rename family does: gc, deletes and reads look for them. Not
-    declared (object stores, which upload to the final key): none ever appear, and nothing
-    looks for them."""
-    writer_slots: bool = False
-    """:meth:`Backend.publish_lock` holds nothing across processes (object stores): each commit
-    then writes its pending record to a slot of its own (``_slots``), which gc, prune and the
-    foreign-file check read besides the pending record."""
-    plans_from_records: bool = False
-    """A prune may plan from the records' listing alone and look at data only where the plan
-    depends on it (the newest artifacts, the ones the policy keeps, names with a commit in
-    flight): declared where data is only ever changed by a whole replace, which a commit fronts
-    with its pending record, and where listing every data file costs per key (object stores).
-    Every delete still re-checks its data and record with fresh stats first
-    (``prune.still_planned``), so this changes what a plan costs, never what is deleted.
-    Elsewhere (file systems, where a modification time can be 0, "unknown") the plan lists the
-    data too."""
-    read_concurrency: int = 1
-    """How many small reads (records) may run at once, each on its own thread, through one
-    :meth:`Backend.small_reads` reader (scans, the record cache, prune's re-checks); object
-    stores raise it."""
-    rereads_locally: bool = False
-    """:meth:`Backend.open_read` returns readers whose raw file is :class:`Rereadable` and a
-    second read of the same bytes costs no transfer (a local disk's page cache): a copy to a
-    sink that takes :meth:`FileSink.reread_from` then holds none of the bytes in memory."""
-    reread_bodies: bool = False
-    """A file sink takes :meth:`FileSink.reread_from` (of a source offered before its first
-    write): it sends its bodies read again from that source instead of buffers it holds, and
-    only where the server checks each body against the checksum computed from the bytes
-    written (S3's Content-MD5), so a source that changed fails the publish."""
-    whole_max: int = 0
-    """Bytes a file sink holds in memory (to send them as one whole-object put) before it
-    sends in parts: an object store's single-put limit. 0: the sink stages on the storage as
-    it is written. With :attr:`reread_bodies` and a rereadable source, nothing is held."""
 
 
 @dataclass(slots=True)
@@ -220,17 +162,6 @@ class DirSink(abc.ABC):
     @abc.abstractmethod
     def abort(self) -> None:
         """Remove the staging folder. Idempotent."""
-
-
-LEGACY_FLAGS = (
-    "staging_names",
-    "writer_slots",
-    "plans_from_records",
-    "read_concurrency",
-    "rereads_locally",
-)
-"""The :class:`Capabilities` fields that backends once declared as loose class attributes;
-:meth:`Backend.__init_subclass__` folds such a declaration into the class's capabilities."""
 
 
 class Backend(abc.ABC):
@@ -609,75 +540,3 @@ def read_bounded(f: BinaryIO, shown: Callable[[], str]) -> bytes:
     if len(data) > MAX_SMALL_BYTES:  # grew since the seek
         raise too_large(shown(), len(data))
     return data
-
-
-Kinds = tuple[type | None, ...]
-"""The types an option accepts (``None``: the value None); ``bool`` is never an ``int`` here."""
-
-
-def _one_of(values: tuple[Any, ...]) -> str:
-    """``'a', 'b' or 'c'``: the values an option may take, as the error says them."""
-    shown = [repr(v) for v in values]
-    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
-
-
-def take_options(
-    options: dict[str, Any],
-    defaults: dict[str, Any],
-    *,
-    kinds: dict[str, Kinds] | None = None,
-    choices: dict[str, tuple[Any, ...]] | None = None,
-) -> dict[str, Any]:
-    """``defaults`` updated with ``options``, for a backend factory, every value checked.
-
-    Each given option must be of the kind of its default: a bool for a bool (``"maybe"``, 1
-    or None are refused), an integer (not a bool) for an integer, a finite number (not a bool)
-    for a float, a string for a string, a mapping for a mapping; ``kinds`` overrides that (and
-    gives the kinds of options whose default is None: those are otherwise free, as credentials
-    are). An option in ``choices`` must be one of its values.
-
-    Raises:
-        ConfigurationError: an option ``defaults`` does not name, or a value of the wrong kind
-            or not among its choices, before any I/O.
-    """
-    unknown = sorted(set(options) - set(defaults))
-    if unknown:
-        raise ConfigurationError(f"unknown storage options {unknown}; known: {sorted(defaults)}")
-    kinds = kinds or {}
-    for key, value in options.items():
-        allowed = kinds.get(key) or _kinds_of(defaults[key])
-        if allowed and not any(_is_kind(value, kind) for kind in allowed):
-            names = " or ".join(
-                "None" if k is None else _KIND_NAMES.get(k, k.__name__) for k in allowed
-            )
-            raise ConfigurationError(f"storage option {key} must be {names}, not {value!r}")
-        if choices and key in choices and value not in choices[key]:
-            raise ConfigurationError(
-                f"storage option {key} must be {_one_of(choices[key])}, not {value!r}"
-            )
-    return {**defaults, **options}
-
-
-_KIND_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
-
-
-def _kinds_of(default: Any) -> Kinds:
-    """The kinds an option with this default accepts; () for any."""
-    for kind in (bool, int, float, str):
-        if type(default) is kind:
-            return (kind,)
-    if isinstance(default, dict):
-        return (dict,)
-    return ()
-
-
-def _is_kind(value: Any, kind: type | None) -> bool:
-    if kind is None:
-        return value is None
-    if isinstance(value, bool):
-        return kind is bool
-    if kind is float:
-        return isinstance(value, (int, float)) and math.isfinite(value)
-    if kind is dict:
-        return isinstance(value, Mapping)
-    return isinstance(value, kind)
