@@ -17,14 +17,13 @@ from typing import Any
 
 import pytest
 
-from commitstore import CommitStore, open_store
+from commitstore import CommitStore, _exitflush, open_store
 from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
     CommitError,
     NotFoundError,
 )
-from commitstore.mirrors import replicator as replicator_mod
 from commitstore.testing import LocalBackdoor, S3Backdoor, record_path, xxh
 
 from .helpers.s3servers import MotoServer
@@ -137,9 +136,9 @@ def test_closed_store_leaves_no_exit_hook(tmp_path: Path) -> None:
     store = open_store(tmp_path / "p", mirrors=[str(tmp_path / "m")])
     rep = store.replicator
     assert rep is not None
-    assert rep in replicator_mod._live_replicators()
+    assert rep in _exitflush.waiting()
     store.close()
-    assert rep not in replicator_mod._live_replicators()
+    assert rep not in _exitflush.waiting()
 
 
 # -- 2. nothing kills the replication thread -------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A prune planned from the records' listing alone (``Backend.plans_from_records``, object
+"""A prune planned from the records' listing alone (``Capabilities.plans_from_records``, object
 stores) plans exactly what a plan that lists every data file plans, and looks at data only
 where the plan depends on it.
 
@@ -12,6 +12,7 @@ as the real run would treat it; and a real prune deletes what the plan said, not
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -79,14 +80,15 @@ def _put(store: CommitStore, root: Path, i: int, spec: dict[str, Any], how: str)
 
 
 def _prune(targets: list[Any], pol: Retention, *, from_records: bool, dry_run: bool) -> Any:
-    for t in targets:
-        t.backend.plans_from_records = from_records
+    for t in targets:  # local stores: their capabilities are a class attribute
+        caps = t.backend.capabilities
+        t.backend.capabilities = dataclasses.replace(caps, plans_from_records=from_records)
     try:
         now = time.time() + 1e6 if dry_run else None
         report = prune_mod.prune(targets, pol, pending={}, dry_run=dry_run, now=now)
     finally:
         for t in targets:
-            del t.backend.plans_from_records
+            del t.backend.capabilities
     return [(t.deleted, t.kept, t.skipped) for t in report.targets]
 
 

@@ -88,7 +88,7 @@ def test_cold_scan_reads_each_record_once_with_bounded_overlap_then_none(
     count = Counter(cold)
     newest = cold.latest(level="size")
     assert newest is not None and newest.name == f"ckpt/step_{N - 1:04d}.pt"
-    limit = cold.backend.read_concurrency
+    limit = cold.backend.capabilities.read_concurrency
     assert count.record_reads == N, "a first scan reads every record exactly once"
     assert 1 < count.peak <= limit, f"record reads overlapped, at most {limit} at a time"
     assert count.calls.get("list_objects_v2") == 1, "one listing page of the records"

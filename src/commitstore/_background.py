@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from commitstore._exitflush import exit_deadline, register_exit_stages
 from commitstore.errors import ConfigurationError
 from commitstore.records import Record
 
@@ -87,11 +88,9 @@ _live: weakref.WeakSet[BackgroundCommits] = weakref.WeakSet()
 
 def _exit_flush_all(*, final: bool) -> None:
     """Interpreter exit: finish every store's queued commits within the exit bound (from
-    ``mirrors.replicator``, shared with the mirrors), then hand their copies to the mirrors'
+    ``_exitflush``, shared with the mirrors), then hand their copies to the mirrors'
     exit flush before ``concurrent.futures`` stops (hooks run last-registered first, and this
     one is registered after that module's)."""
-    from commitstore.mirrors.replicator import exit_deadline
-
     deadline = exit_deadline()
     for engine in list(_live):
         with contextlib.suppress(Exception):  # exit must go on
@@ -99,8 +98,6 @@ def _exit_flush_all(*, final: bool) -> None:
 
 
 def _register_exit_hooks() -> None:
-    from commitstore.mirrors.replicator import register_exit_stages
-
     register_exit_stages(_exit_flush_all)
 
 

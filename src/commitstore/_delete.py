@@ -8,9 +8,8 @@ from collections.abc import Callable
 
 from commitstore._hierarchy import remove_data
 from commitstore._namechecks import NameChecks
-from commitstore.errors import CommitStoreError, NotFoundError
-from commitstore.layout import Parts, intent_parts, record_parts, validate_name
-from commitstore.records import Record, RecordFormatError, decode_record
+from commitstore.errors import NotFoundError
+from commitstore.layout import intent_parts, record_parts, validate_name
 
 
 class Deletes(NameChecks):
@@ -34,7 +33,7 @@ class Deletes(NameChecks):
             reason = still()
             if reason is not None:
                 return reason
-            owns = self.own_records(parts)
+            owns = list(self.own_records(parts).records)
             if not owns or any(r.kind == "dir" for r in owns):
                 self.check_nothing_below(parts, f"deleting {name}")
             if not owns:
@@ -50,21 +49,6 @@ class Deletes(NameChecks):
         if not (had_record or had_data):
             raise NotFoundError(f"{name} does not exist", name=name)
         return None
-
-    def own_records(self, parts: Parts) -> list[Record]:
-        """The records of ``parts`` that say which files are its data: the record and the
-        pending record (a commit that stopped after its data step left that version's files),
-        those that can be read and name this artifact."""
-        name = "/".join(parts)
-        found: list[Record] = []
-        for where in (record_parts(parts), intent_parts(parts)):
-            try:
-                rec = decode_record(self.backend.read_small(where))
-            except (CommitStoreError, RecordFormatError):
-                continue
-            if rec.name == name:
-                found.append(rec)
-        return found
 
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be

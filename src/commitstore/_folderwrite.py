@@ -147,7 +147,7 @@ def staging_of(parts: Parts, write_id: str) -> Parts:
 
 def _in_place(backend: Backend) -> bool:
     """True where files are uploaded to their final names (no staging names: object stores)."""
-    return not backend.staging_names
+    return not backend.capabilities.staging_names
 
 
 class FolderWrite:

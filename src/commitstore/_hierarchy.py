@@ -79,7 +79,7 @@ def folder_writes_over(backend: Backend, parts: Parts) -> list[str]:
     Raises:
         StorageError, BackendUnavailableError: the listing failed (callers refuse then).
     """
-    if backend.staging_names:
+    if backend.capabilities.staging_names:
         return []
     found: set[str] = set()
     for rel, _info in backend.walk((META_DIR, FOLDERS_DIR)):

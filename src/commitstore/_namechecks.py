@@ -9,6 +9,8 @@ path (``_commit.Committer``) and deletes (``_delete``) run them, some again unde
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from commitstore import _slots
 from commitstore._hierarchy import committed_below, folder_writes_over, shown
 from commitstore.backends import Backend
@@ -24,6 +26,18 @@ from commitstore.records import Record, RecordFormatError, decode_record
 
 RECORD_HEADROOM = 64 * 1024
 """Space reserved for the record when checking free space before a write of known size."""
+
+
+@dataclass(frozen=True)
+class OwnRecords:
+    """What the record and the pending record of one name say about its data (read by
+    :meth:`NameChecks.own_records`)."""
+
+    records: tuple[Record, ...]
+    """Those of the two that can be read and name this artifact, the record first."""
+    record_damaged: bool
+    """The record is there but cannot be read or decoded: its version cannot say which files
+    are its own (a pending record that cannot be read is only left out of ``records``)."""
 
 
 class NameChecks:
@@ -92,7 +106,7 @@ class NameChecks:
         a write in progress below it (or one a dead writer left, which gc removes by age), whose
         files a delete of the whole folder would take. Nothing below ``parts``: nothing to do."""
         info = self.backend.stat(parts)
-        if info is None or not info.is_dir or not self.backend.staging_names:
+        if info is None or not info.is_dir or not self.backend.capabilities.staging_names:
             return
         staging = [rel for rel, _ in self.backend.walk(parts) if any(map(is_staging_part, rel))]
         if staging:
@@ -133,18 +147,10 @@ class NameChecks:
         info = self.backend.stat(parts)
         if info is None or not info.is_dir:
             return
-        versions: list[Record] = []
-        for where in (record_parts(parts), intent_parts(parts)):
-            try:
-                rec = decode_record(self.backend.read_small(where))
-            except NotFoundError:
-                continue
-            except (CommitStoreError, RecordFormatError):
-                if where == record_parts(parts):
-                    return  # a damaged record: its version cannot say which files are its own
-                continue
-            if rec.name == "/".join(parts):
-                versions.append(rec)
+        own = self.own_records(parts)
+        if own.record_damaged:
+            return  # a damaged record: its version cannot say which files are its own
+        versions = list(own.records)
         if not versions:
             return
         versions += [s.stored.record for s in _slots.read_slots(self.backend, parts)]
@@ -164,6 +170,27 @@ class NameChecks:
                 "again",
                 name=name,
             )
+
+    def own_records(self, parts: Parts) -> OwnRecords:
+        """The records of ``parts`` that say which files are its data: the record and the
+        pending record (a commit that stopped after its data step left that version's files),
+        those that can be read and name this artifact, and whether the record is there but
+        damaged. A record or pending record that is missing, damaged or names another artifact
+        is left out. Two small reads; nothing is changed."""
+        name = "/".join(parts)
+        found: list[Record] = []
+        damaged = False
+        for where in (record_parts(parts), intent_parts(parts)):
+            try:
+                rec = decode_record(self.backend.read_small(where))
+            except NotFoundError:
+                continue
+            except (CommitStoreError, RecordFormatError):
+                damaged = damaged or where == record_parts(parts)
+                continue
+            if rec.name == name:
+                found.append(rec)
+        return OwnRecords(tuple(found), damaged)
 
     def check_place(self, parts: Parts) -> None:
         """The name hierarchy, before a new artifact is staged at ``parts``: not inside a

@@ -88,7 +88,7 @@ def _open_data(backend: Backend, rec: Record) -> BinaryIO:
     try:
         return _open_parts(backend, rec.name, parts)
     except IntegrityError as exc:
-        if exc.status != "missing" or not backend.staging_names:
+        if exc.status != "missing" or not backend.capabilities.staging_names:
             raise
         missing = exc
     try:

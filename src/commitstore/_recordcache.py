@@ -149,11 +149,12 @@ def load_shard(backend: Backend, shard: int) -> Entries:
 
 
 def load(backend: Backend, shards: Collection[int]) -> Entries:
-    """The entries of ``shards``, read concurrently (``backend.read_concurrency`` at a time)."""
+    """The entries of ``shards``, read concurrently (``capabilities.read_concurrency`` at a
+    time)."""
     out: Entries = {}
     if not shards:
         return out
-    workers = max(1, min(backend.read_concurrency, len(shards)))
+    workers = max(1, min(backend.capabilities.read_concurrency, len(shards)))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         for entries in pool.map(lambda s: load_shard(backend, s), sorted(shards)):
             out.update(entries)

@@ -75,7 +75,7 @@ def _read_record_bytes(backend: Backend, where: Parts) -> bytes:
     try:
         return backend.read_small(where)
     except NotFoundError:
-        if not backend.staging_names:
+        if not backend.capabilities.staging_names:
             raise
         return backend.read_small(aside_parts(where))
 
@@ -210,8 +210,10 @@ def scan_entries(
     with backend.small_reads((META_DIR, RECORDS_DIR), max_bytes=MAX_RECORD_BYTES) as read:
         loaded = [load(leaf) if h else None for leaf, h in zip(leaves, hits, strict=True)]
         misses = [i for i, h in enumerate(hits) if not h]
-        if backend.read_concurrency > 1 and len(misses) > 1:
-            with concurrent.futures.ThreadPoolExecutor(backend.read_concurrency) as pool:
+        if backend.capabilities.read_concurrency > 1 and len(misses) > 1:
+            with concurrent.futures.ThreadPoolExecutor(
+                backend.capabilities.read_concurrency
+            ) as pool:
                 for i, got in zip(misses, pool.map(load, [leaves[i] for i in misses]), strict=True):
                     loaded[i] = got
         else:

@@ -60,7 +60,7 @@ class Slot:
 
 def uses_slots(backend: Backend) -> bool:
     """True where pending records go to per-writer slots: the publish lock holds nothing."""
-    return bool(getattr(backend, "writer_slots", False))
+    return backend.capabilities.writer_slots
 
 
 def read_slots(backend: Backend, parts: Parts) -> list[Slot]:

@@ -70,7 +70,7 @@ def leftovers(backend: Backend) -> list[tuple[Parts, float | None]]:
         for rel, _info in backend.walk((META_DIR, RECORDS_DIR))
         if is_intent_leaf(rel[-1])
     ]
-    if backend.writer_slots:  # each writer's own pending record (``_slots``)
+    if backend.capabilities.writer_slots:  # each writer's own pending record (``_slots``)
         pendings += [
             (META_DIR, PENDING_DIR, *rel)
             for rel, _info in backend.walk((META_DIR, PENDING_DIR))

@@ -341,7 +341,7 @@ def _aside(
     aside.py``) left under the name's aside entry, if it verifies as ``record`` (the old
     version) or one of ``pendings`` (in order). Only rename-family storage has aside entries."""
     parts = tuple(record.name.split("/"))
-    if not backend.staging_names or backend.stat(parts) is not None:
+    if not backend.capabilities.staging_names or backend.stat(parts) is not None:
         return None
     where = aside_parts(parts)
     for version, which in ((record, "old"), *((p, "new") for p in pendings)):

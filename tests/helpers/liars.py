@@ -3,15 +3,18 @@ declare a capability they do not have), so the test can show the contract catche
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 from commitstore.backends.base import (
+    Capabilities,
     CommitInfo,
     DirSink,
     FileInfo,
@@ -280,6 +283,65 @@ class RemovesFullFolders(LinkDirBackend):
         return bool(parts) and self.remove(parts)
 
 
+def _declares(**fields: object) -> Capabilities:
+    """``linkdir``'s capabilities with ``fields`` declared instead."""
+    return dataclasses.replace(LinkDirBackend.capabilities, **fields)  # type: ignore[arg-type]
+
+
+class HiddenStaging(LinkDirBackend):
+    """Declares no ``staging_names`` but stages under staging names, as ``linkdir`` does: gc
+    and deletes would never look for them."""
+
+    capabilities = _declares(staging_names=False)
+
+
+class UndatedPlans(LinkDirBackend):
+    """Declares ``plans_from_records`` but reports no modification time for its data."""
+
+    capabilities = _declares(plans_from_records=True)
+
+    def stat(self, parts: Parts) -> FileInfo | None:
+        info = super().stat(parts)
+        return info if info is None else dataclasses.replace(info, mtime=None)
+
+
+class SharedReader(LinkDirBackend):
+    """Declares ``read_concurrency=4`` but its small-file reader keeps the name it reads in
+    state shared by every thread."""
+
+    capabilities = _declares(read_concurrency=4)
+
+    def small_reads(
+        self, folder: Parts, *, max_bytes: int | None = None
+    ) -> contextlib.AbstractContextManager[Callable[[Parts], tuple[bytes, str | None]]]:
+        state: dict[str, Parts] = {}
+
+        def read(rel: Parts) -> tuple[bytes, str | None]:
+            state["rel"] = rel
+            time.sleep(0.05)  # the window another thread's name falls into
+            return self.read_small_tagged((*folder, *state["rel"]))
+
+        return contextlib.nullcontext(read)
+
+
+class NoPread(LinkDirBackend):
+    """Declares ``rereads_locally`` but its readers are plain files (no ``pread``)."""
+
+    capabilities = _declares(rereads_locally=True)
+
+
+class RefusesRereads(LinkDirBackend):
+    """Declares ``reread_bodies`` but its sinks refuse every rereadable source."""
+
+    capabilities = _declares(reread_bodies=True)
+
+
+class StagesWhatItHolds(LinkDirBackend):
+    """Declares ``whole_max`` (1 MiB held in memory) but stages every byte on disk."""
+
+    capabilities = _declares(whole_max=1024 * 1024)
+
+
 LIARS: dict[type[LinkDirBackend], str] = {
     EarlyBytes: "test_staged_file_invisible_until_publish",
     NotExclusive: "test_capability_exclusive_create",
@@ -298,6 +360,12 @@ LIARS: dict[type[LinkDirBackend], str] = {
     MakesRootAtOpen: "test_opening_creates_nothing",
     HidesDotfiles: "test_walk_lists_every_file_below",
     ReadsPrefix: "test_open_read_reads_and_seeks",
+    HiddenStaging: "test_capability_staging_names",
+    UndatedPlans: "test_capability_plans_from_records",
+    SharedReader: "test_capability_read_concurrency",
+    NoPread: "test_capability_rereads_locally",
+    RefusesRereads: "test_capability_reread_bodies",
+    StagesWhatItHolds: "test_capability_whole_max",
     RemoveSaysTrue: "test_remove_file_and_tree",
     RemovesFullFolders: "test_remove_empty_folder_spares_a_full_one",
 }

@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import enum
 import io
 import logging
-import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from commitstore._recordrules import MAX_RECORD_BYTES, RecordFormatError
+
+# re-exported: backends import what they declare and how they take options from here
+from commitstore.backends.capabilities import LEGACY_FLAGS as LEGACY_FLAGS  # noqa: PLC0414
+from commitstore.backends.capabilities import Capabilities as Capabilities  # noqa: PLC0414
+from commitstore.backends.storageoptions import Kinds as Kinds  # noqa: PLC0414
+from commitstore.backends.storageoptions import take_options as take_options  # noqa: PLC0414
 from commitstore.errors import (
     CommitError,
-    ConfigurationError,
     InsufficientSpaceError,
     IntegrityError,
     StorageError,
@@ -60,33 +65,6 @@ class FileInfo:
     """False for what is neither a regular file nor a folder: a symlink (never followed; ``size``
     is then the link's own), a FIFO, a socket, a device. Never read as an artifact or a record.
     Object stores hold only regular objects."""
-
-
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    """Declared properties of a backend; the conformance suite checks each one is true."""
-
-    atomic_replace: bool
-    """Publishing onto an existing name replaces it in one step (readers see old or new)."""
-    exclusive_create: bool
-    """Publishing with ``PutMode.CREATE`` fails, atomically, if the name exists."""
-    dir_fsync: bool
-    """Directory entries can be made durable (fsync of the directory)."""
-    atomic_dir_publish: bool
-    """A folder artifact appears under its name in one step."""
-    free_space: bool
-    """``free_space`` answers with a number."""
-    empty_folders: bool = True
-    """An empty folder artifact is visible as a folder (object stores have no folders)."""
-    mtime_resolution: float = 0.0
-    """Seconds by which a modification time the store reports may lag the write it dates (S3
-    and Azure listings, SFTP and WebDAV: whole seconds). gc counts every entry that much
-    younger, so a writer whose heartbeat is within ``min_age`` is never judged dead by a
-    truncated time."""
-    client_retries: bool = False
-    """Each request is retried by the store's own client as often as the store allows, each
-    attempt bounded by its timeouts (object stores): a mirror copy that timed out there is not
-    tried again as a whole (``mirrors/copy``), which would repeat every attempt per copy."""
 
 
 @dataclass(slots=True)
@@ -313,30 +291,36 @@ class Backend(abc.ABC):
     checkpointer) where the backend itself holds what cannot be pickled (an object store's
     client). None for a backend built directly."""
 
-    read_concurrency: int = 1
-    """How many small reads (records) may run at once; object stores raise it."""
+    @property
+    def staging_names(self) -> bool:
+        """:attr:`Capabilities.staging_names` of this backend (a read-only view)."""
+        return self.capabilities.staging_names
 
-    rereads_locally: bool = False
-    """True when :meth:`open_read` returns readers whose raw file is :class:`Rereadable` and a
-    second read of the same bytes costs no transfer (a local disk's page cache): a copy to a
-    sink that takes :meth:`FileSink.reread_from` then holds none of the bytes in memory."""
+    @property
+    def writer_slots(self) -> bool:
+        """:attr:`Capabilities.writer_slots` of this backend (a read-only view)."""
+        return self.capabilities.writer_slots
 
-    plans_from_records: bool = False
-    """Whether a prune may plan from the records' listing alone and look at data only where the
-    plan depends on it (the newest artifacts, the ones the policy keeps, names with a commit in
-    flight): True where data is only ever changed by a whole replace, which a commit fronts with
-    its pending record, and where listing every data file costs per key (object stores). Every
-    delete still re-checks its data and record with fresh stats first (``prune.still_planned``),
-    so this changes what a plan costs, never what is deleted. Elsewhere (file systems, where a
-    modification time can be 0, "unknown") the plan lists the data too."""
-
-    writer_slots: bool = False
-    """True where :meth:`publish_lock` holds nothing across processes (object stores): each
-    commit then writes its pending record to a slot of its own (``_slots``)."""
-    staging_names: bool = True
-    """Whether writes leave entries under reserved staging names (``.commitstore.tmp.*``) while
-    they run, as the rename family does. Object stores upload to the final key and have none, so
-    ``gc`` never looks for staging entries there."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Fold a behaviour a subclass still declares as a class attribute named like a
+        :class:`Capabilities` field (``rereads_locally = True``, as backends written before
+        those fields did) into its class-level :attr:`capabilities`, so the core, which reads
+        only :attr:`capabilities`, sees it. A backend whose capabilities are a property
+        (object stores) builds them itself."""
+        super().__init_subclass__(**kwargs)
+        caps = getattr(cls, "capabilities", None)
+        if not isinstance(caps, Capabilities):
+            return
+        declared: dict[str, Any] = {}
+        for name in LEGACY_FLAGS:
+            for klass in cls.__mro__:
+                if klass is Backend:
+                    break
+                if name in vars(klass) and not isinstance(vars(klass)[name], property):
+                    declared[name] = vars(klass)[name]
+                    break
+        if any(getattr(caps, k) != v for k, v in declared.items()):
+            cls.capabilities = dataclasses.replace(caps, **declared)
 
     def place(self) -> tuple[str, ...] | None:
         """Where the store lives, as a path: a kind of storage (and its server), then the
@@ -392,15 +376,20 @@ class Backend(abc.ABC):
     def sink_memory(self, size: int, *, source_rereads: bool) -> int:
         """Bytes a file sink of this store holds in memory at most, beyond the caller's read
         buffer, for a file of ``size`` bytes; ``source_rereads``: the bytes come from a reader
-        whose raw file is :class:`Rereadable` (:attr:`rereads_locally`). Default: 0 (the sink
-        stages on disk)."""
-        return 0
+        whose raw file is :class:`Rereadable` (:attr:`Capabilities.rereads_locally`). From the
+        declared capabilities: up to :attr:`Capabilities.whole_max` (0: the sink stages on the
+        storage), none where the sink sends from a rereadable source
+        (:attr:`Capabilities.reread_bodies`)."""
+        caps = self.capabilities
+        if source_rereads and caps.reread_bodies:
+            return 0
+        return min(size, caps.whole_max)
 
     def publish_folder(self, staging: Parts, parts: Parts, *, mode: PutMode) -> CommitInfo:
         """Publish the staging folder ``staging`` (a staging name beside ``parts``, filled in
         place by other sinks, each file already durable) under ``parts`` in one step per
         ``mode``, as :meth:`open_dir_sink`'s publish would; the folders are made durable first.
-        Only where :attr:`staging_names` is True. Default: not supported."""
+        Only where :attr:`Capabilities.staging_names` is declared. Default: not supported."""
         raise NotImplementedError(f"{type(self).__name__} cannot publish a staged folder")
 
     def restore_aside(self, parts: Parts) -> bool:
@@ -473,7 +462,7 @@ class Backend(abc.ABC):
         family: one directory descriptor per scan instead of a walk from the root per file);
         those may stop reading a file after ``max_bytes + 1`` bytes (the caller refuses it as too
         large), or refuse a larger one from its size with RecordFormatError. Thread-safe where
-        :attr:`read_concurrency` > 1. Default: a loop of :meth:`read_small_tagged`."""
+        :attr:`Capabilities.read_concurrency` > 1. Default: a loop of :meth:`read_small_tagged`."""
         return contextlib.nullcontext(lambda rel: self.read_small_tagged((*folder, *rel)))
 
     @contextlib.contextmanager
@@ -557,75 +546,3 @@ def read_bounded(f: BinaryIO, shown: Callable[[], str]) -> bytes:
     if len(data) > MAX_SMALL_BYTES:  # grew since the seek
         raise too_large(shown(), len(data))
     return data
-
-
-Kinds = tuple[type | None, ...]
-"""The types an option accepts (``None``: the value None); ``bool`` is never an ``int`` here."""
-
-
-def _one_of(values: tuple[Any, ...]) -> str:
-    """``'a', 'b' or 'c'``: the values an option may take, as the error says them."""
-    shown = [repr(v) for v in values]
-    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
-
-
-def take_options(
-    options: dict[str, Any],
-    defaults: dict[str, Any],
-    *,
-    kinds: dict[str, Kinds] | None = None,
-    choices: dict[str, tuple[Any, ...]] | None = None,
-) -> dict[str, Any]:
-    """``defaults`` updated with ``options``, for a backend factory, every value checked.
-
-    Each given option must be of the kind of its default: a bool for a bool (``"maybe"``, 1
-    or None are refused), an integer (not a bool) for an integer, a finite number (not a bool)
-    for a float, a string for a string, a mapping for a mapping; ``kinds`` overrides that (and
-    gives the kinds of options whose default is None: those are otherwise free, as credentials
-    are). An option in ``choices`` must be one of its values.
-
-    Raises:
-        ConfigurationError: an option ``defaults`` does not name, or a value of the wrong kind
-            or not among its choices, before any I/O.
-    """
-    unknown = sorted(set(options) - set(defaults))
-    if unknown:
-        raise ConfigurationError(f"unknown storage options {unknown}; known: {sorted(defaults)}")
-    kinds = kinds or {}
-    for key, value in options.items():
-        allowed = kinds.get(key) or _kinds_of(defaults[key])
-        if allowed and not any(_is_kind(value, kind) for kind in allowed):
-            names = " or ".join(
-                "None" if k is None else _KIND_NAMES.get(k, k.__name__) for k in allowed
-            )
-            raise ConfigurationError(f"storage option {key} must be {names}, not {value!r}")
-        if choices and key in choices and value not in choices[key]:
-            raise ConfigurationError(
-                f"storage option {key} must be {_one_of(choices[key])}, not {value!r}"
-            )
-    return {**defaults, **options}
-
-
-_KIND_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
-
-
-def _kinds_of(default: Any) -> Kinds:
-    """The kinds an option with this default accepts; () for any."""
-    for kind in (bool, int, float, str):
-        if type(default) is kind:
-            return (kind,)
-    if isinstance(default, dict):
-        return (dict,)
-    return ()
-
-
-def _is_kind(value: Any, kind: type | None) -> bool:
-    if kind is None:
-        return value is None
-    if isinstance(value, bool):
-        return kind is bool
-    if kind is float:
-        return isinstance(value, (int, float)) and math.isfinite(value)
-    if kind is dict:
-        return isinstance(value, Mapping)
-    return isinstance(value, kind)

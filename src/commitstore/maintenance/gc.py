@@ -96,7 +96,7 @@ def store_level_roots(backend: Backend) -> tuple[set[Parts], set[Parts]]:
     replace (``backends/rename/aside.py``) at the store's level: never anything inside a
     committed folder artifact, even when named like them (frameworks write
     ``.commitstore.tmp.cache`` files of their own). One walk of the store."""
-    if not backend.staging_names:
+    if not backend.capabilities.staging_names:
         return set(), set()
     committed = _committed_folders(backend)
     paths = [rel for rel, _info in backend.walk(())] + backend.walk_folders(())
@@ -202,7 +202,7 @@ def _writer_slots(
     """The writers' pending records (object stores, ``_slots``), by name: a name is settled
     only when every one of its slots is older than min_age (each slot's age is its writer's
     last heartbeat, so a live writer's never is); then as :func:`_resolve`."""
-    if not backend.writer_slots:
+    if not backend.capabilities.writer_slots:
         return
     groups: dict[Parts, list[tuple[Parts, float | None]]] = {}
     for rel, info in backend.walk((META_DIR, PENDING_DIR)):

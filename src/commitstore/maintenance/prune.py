@@ -94,11 +94,11 @@ class Listed:
 
 def candidates(store: Committer, pending: set[str]) -> list[Listed]:
     """Every committed artifact of ``store`` with its mtime and size-level wholeness. Where the
-    backend :attr:`~commitstore.backends.Backend.plans_from_records`, from one listing of the
+    backend :attr:`~commitstore.backends.Capabilities.plans_from_records`, from one listing of the
     records (data checked later, where the plan needs it); elsewhere from one listing of the
     whole store, records included. On object stores, records come from the record cache where
     their tags match, so no request per artifact."""
-    if store.backend.plans_from_records:
+    if store.backend.capabilities.plans_from_records:
         return _from_records(store, pending)
     walked = store.backend.walk(())
     listing = dict(walked)
@@ -216,7 +216,7 @@ def settle(
     Every candidate outside those is either deleted or kept whatever its wholeness, so the
     plans are the ones checking every artifact's data would give; only the mtimes of the
     unchecked ones are their records' (each delete re-checks with fresh stats). Checks run
-    ``read_concurrency`` at a time per target.
+    ``capabilities.read_concurrency`` at a time per target.
 
     A name whose records differ between targets (a mirror that lags an overwrite) is ordered by
     the record of the first target where it is whole, so its data is checked on every target:
@@ -249,7 +249,7 @@ def settle(
 
 def _check_all(store: Committer, listed: list[Listed], todo: list[Listed]) -> list[Listed]:
     """``listed`` with the data of ``todo`` checked (:func:`_check_data`), concurrently."""
-    workers = max(1, min(store.backend.read_concurrency, len(todo)))
+    workers = max(1, min(store.backend.capabilities.read_concurrency, len(todo)))
     if workers == 1:
         done = [_check_data(store, item) for item in todo]
     else:

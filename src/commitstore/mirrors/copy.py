@@ -83,7 +83,7 @@ def _check_source(
 
 def _rereadable(src: Committer, reader: object) -> Rereadable | None:
     """The raw file under ``reader`` if the source can read it again at no transfer cost."""
-    if not src.backend.rereads_locally:
+    if not src.backend.capabilities.rereads_locally:
         return None
     raw = getattr(reader, "raw", reader)
     return raw if isinstance(raw, Rereadable) else None
@@ -107,7 +107,9 @@ def held_in_memory(src: Committer, dst: Committer, rec: Record) -> int:
     artifacts (staged in a local folder) hold nothing."""
     if rec.kind != "file":
         return 0
-    return dst.backend.sink_memory(rec.size, source_rereads=src.backend.rereads_locally)
+    return dst.backend.sink_memory(
+        rec.size, source_rereads=src.backend.capabilities.rereads_locally
+    )
 
 
 def copy_artifact(

@@ -3,7 +3,6 @@ returns, with bounded queues (back-pressure), retries, status, and required/best
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import logging
@@ -12,11 +11,11 @@ import queue
 import threading
 import time
 import warnings
-import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from commitstore import _exitflush
 from commitstore._commit import Committer
+from commitstore._exitflush import seconds_from_env
 from commitstore._scan import list_records
 from commitstore.errors import (
     BackendUnavailableError,
@@ -102,10 +101,6 @@ class _Worker:
         return self.thread is not None and not self.thread.is_alive()
 
 
-EXIT_FLUSH_SECONDS = 60.0
-"""Default of ``COMMITSTORE_EXIT_FLUSH_SECONDS``: how long interpreter exit waits for background
-replication of a store that was never closed."""
-
 POLL = 0.5
 """Seconds between checks that a worker thread is still alive while waiting on it."""
 
@@ -114,89 +109,9 @@ HANDOFF_SECONDS = 10.0
 mirror's full queue (back-pressure) before it hands the copy off as owed and returns."""
 
 
-def _seconds_from_env(var: str, default: float) -> float:
-    raw = os.environ.get(var)
-    if raw is None:
-        return default
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        log.warning("%s=%r is not a number; using %g", var, raw, default)
-        return default
-
-
 def handoff_seconds() -> float:
-    return _seconds_from_env("COMMITSTORE_MIRROR_HANDOFF_SECONDS", HANDOFF_SECONDS)
-
-
-def exit_flush_seconds() -> float:
-    return _seconds_from_env("COMMITSTORE_EXIT_FLUSH_SECONDS", EXIT_FLUSH_SECONDS)
-
-
-_hooks: weakref.WeakKeyDictionary[Replicator, bool] = weakref.WeakKeyDictionary()
-"""Replicators that were never closed (weakly held): what the exit flush waits for."""
-
-_exit_deadline: list[float] = []
-"""The monotonic time the exit flush ends, then the time it began (set by its first stage,
-shared by both)."""
-
-
-def _live_replicators() -> list[Replicator]:
-    """Replicators with an exit hook registered (not closed, not collected)."""
-    return list(_hooks.keys())
-
-
-def _exit_flush_all(*, final: bool) -> None:
-    """Interpreter exit: wait for the copies of every replicator never closed, all within one
-    bound (``COMMITSTORE_EXIT_FLUSH_SECONDS`` from the first stage on).
-
-    Two stages: the first runs among ``threading``'s exit hooks, before non-daemon threads are
-    joined and, above all, before ``concurrent.futures`` stops taking work (after that, every
-    executor a copy goes through, the event loop's own included, refuses with "cannot schedule
-    new futures after interpreter shutdown", so a copy made later fails at once); it waits
-    quietly. The second runs among ``atexit``'s hooks, for copies submitted after the first (a
-    non-daemon thread still committing), with what is left of the bound, and warns about every
-    artifact that did not reach its mirror."""
-    deadline = exit_deadline()
-    for rep in _live_replicators():
-        with contextlib.suppress(Exception):  # exit must go on
-            rep.exit_flush(deadline, warn=final)
-
-
-def exit_deadline() -> float:
-    """The monotonic time the process's exit flush ends: set by the first caller (the first
-    exit hook that runs, of mirrors or of asynchronous commits), ``COMMITSTORE_EXIT_FLUSH_SECONDS``
-    from then; one bound for all of them."""
-    if not _exit_deadline:
-        _exit_deadline.append(time.monotonic() + exit_flush_seconds())
-        _exit_deadline.append(time.monotonic())  # when the exit flush began (its warning says)
-    return _exit_deadline[0]
-
-
-def register_exit_stages(flush: Callable[..., None]) -> None:
-    """Register ``flush`` for both stages of the exit flush, once per process per function:
-    ``flush(final=False)`` among ``threading``'s exit hooks (``threading._register_atexit`` is
-    CPython's hook for exactly this: it is how ``concurrent.futures`` stops its workers, and hooks
-    run last-registered first, so one registered after that module is imported runs before it),
-    then ``flush(final=True)`` among ``atexit``'s. Used by the mirrors' exit flush and by
-    asynchronous commits (``_background``)."""
-    if flush in _registered:
-        return
-    _registered.append(flush)
-    import concurrent.futures.thread  # noqa: F401 - its exit hook must be registered before ours
-
-    early = getattr(threading, "_register_atexit", None)
-    if early is not None:
-        with contextlib.suppress(RuntimeError):  # already shutting down: atexit alone
-            early(flush, final=False)
-    atexit.register(flush, final=True)
-
-
-def _register_exit_hooks() -> None:
-    register_exit_stages(_exit_flush_all)
-
-
-_registered: list[Callable[..., None]] = []
+    """The back-pressure bound: ``COMMITSTORE_MIRROR_HANDOFF_SECONDS``, default 10."""
+    return seconds_from_env("COMMITSTORE_MIRROR_HANDOFF_SECONDS", HANDOFF_SECONDS)
 
 
 class Replicator:
@@ -210,7 +125,7 @@ class Replicator:
     is owed (kept in memory, counted by ``flush``, shown by ``status``) and the worker makes it
     once its queue is empty. At interpreter exit, the replicators never closed wait, all within
     ``COMMITSTORE_EXIT_FLUSH_SECONDS`` (default 60), for their copies, then warn (log and
-    ``warnings.warn``) which artifacts did not reach which mirror (``_exit_flush_all``).
+    ``warnings.warn``) which artifacts did not reach which mirror (``_exitflush``).
 
     Owed copies outlive the process: every copy gets an entry in the owed journal on the
     primary (``journal.py``) when it is queued (sync mode: before it starts), before any worker
@@ -252,8 +167,7 @@ class Replicator:
                     daemon=True,
                 )
                 w.thread.start()
-            _hooks[self] = True
-            _register_exit_hooks()
+            _exitflush.wait_at_exit(self)
 
     # -- the owed journal ---------------------------------------------------------------------
     def _journal(self, w: _Worker, name: str, digest: str | None, *, again: bool) -> None:
@@ -527,7 +441,7 @@ class Replicator:
     def close(self) -> None:
         """Flush, then stop the workers. Idempotent."""
         self._closed = True
-        _hooks.pop(self, None)
+        _exitflush.forget(self)
         try:
             self.flush()
         finally:
@@ -545,7 +459,7 @@ class Replicator:
         a mirror, saying whether it failed or was still being copied. Never raises."""
         if self._closed:
             return
-        started = _exit_deadline[1] if len(_exit_deadline) > 1 else time.monotonic()
+        started = _exitflush.exit_started()
         try:
             self.flush(max(0.0, deadline - time.monotonic()))
         except (TimeoutError, MirrorError):
@@ -569,10 +483,11 @@ class Replicator:
             if said:
                 lines.append(f"{url}: {', '.join(said)}")
         if lines:
+            bound = _exitflush.exit_flush_seconds()
             msg = (
                 "the store was not closed and these artifacts did not reach their "
                 f"mirror before exit (the exit flush waited {time.monotonic() - started:.1f}s, "
-                f"bounded by COMMITSTORE_EXIT_FLUSH_SECONDS={exit_flush_seconds():g}; they are "
+                f"bounded by COMMITSTORE_EXIT_FLUSH_SECONDS={bound:g}; they are "
                 "journaled as owed on the primary: the next start with these mirrors, or sync(), "
                 "completes them): " + "; ".join(lines)
             )

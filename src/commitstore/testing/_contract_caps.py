@@ -1,7 +1,8 @@
 """Backend contract, declared capabilities: one case per :class:`Capabilities` field, each
 provoking what the field promises and observing the storage. The publishing fields
 (``exclusive_create``, ``atomic_replace``, ``atomic_dir_publish``) are held in
-``_contract_publish``; the others here."""
+``_contract_publish``, the behaviour fields (``staging_names``, ``read_concurrency``, ...) in
+``_contract_flags``; the others here."""
 
 from __future__ import annotations
 

@@ -38,7 +38,10 @@ class FolderConformance:
 
     def test_folder_written_by_two_handles_commits_once(self, target: Target) -> None:
         backend = target.store.backend
-        if backend.staging_names and type(backend).publish_folder is Backend.publish_folder:
+        if (
+            backend.capabilities.staging_names
+            and type(backend).publish_folder is Backend.publish_folder
+        ):
             with pytest.raises(ConfigurationError, match="no multi-writer folder"):
                 target.store.begin_folder("multi/step_5")  # a strategy without one says so
             return

@@ -345,9 +345,13 @@ class StoreConformance(FolderConformance, FaultConformance):
         assert info["url"] == store.url
         caps = store.backend.capabilities
         assert info["capabilities"] == {k: getattr(caps, k) for k in caps.__dataclass_fields__}
-        flags = {k: v for k, v in info["capabilities"].items() if k != "mtime_resolution"}
+        numbers = ("mtime_resolution", "read_concurrency", "whole_max")
+        flags = {k: v for k, v in info["capabilities"].items() if k not in numbers}
         assert all(isinstance(v, bool) for v in flags.values()), flags
         resolution = info["capabilities"]["mtime_resolution"]  # seconds: a number, not a flag
         assert isinstance(resolution, float) and 0.0 <= resolution <= 2.0, resolution
+        reads, held = info["capabilities"]["read_concurrency"], info["capabilities"]["whole_max"]
+        assert type(reads) is int and reads >= 1, reads  # small reads at once
+        assert type(held) is int and held >= 0, held  # bytes a file sink holds in memory
         assert info["strategy"] in repr(store)
         json.dumps(info, default=str)  # plain values: the CLI's ``info --json`` prints it

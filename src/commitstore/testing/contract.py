@@ -18,10 +18,12 @@ itself. The cases (each docstring states the guarantee):
 - publishing (``_contract_publish``): staged file and folder bytes invisible until ``publish``;
   ``abort`` leaves nothing; ``CREATE`` refuses a taken name; ``REPLACE`` leaves exactly the new
   version;
-- capabilities (``_contract_caps``, ``_contract_publish``): one ``test_capability_<field>`` per
-  :class:`~commitstore.backends.Capabilities` field, holding the backend to what it declares
-  (racing ``CREATE`` publishes have one winner iff ``exclusive_create``; readers see old or new
-  iff ``atomic_replace``; a folder appears whole iff ``atomic_dir_publish``; ...);
+- capabilities (``_contract_caps``, ``_contract_publish``, ``_contract_flags``): one
+  ``test_capability_<field>`` per :class:`~commitstore.backends.Capabilities` field, holding
+  the backend to what it declares (racing ``CREATE`` publishes have one winner iff
+  ``exclusive_create``; readers see old or new iff ``atomic_replace``; a folder appears whole
+  iff ``atomic_dir_publish``; staged bytes sit under a staging name iff ``staging_names``; a
+  sink takes a rereadable source iff ``reread_bodies``; ...);
 - reading and removing (``_contract_tree``): ``stat``, ``walk``, ``open_read``, ``read_small``,
   ``remove``, ``remove_files``, ``remove_empty_folder``, ``root_exists``.
 """
@@ -31,12 +33,13 @@ from __future__ import annotations
 import pytest
 
 from commitstore.testing._contract_caps import CapabilityContract
+from commitstore.testing._contract_flags import FlagContract
 from commitstore.testing._contract_publish import PublishContract
 from commitstore.testing._contract_tree import TreeContract
 from commitstore.testing.subject import BackendSubject
 
 
-class BackendContract(PublishContract, CapabilityContract, TreeContract):
+class BackendContract(PublishContract, CapabilityContract, FlagContract, TreeContract):
     """Every contract case. Subclasses override the ``subject`` fixture."""
 
     @pytest.fixture

@@ -5,6 +5,7 @@ written once over each store's primitives (fresh stat, listing, deletes, an uplo
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any
 
 from commitstore.backends.base import Backend, Capabilities, DirSink, FileInfo, FileSink, PutMode
@@ -28,16 +29,54 @@ def with_heartbeat(backend: ObjectBackend, value: object) -> ObjectBackend:
     return backend
 
 
+PROBED_FIELDS = frozenset(
+    (
+        "atomic_replace",
+        "exclusive_create",
+        "dir_fsync",
+        "atomic_dir_publish",
+        "free_space",
+        "empty_folders",
+        "mtime_resolution",
+        "client_retries",
+    )
+)
+"""The fields of an object store's capabilities whose first read probes create-only writes
+(once per backend), as every read of them always has: the storage guarantees. The behaviour
+fields (``staging_names``, ``read_concurrency``, ``whole_max``, ...) never probe, so a scan or a
+read-only check sends no write."""
+
+
+class ProbedCapabilities(Capabilities):
+    """An object store's capabilities, whose ``exclusive_create`` is the answer of ``probe``
+    (``ObjectBackend.conditional_writes``: asked of the endpoint once, on first need), asked
+    when a field of :data:`PROBED_FIELDS` is read, never for the others."""
+
+    def __init__(self, probe: Callable[[], bool], **declared: Any) -> None:
+        object.__setattr__(self, "_probe", probe)
+        super().__init__(exclusive_create=False, **declared)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in PROBED_FIELDS:
+            object.__getattribute__(self, "_probe")()
+        return super().__getattribute__(name)
+
+    @property
+    def exclusive_create(self) -> bool:
+        """Create-only writes are honoured (the probe's answer)."""
+        probe: Callable[[], bool] = object.__getattribute__(self, "_probe")
+        return probe()
+
+    @exclusive_create.setter
+    def exclusive_create(self, value: bool) -> None:
+        """Set by the dataclass's ``__init__`` only: the probe answers instead."""
+        del value
+
+
 class ObjectBackend(Backend):
     """A prefix in a bucket. Subclasses give ``scheme``, ``whole_max`` and the primitives."""
 
     scheme: str
-    read_concurrency = 16
-    staging_names = False
-    plans_from_records = True
-    writer_slots = True
-    """The publish lock holds nothing here: each commit's pending record goes to a slot of its
-    own (``_slots``)."""
     heartbeat = 60.0
     """Seconds between a committing writer's heartbeats (rewrites of its pending record); gc's
     ``min_age`` must exceed it. The ``heartbeat=`` store option."""
@@ -46,7 +85,8 @@ class ObjectBackend(Backend):
     reread_bodies = False
     """The upload sink may send bodies read again from a source it is offered instead of
     buffers it owns (``ObjectFileSink.reread_from``): only where the server checks each body
-    against the MD5 computed from the bytes written (``md5_bodies``)."""
+    against the MD5 computed from the bytes written (``md5_bodies``). Declared as
+    ``Capabilities.reread_bodies``."""
 
     def __init__(self, bucket: str, prefix: str, *, conditional_writes: bool | None, reason: str):
         self.bucket = bucket
@@ -59,15 +99,24 @@ class ObjectBackend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
-        return Capabilities(
+        """What every object store declares, with this store's time precision, single-put
+        limit and body rereads; create-only writes are probed on the first read of a storage
+        guarantee (:data:`PROBED_FIELDS`), never of a behaviour field."""
+        return ProbedCapabilities(
+            self.conditional_writes,
             atomic_replace=True,
-            exclusive_create=self.conditional_writes(),
             dir_fsync=False,
             atomic_dir_publish=False,
             free_space=False,
             empty_folders=False,
             mtime_resolution=self.mtime_resolution,
             client_retries=True,
+            staging_names=False,
+            writer_slots=True,
+            plans_from_records=True,
+            read_concurrency=16,
+            reread_bodies=self.reread_bodies,
+            whole_max=self.whole_max,
         )
 
     def __repr__(self) -> str:
@@ -205,13 +254,6 @@ class ObjectBackend(Backend):
 
     def settle_staged(self, parts: Parts, files: list[tuple[str, int, str]], staged: Parts) -> None:
         complete_replace(self, parts, files, staged)
-
-    def sink_memory(self, size: int, *, source_rereads: bool) -> int:
-        """A file is held up to :attr:`whole_max` until it is sent whole, unless the sink sends
-        it from a rereadable source file (:attr:`reread_bodies`)."""
-        if source_rereads and self.reread_bodies:
-            return 0
-        return min(size, self.whole_max)
 
     def open_dir_sink(self, parts: Parts, *, mode: PutMode) -> DirSink:
         return ObjectDirSink(
