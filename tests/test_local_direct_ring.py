@@ -189,9 +189,8 @@ def test_a_commit_makes_exactly_the_ordered_syncs(
     """Five syncs, each an ordering of docs/guarantees.md: the pending record's file and its
     folder (written in place, never renamed; the two synced at once) before the data rename;
     the data file before its rename, its folder before the record's rename (the pending record
-    renamed onto the record: no second copy written and synced), its folder last. (A direct
-    file's fsync runs in the direct writer's worker, beside the pending record's write; a small
-    buffered file's, and the pending record's own, run in the committing thread.)"""
+    renamed onto the record: no second copy written and synced), its folder last. (The data's
+    fsync runs in a worker, beside the pending record's write.)"""
     root = tmp_path / "s"
     store = open_store(root)
     store.put_bytes("first.bin", b"x")  # the store's folders exist (their creation is synced)
@@ -217,13 +216,10 @@ def test_a_commit_makes_exactly_the_ordered_syncs(
     assert data_file < data_rename < data_dir < record_rename < record_dirs[1]
     assert record_dirs[1] == len(seen) - 1
     assert sum(not e.startswith("rename") for e in seen) == 5, seen
-    # a direct file's sync: started when the commit began, in the direct writer's worker,
-    # beside the pending record's write (the data's rename waited for it). A small buffered
-    # file is synced in the committing thread (no hand-over to a worker), and so is the
-    # pending record, after its folder
-    worker = [seen[data_file]] if size > posix.SYNC_INLINE else []
-    assert worker == WORKER, (WORKER, seen)
-    assert seen.index(f"dir {records}") < pending_file, seen
+    # started when the commit began, in a worker (the direct writer's, or the early sync of a
+    # buffered file), beside the pending record's write; the data's rename waited for it. The
+    # pending record's file sync runs in a worker too, beside its folder's sync
+    assert sorted(WORKER) == sorted([seen[data_file], seen[pending_file]]), (WORKER, seen)
     # the pending record is gone: it was renamed onto the record
     assert sorted(p.name for p in (root / records).iterdir()) == [
         ".commitstore.rec.a.bin.json",

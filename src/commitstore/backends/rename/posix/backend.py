@@ -67,10 +67,6 @@ DIRECT_AFTER = 4 * 1024 * 1024
 """A staging file's bytes past this offset are written with direct I/O (``_direct``), where the
 backend allows it (:attr:`LocalBackend.direct_io`) and the filesystem takes it."""
 
-SYNC_INLINE = 64 * 1024
-"""A buffered staging file up to this size is fsynced in the committing thread, never handed
-to a worker (:meth:`LocalBackend.prepare`)."""
-
 LOCAL_POLICY = CommitPolicy()
 
 
@@ -341,13 +337,10 @@ class LocalBackend(RenameBackend[int, Staging]):
     def prepare(self, handle: Staging) -> None:
         """At commit, before the pending record is written: the file's ``fsync`` is started
         in a worker (the direct writer's own, or ``_earlysync`` for a buffered file), so it
-        runs while the pending record is written; :meth:`finish` waits for it. A buffered
-        file of at most :data:`SYNC_INLINE` bytes is not handed to a thread (on a busy CPU the
-        hand-over costs more than such a sync): :meth:`finish` makes its ``fsync`` in the
-        caller, still before the rename."""
+        runs while the pending record is written; :meth:`finish` waits for it."""
         if handle.direct is not None:
             handle.direct.start_sync()
-        elif handle.sync is None and not handle.closed and handle.written > SYNC_INLINE:
+        elif handle.sync is None and not handle.closed:
             handle.sync = _earlysync.start_fsync(handle.fd)
 
     def finish(self, handle: Staging) -> int:
@@ -604,14 +597,14 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     def put_pending(self, parts: Parts, body: bytes) -> CommitInfo | None:
         """``Backend.put_pending`` on a local disk: the pending record is created in place
-        (any earlier one unlinked first; ``O_CREAT|O_EXCL|O_NOFOLLOW``, so no link is followed
-        and no other file's bytes are ever truncated), written, then its folder and its file
-        are fsynced here, in this thread,
-        before this returns: no second copy, no rename, and no hand-over to a worker (the
-        folder's sync commits the file's creation, so the file's own sync that follows has
-        little left to do on a journaling filesystem). The ordering the commit needs is
-        unchanged: the pending record's bytes and name are durable before the data's rename
-        is issued. A crash before that leaves no pending
+        (``O_CREAT|O_EXCL|O_NOFOLLOW``; where anything is there already, an earlier pending
+        record, it is unlinked and the create made again, so no link is followed
+        and no other file's bytes are ever truncated), written, then its file's ``fsync`` runs
+        in a worker (``_earlysync``) while its folder is fsynced here; both are waited for
+        before this returns. Two syncs in flight, which the filesystem can make durable in one
+        journal commit, instead of a file sync, a rename, then a folder sync, one after the
+        other. The ordering the commit needs is unchanged: the pending record's bytes and name
+        are durable before the data's rename is issued. A crash before that leaves no pending
         record, an empty or torn one, or the whole one: the data is not renamed yet, so the name
         verifies as its old version in every case (``Backend.put_pending``). A failed folder
         sync is the returned info's "durability unconfirmed" (:meth:`_sync_pending_folder`);
@@ -627,14 +620,21 @@ class LocalBackend(RenameBackend[int, Staging]):
             raise os_error(exc, "creating the folder of", shown) from exc
         fd = -1
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(parts[-1], dir_fd=dirfd)
-            fd = os.open(parts[-1], _CREATE_FLAGS, 0o666, dir_fd=dirfd)
+            try:
+                fd = os.open(parts[-1], _CREATE_FLAGS, 0o666, dir_fd=dirfd)
+            except FileExistsError:  # an earlier one (or anything there): unlinked, never opened
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(parts[-1], dir_fd=dirfd)
+                fd = os.open(parts[-1], _CREATE_FLAGS, 0o666, dir_fd=dirfd)
             view = memoryview(body)
             while view.nbytes:
                 view = view[os.write(fd, view) :]
-            self._sync_pending_folder(dirfd, info, shown)
-            os.fsync(fd)
+            sync = _earlysync.start_fsync(fd)
+            try:
+                self._sync_pending_folder(dirfd, info, shown)
+            finally:
+                _earlysync.wait_quietly(sync)
+            sync.result()  # the file's fsync error, if it met one
             if os.fstat(fd).st_size != len(body):
                 raise CommitError(f"{shown}: {len(body)} bytes written, size differs after fsync")
             return info
