@@ -597,8 +597,7 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     def put_pending(self, parts: Parts, body: bytes) -> CommitInfo | None:
         """``Backend.put_pending`` on a local disk: the pending record is created in place
-        (``O_CREAT|O_EXCL|O_NOFOLLOW``; where anything is there already, an earlier pending
-        record, it is unlinked and the create made again, so no link is followed
+        (any earlier one unlinked first; ``O_CREAT|O_EXCL|O_NOFOLLOW``, so no link is followed
         and no other file's bytes are ever truncated), written, then its file's ``fsync`` runs
         in a worker (``_earlysync``) while its folder is fsynced here; both are waited for
         before this returns. Two syncs in flight, which the filesystem can make durable in one
@@ -620,12 +619,9 @@ class LocalBackend(RenameBackend[int, Staging]):
             raise os_error(exc, "creating the folder of", shown) from exc
         fd = -1
         try:
-            try:
-                fd = os.open(parts[-1], _CREATE_FLAGS, 0o666, dir_fd=dirfd)
-            except FileExistsError:  # an earlier one (or anything there): unlinked, never opened
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(parts[-1], dir_fd=dirfd)
-                fd = os.open(parts[-1], _CREATE_FLAGS, 0o666, dir_fd=dirfd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(parts[-1], dir_fd=dirfd)
+            fd = os.open(parts[-1], _CREATE_FLAGS, 0o666, dir_fd=dirfd)
             view = memoryview(body)
             while view.nbytes:
                 view = view[os.write(fd, view) :]
