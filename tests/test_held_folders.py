@@ -122,3 +122,81 @@ def test_a_small_commit_walks_to_each_folder_once_under_the_lock(
     store.put_bytes("small", b"s" * 1024)
     (walked,) = locked
     assert walked == [str(root), META_DIR, "records", "small"], walked
+
+
+def test_the_checks_before_the_lock_walk_to_each_folder_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the lock (``LocalBackend.folders_kept``): the hierarchy check walks to the root,
+    the metadata folder, the records folder and the name's records sub-folder (absent: one
+    failed open); the record's absence, the data's absence and the staging file reuse them.
+    The lock then walks afresh from the root."""
+    root = tmp_path / "store"
+    store = open_store(root)
+    store.put_bytes("warm", b"w")
+    seen, start = _walks(monkeypatch)
+    before: list[list[str]] = []
+    real_lock = LocalBackend.publish_lock
+
+    def publish_lock(self: LocalBackend) -> Any:
+        before.append(list(seen))
+        return real_lock(self)
+
+    monkeypatch.setattr(LocalBackend, "publish_lock", publish_lock)
+    start()
+    store.put_bytes("small", b"s" * 1024)
+    assert before[0] == [str(root), META_DIR, "records", "small"], before
+    assert seen[len(before[0]) :] == [str(root), META_DIR, "records", "small"], seen
+
+
+def test_a_hold_before_the_lock_ends_with_its_block(tmp_path: Path) -> None:
+    """Kept folders of ``folders_kept`` are closed when its block ends, and a walk after it
+    finds a folder replaced meanwhile afresh; a hold is never taken over by another thread."""
+    root = tmp_path / "store"
+    backend = LocalBackend(root)
+    backend.make_folders(SUB)
+    seen: list[bool] = []
+    with backend.folders_kept():
+        os.close(backend.open_dir(SUB, create=False))  # kept from here
+
+        def other() -> None:
+            fd = backend.open_dir(SUB, create=False)
+            try:
+                seen.append(_same_folder(fd, root.joinpath(*SUB)))
+            finally:
+                os.close(fd)
+
+        os.rename(root.joinpath(*SUB), root / META_DIR / "moved")  # another tool's move
+        os.mkdir(root.joinpath(*SUB))
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    fd = backend.open_dir(SUB, create=False)
+    try:
+        assert _same_folder(fd, root.joinpath(*SUB))
+    finally:
+        os.close(fd)
+    assert seen == [True]
+    assert backend._held is None
+
+
+def test_a_child_forked_during_a_hold_walks_afresh(tmp_path: Path) -> None:
+    """A child forked while its parent keeps folders never uses them: a folder replaced after
+    the parent kept it is found afresh in the child."""
+    root = tmp_path / "store"
+    backend = LocalBackend(root)
+    backend.make_folders(SUB)
+    with backend.folders_kept():
+        os.close(backend.open_dir(SUB, create=False))  # kept from here
+        os.rename(root.joinpath(*SUB), root / META_DIR / "moved")  # another tool's move
+        os.mkdir(root.joinpath(*SUB))
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only
+            ok = False
+            try:
+                fd = backend.open_dir(SUB, create=False)
+                ok = _same_folder(fd, root.joinpath(*SUB))
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

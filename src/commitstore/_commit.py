@@ -135,10 +135,11 @@ class Committer(Deletes):
         bytes are sent (and again, atomically, at publish). A name inside a committed artifact
         (``ckpt-100/notes.txt`` when ``ckpt-100`` is a committed folder) is refused, and so is a
         folder path that holds committed artifacts (:meth:`check_place`)."""
-        self.check_place(parts)
-        if mode is PutMode.CREATE:
-            self.check_name_free(parts)
-        return self.backend.open_sink(parts, mode=mode)
+        with self.backend.folders_kept():
+            self.check_place(parts)
+            if mode is PutMode.CREATE:
+                self.check_name_free(parts)
+            return self.backend.open_sink(parts, mode=mode)
 
     def open_dir(self, parts: Parts, mode: PutMode) -> DirSink:
         """Start staging a folder artifact (same early checks as :meth:`open_file`)."""

@@ -474,6 +474,12 @@ class Backend(abc.ABC):
         """
         yield
 
+    def folders_kept(self) -> contextlib.AbstractContextManager[None]:
+        """Around read-only checks made outside the publish lock: where walks are costly
+        (local disks), the folders they reach may be kept open until the block ends. Nothing
+        here."""
+        return contextlib.nullcontext()
+
     @contextlib.contextmanager
     def read_lock(self) -> Iterator[None]:
         """What a check holds to wait out a publish in flight (the last of its re-reads of a

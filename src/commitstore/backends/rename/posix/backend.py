@@ -199,16 +199,29 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     def open_dir(self, parts: Parts, *, create: bool) -> int:
         """Open the folder ``parts`` below the root without following symlinks; return its fd.
-        With ``create`` missing folders are made. Under the publish lock, in the thread holding
-        it, the walk starts from the deepest folder of ``parts`` already opened under this hold
-        (``_heldfolders``) and keeps the ones it opens."""
+        With ``create`` missing folders are made. During a hold of kept folders
+        (``_heldfolders``: under the publish lock, or :meth:`folders_kept`), in the thread
+        that made it, the walk starts from the deepest folder of ``parts`` kept by this hold
+        and keeps the ones it opens."""
         held = self._held
         if held is None or not held.usable():
             return self._walk(parts, create, None)
         start = held.deepest(parts)
         if start is not None and start[0] == len(parts):
-            return start[1]
+            return held.lend(start[1])
         return self._walk(parts, create, held, start)
+
+    def _lent_dir(self, parts: Parts, *, create: bool) -> tuple[int, bool]:
+        """:meth:`open_dir`, except that a folder this thread's hold keeps is lent as it is
+        (no ``dup``): ``(fd, own)``, and the caller closes ``fd`` only if ``own``. For a use
+        that ends before anything else runs on this backend (one stat, one open, a rename and
+        its folder's sync; never a removal, which would close the kept ones)."""
+        held = self._held
+        if held is not None and held.usable():
+            start = held.deepest(parts)
+            if start is not None and start[0] == len(parts):
+                return start[1], False
+        return self.open_dir(parts, create=create), True
 
     def _walk(
         self,
@@ -217,12 +230,16 @@ class LocalBackend(RenameBackend[int, Staging]):
         held: HeldFolders | None,
         start: tuple[int, int] | None = None,
     ) -> int:
+        """The walk of :meth:`open_dir`, from ``start`` (a kept folder, lent: never closed
+        here) or from the root. Each folder it leaves is closed, or handed to ``held`` when
+        that keeps it; the one returned is the caller's (a ``dup`` when ``held`` keeps it)."""
         if start is not None:
             done, fd = start
+            own = False
         else:
             done, fd = 0, self._open_root(create)
-            if held is not None:
-                held.keep((), fd)
+            own = True
+        at = done  # fd is the folder parts[:at]
         try:
             for i in range(done, len(parts)):
                 part = parts[i]
@@ -241,14 +258,26 @@ class LocalBackend(RenameBackend[int, Staging]):
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise _not_a_folder(fd, part, self.path_of(parts)) from exc
                     raise
-                close_quietly(fd)
-                fd = nfd
-                if held is not None:
-                    held.keep(parts[: i + 1], fd)
+                if own:
+                    self._leave(held, parts[:i], fd)
+                fd, own, at = nfd, True, i + 1
+            if held is not None and held.wants(parts):
+                held.take(parts, fd)
+                own = False  # the hold's own now, even if no dup of it can be made
+                fd = held.lend(fd)
         except BaseException:
-            close_quietly(fd)
+            if own:  # the deepest folder reached (kept, as any folder the walk left)
+                self._leave(held, parts[:at], fd)
             raise
         return fd
+
+    @staticmethod
+    def _leave(held: HeldFolders | None, parts: Parts, fd: int) -> None:
+        """A walk is done with the folder ``parts`` (its own ``fd``): kept, or closed."""
+        if held is not None and held.wants(parts):
+            held.take(parts, fd)
+        else:
+            close_quietly(fd)
 
     def _open_root(self, create: bool) -> int:
         try:
@@ -414,7 +443,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         and a symlink is never followed: both (and sockets, devices, symlinked folders on the
         way) raise IntegrityError."""
         try:
-            dirfd = self.open_dir(parts[:-1], create=False)
+            dirfd, own = self._lent_dir(parts[:-1], create=False)
         except (FileNotFoundError, NotADirectoryError) as exc:
             raise NotFoundError(f"{self.path_of(parts)} does not exist") from exc
         except InvalidNameError as exc:
@@ -422,7 +451,8 @@ class LocalBackend(RenameBackend[int, Staging]):
         try:
             fd, _st = open_regular(dirfd, parts[-1], lambda: self.path_of(parts))
         finally:
-            close_quietly(dirfd)
+            if own:
+                close_quietly(dirfd)
         try:
             self.drop_cached(fd)
         except BaseException:
@@ -452,7 +482,7 @@ class LocalBackend(RenameBackend[int, Staging]):
     @translated("checking")
     def stat(self, parts: Parts) -> FileInfo | None:
         try:
-            dirfd = self.open_dir(parts[:-1], create=False)
+            dirfd, own = self._lent_dir(parts[:-1], create=False)
         except (FileNotFoundError, NotADirectoryError, InvalidNameError):
             return None
         try:
@@ -460,7 +490,8 @@ class LocalBackend(RenameBackend[int, Staging]):
         except (FileNotFoundError, NotADirectoryError):
             return None
         finally:
-            close_quietly(dirfd)
+            if own:
+                close_quietly(dirfd)
         return stat_info(st)
 
     @translated("listing")
@@ -544,7 +575,7 @@ class LocalBackend(RenameBackend[int, Staging]):
             raise CommitError(f"{self.path_of(src)}: not beside {shown}")
         info = CommitInfo(0)
         try:
-            dirfd = self.open_dir(dst[:-1], create=False)
+            dirfd, own = self._lent_dir(dst[:-1], create=False)
             try:
                 self.rename(dirfd, src[-1], dst[-1], mode=mode, is_dir=False, info=info)
                 try:
@@ -556,7 +587,8 @@ class LocalBackend(RenameBackend[int, Staging]):
                         f"({exc.strerror}): durability unconfirmed"
                     )
             finally:
-                close_quietly(dirfd)
+                if own:
+                    close_quietly(dirfd)
         except CommitStoreError:
             raise
         except OSError as exc:
@@ -580,7 +612,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         shown = self.path_of(parts)
         info = CommitInfo(len(body))
         try:
-            dirfd = self.open_dir(parts[:-1], create=True)
+            dirfd, own = self._lent_dir(parts[:-1], create=True)
         except CommitStoreError:
             raise
         except OSError as exc:
@@ -612,7 +644,8 @@ class LocalBackend(RenameBackend[int, Staging]):
         finally:
             if fd >= 0:
                 close_quietly(fd)
-            close_quietly(dirfd)
+            if own:
+                close_quietly(dirfd)
 
     def _sync_pending_folder(self, dirfd: int, info: CommitInfo, shown: str) -> None:
         """The pending record's folder sync. A failure (EIO, or a tolerated EINVAL) is not
@@ -671,6 +704,28 @@ class LocalBackend(RenameBackend[int, Staging]):
             self._held = None
             held.forget()
             close_quietly(fd)
+
+    @contextlib.contextmanager
+    def folders_kept(self) -> Iterator[None]:
+        """Outside the publish lock, around the checks a commit makes before it stages: the
+        root and the metadata folders they walk to are kept open until the block ends
+        (``_heldfolders``), so the hierarchy check and the record's absence walk to the records
+        folder once. These checks only read; the commit repeats the hierarchy check under the
+        lock, and its publish refuses a taken name atomically (``renameat2(RENAME_NOREPLACE)``),
+        so a folder another process changes meanwhile is no more than a race lost a moment
+        earlier. Inside another hold (the lock's), or in a thread other than the one that made
+        it, nothing more is kept."""
+        if self._held is not None:
+            yield
+            return
+        held = HeldFolders()
+        self._held = held
+        try:
+            yield
+        finally:
+            if self._held is held:
+                self._held = None
+            held.forget()
 
     @contextlib.contextmanager
     def read_lock(self) -> Iterator[None]:
