@@ -143,9 +143,20 @@ def test_adopt_of_damaged_files_reports_them_without_a_traceback(tmp_path: Path)
     doc = json.loads(out)
     assert doc["adopted"] == []
     assert set(doc["rejected"]) == {"offsets.safetensors", "deep.json", "early.pt"}
+    assert the_error(err)["type"] == "IntegrityError"  # the one error line, besides the result
     code, out, err = run("adopt", str(root), cwd=tmp_path)
     assert code == 1 and "Traceback" not in err
     assert out.count("rejected") == 3
+    assert err.startswith("commitstore: error: not adopted: ") and err.count("\n") == 1, err
+
+
+def test_demo_into_a_folder_not_its_own_is_one_error_line(tmp_path: Path) -> None:
+    (tmp_path / "d" / "store").mkdir(parents=True)
+    (tmp_path / "d" / "store" / "mine.txt").write_bytes(b"not the demo's")
+    code, error, text = both("demo", str(tmp_path / "d"), cwd=tmp_path)
+    assert code == 1 and error["type"] == "AlreadyExistsError" and "demo" in error["message"]
+    assert text.count("\n") == 1
+    assert (tmp_path / "d" / "store" / "mine.txt").exists()
 
 
 @pytest.mark.parametrize("args", [("info",), ("ls",)])

@@ -24,8 +24,15 @@ from commitstore._cli_log import (
 )
 from commitstore._cli_progress import ProgressBar
 from commitstore._cli_targets import open_target
-from commitstore.errors import CommitError, IntegrityError, NameConflictError, NotFoundError
-from commitstore.layout import validate_name
+from commitstore.errors import (
+    AlreadyExistsError,
+    CommitError,
+    CommitStoreError,
+    IntegrityError,
+    NameConflictError,
+    NotFoundError,
+)
+from commitstore.layout import META_DIR, validate_name
 from commitstore.records import Record, VerifyReport
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -425,6 +432,14 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """The demo in DIR/store; a DIR/store that is not a demo's is refused (exit 1, one error
+    line), and a guarantee that failed is the one error line besides the demo's report."""
     from commitstore.demo import run_demo
 
-    return run_demo(args.dir, as_json=args.json)
+    root = Path(args.dir).resolve() / "store"
+    if root.exists() and not (root / META_DIR).exists():
+        raise AlreadyExistsError(f"{root} exists and is not a commitstore demo store")
+    code = run_demo(args.dir, as_json=args.json)
+    if code == EXIT_OK:
+        return code
+    return fail(args.json, CommitStoreError("demo: a guarantee failed (see the report)"), code)
