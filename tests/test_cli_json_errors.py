@@ -143,9 +143,20 @@ def test_adopt_of_damaged_files_reports_them_without_a_traceback(tmp_path: Path)
     doc = json.loads(out)
     assert doc["adopted"] == []
     assert set(doc["rejected"]) == {"offsets.safetensors", "deep.json", "early.pt"}
+    assert the_error(err)["type"] == "IntegrityError"  # the one error line, besides the result
     code, out, err = run("adopt", str(root), cwd=tmp_path)
     assert code == 1 and "Traceback" not in err
     assert out.count("rejected") == 3
+    assert err.startswith("commitstore: error: not adopted: ") and err.count("\n") == 1, err
+
+
+def test_demo_into_a_folder_not_its_own_is_one_error_line(tmp_path: Path) -> None:
+    (tmp_path / "d" / "store").mkdir(parents=True)
+    (tmp_path / "d" / "store" / "mine.txt").write_bytes(b"not the demo's")
+    code, error, text = both("demo", str(tmp_path / "d"), cwd=tmp_path)
+    assert code == 1 and error["type"] == "AlreadyExistsError" and "demo" in error["message"]
+    assert text.count("\n") == 1
+    assert (tmp_path / "d" / "store" / "mine.txt").exists()
 
 
 @pytest.mark.parametrize("args", [("info",), ("ls",)])
@@ -154,3 +165,53 @@ def test_successful_json_commands_leave_stderr_empty(tmp_path: Path, args: tuple
     code, out, err = run(*args, str(tmp_path / "s"), "--json", cwd=tmp_path)
     assert code == 0 and err == "", err
     json.loads(out)
+
+
+def _damaged_store(tmp_path: Path) -> Path:
+    """A store holding ``a.bin`` (whole) and ``b.bin`` (truncated behind its record)."""
+    root = tmp_path / "s"
+    store = open_store(str(root))
+    store.put_bytes("a.bin", b"hello world")
+    store.put_bytes("b.bin", b"bytes that a disk will lose")
+    with open(root / "b.bin", "r+b") as f:
+        f.truncate(3)
+    return root
+
+
+def test_rm_of_a_missing_name_says_its_error_on_stderr(tmp_path: Path) -> None:
+    root = _damaged_store(tmp_path)
+    code, out, err = run("rm", str(root), "nope.bin", cwd=tmp_path)
+    assert code == 1 and out == "", (out, err)
+    assert err.count("\n") == 1 and err.startswith("commitstore: error: ") and "nope.bin" in err
+    code, error, _ = both("rm", str(root), "nope.bin", cwd=tmp_path)
+    assert code == 1 and error["type"] == "NotFoundError" and "nope.bin" in error["message"]
+    # several names: the ones removed on stdout, one error line for the rest
+    code, out, err = run("rm", str(root), "nope.bin", "a.bin", "gone.bin", cwd=tmp_path)
+    assert code == 1 and "a.bin" in out and "nope.bin" not in out, (out, err)
+    assert err.count("\n") == 1 and "nope.bin" in err and "gone.bin" in err
+    jcode, jout, jerr = run("rm", str(root), "nope.bin", "--json", cwd=tmp_path)
+    assert jcode == 1 and json.loads(jout)["failed"].keys() == {"nope.bin"}
+    assert the_error(jerr)["type"] == "NotFoundError"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("verify",), ("verify", "b.bin"), ("latest",), ("sync", "MIRROR"), ("scrub",)],
+    ids=["verify", "verify-name", "latest", "sync", "scrub"],
+)
+def test_every_failing_command_says_one_error_on_stderr(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    root = _damaged_store(tmp_path)
+    if args[0] == "latest":
+        open_store(str(root)).delete("a.bin")  # no whole artifact left
+    command = [args[0], str(root), *(str(tmp_path / "m") for a in args[1:] if a == "MIRROR")]
+    command += [a for a in args[1:] if a != "MIRROR"]
+    code, error, text = both(*command, cwd=tmp_path)
+    assert code == 1, (error, text)
+    errors = [line for line in text.splitlines() if line.startswith("commitstore: error: ")]
+    assert len(errors) == 1 and "Traceback" not in text, text
+    if args[0] != "latest":
+        assert "b.bin" in error["message"] and error["type"] == "IntegrityError", error
+    if args[0] == "verify":
+        assert error["status"] == "size_mismatch"

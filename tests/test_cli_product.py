@@ -87,7 +87,9 @@ def test_rm_deletes_refuses_folder_paths_and_has_a_dry_run(tmp_path: Path) -> No
     for name in ("a.pt", "run/b.pt", "run/c.pt"):
         store.put_bytes(name, name.encode())
     done = run("rm", url, "run")
-    assert done.returncode == 1 and "NameConflictError" in done.stdout, done
+    assert done.returncode == 1 and done.stdout == "", done  # its error goes to stderr
+    assert done.stderr.startswith("commitstore: error: not removed: run: "), done.stderr
+    assert "folder" in done.stderr and done.stderr.count("\n") == 1
     done = run("rm", url, "run", "--dry-run", "--json")
     assert done.returncode == 1 and "run" in json.loads(done.stdout)["failed"]
     done = run("rm", url, "a.pt", "--dry-run")

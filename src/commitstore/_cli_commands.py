@@ -13,11 +13,26 @@ from pathlib import Path
 from typing import Any
 
 from commitstore import CommitStore
-from commitstore._cli_log import TARGETS, exit_code_of, fail, stderr_json
+from commitstore._cli_log import (
+    TARGETS,
+    exit_code_of,
+    fail,
+    fail_as,
+    message_of,
+    stderr_json,
+    summary,
+)
 from commitstore._cli_progress import ProgressBar
 from commitstore._cli_targets import open_target
-from commitstore.errors import NameConflictError, NotFoundError
-from commitstore.layout import validate_name
+from commitstore.errors import (
+    AlreadyExistsError,
+    CommitError,
+    CommitStoreError,
+    IntegrityError,
+    NameConflictError,
+    NotFoundError,
+)
+from commitstore.layout import META_DIR, validate_name
 from commitstore.records import Record, VerifyReport
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -105,14 +120,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ],
     }
     _emit(args, doc, _report_text(report))
-    return EXIT_OK if report.ok else EXIT_FAIL
+    if report.ok:
+        return EXIT_OK
+    bad = [r for r in report.results if r.status not in ("ok", "no_record")]
+    problems = [f"{r.name}: {r.status}" for r in bad]
+    found = IntegrityError("", name=bad[0].name, status=bad[0].status)
+    what = f"{len(bad)} of {len(report.results)} fail the check"
+    return fail_as(args.json, found, summary(what, problems), EXIT_FAIL)
 
 
 def cmd_latest(args: argparse.Namespace) -> int:
-    rec = _open(args, args.url).latest(level=args.level)
-    if rec is None:
-        _emit(args, None, "no whole artifact found")
-        return EXIT_FAIL
+    store = _open(args, args.url)
+    rec = store.latest(level=args.level)
+    if rec is None:  # the result document is null; the text goes to stderr as the error
+        if args.json:
+            _emit(args, None, "")
+        return fail(args.json, NotFoundError(f"no whole artifact found in {store.url}"), EXIT_FAIL)
     _emit(args, record_json(rec), f"{rec.name} (step {rec.step}, {rec.size} bytes, {rec.digest})")
     return EXIT_OK
 
@@ -208,6 +231,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     names = {r.name for r in store.list()} if args.dry_run else set()
     done: list[str] = []
     errors: dict[str, str] = {}
+    failures: dict[str, Exception] = {}
     code = EXIT_OK
     for name in args.names:
         try:
@@ -220,14 +244,20 @@ def cmd_rm(args: argparse.Namespace) -> int:
             if mapped is None:
                 raise
             errors[name] = f"{type(exc).__name__}: {exc}"
+            failures[name] = exc
             code = max(code, mapped)
         else:
             done.append(name)
     verb = "would remove" if args.dry_run else "removed"
     lines = [f"{verb} {n} from {store.url}" for n in done]
-    lines += [f"not removed {n}: {why}" for n, why in errors.items()]
-    _emit(args, {"dry_run": args.dry_run, "removed": done, "failed": errors}, "\n".join(lines))
-    return code
+    if args.json or lines:
+        _emit(args, {"dry_run": args.dry_run, "removed": done, "failed": errors}, "\n".join(lines))
+    if not failures:
+        return code
+    # one error line on stderr: every failed name, typed as the first of the worst status
+    worst = next(exc for exc in failures.values() if exit_code_of(exc) == code)
+    problems = [f"{n}: {message_of(exc)}" for n, exc in failures.items()]
+    return fail_as(args.json, worst, summary("not removed", problems), code)
 
 
 def _would_delete(name: str, committed: set[str]) -> None:
@@ -331,8 +361,10 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     lines = [f"adopted {n}" for n in report.adopted]
     lines += [f"rejected {n}: {why}" for n, why in report.rejected.items()]
     _emit(args, doc, "\n".join(lines) or "nothing to adopt")
-    truncated = any("unknown format" not in why for why in report.rejected.values())
-    return EXIT_FAIL if truncated else EXIT_OK
+    damaged = [f"{n}: {why}" for n, why in report.rejected.items() if "unknown format" not in why]
+    if not damaged:
+        return EXIT_OK
+    return fail_as(args.json, IntegrityError(""), summary("not adopted", damaged), EXIT_FAIL)
 
 
 def _count_copies(store: CommitStore, bar: ProgressBar) -> None:
@@ -389,10 +421,25 @@ def cmd_sync(args: argparse.Namespace) -> int:
         )
         lines += [f"  failed {name}: {err}" for name, err in m.failed.items()]
     _emit(args, doc, "\n".join(lines))
-    return EXIT_OK if report.ok else EXIT_FAIL
+    if report.ok:
+        return EXIT_OK
+    problems = [f"primary: {n} fails its check" for n in report.primary_bad]
+    problems += [
+        f"{m.url}: {n} not copied: {why}" for m in report.mirrors for n, why in m.failed.items()
+    ]
+    kind = IntegrityError("") if report.primary_bad else CommitError("")
+    return fail_as(args.json, kind, summary("sync incomplete", problems), EXIT_FAIL)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """The demo in DIR/store; a DIR/store that is not a demo's is refused (exit 1, one error
+    line), and a guarantee that failed is the one error line besides the demo's report."""
     from commitstore.demo import run_demo
 
-    return run_demo(args.dir, as_json=args.json)
+    root = Path(args.dir).resolve() / "store"
+    if root.exists() and not (root / META_DIR).exists():
+        raise AlreadyExistsError(f"{root} exists and is not a commitstore demo store")
+    code = run_demo(args.dir, as_json=args.json)
+    if code == EXIT_OK:
+        return code
+    return fail(args.json, CommitStoreError("demo: a guarantee failed (see the report)"), code)

@@ -158,8 +158,26 @@ def exit_code_of(exc: BaseException) -> int | None:
 def fail(as_json: bool, exc: BaseException, code: int) -> int:
     """Print ``exc`` as the command's error (one line: text, or a JSON object) and return
     ``code``."""
+    return fail_as(as_json, exc, message_of(exc), code)
+
+
+def fail_as(as_json: bool, exc: BaseException, message: str, code: int) -> int:
+    """:func:`fail`, saying ``message`` (one line) with the type, ``errno`` and ``status`` of
+    ``exc``: the one error line of a command that failed without raising (``rm`` of a name
+    that is not committed, ``verify`` that found a problem...), whose result went to stdout."""
+    message = " ".join(message.split("\n"))
     if as_json:
-        stderr_json(error_doc(type(exc).__name__, message_of(exc), code, exc))
+        stderr_json(error_doc(type(exc).__name__, message, code, exc))
     else:
-        print(f"commitstore: error: {message_of(exc)}", file=sys.stderr)
+        print(f"commitstore: error: {message}", file=sys.stderr)
     return code
+
+
+SHOWN = 5
+"""How many problems the one error line of a summary names (the rest are counted)."""
+
+
+def summary(what: str, problems: list[str]) -> str:
+    """``what: p1; p2; ... and N more``, at most :data:`SHOWN` named."""
+    more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+    return f"{what}: {'; '.join(problems[:SHOWN])}{more}"

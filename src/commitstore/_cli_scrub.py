@@ -11,7 +11,9 @@ import argparse
 from typing import Any
 
 from commitstore._cli_commands import EXIT_FAIL, EXIT_OK, _bar, _emit, _open
+from commitstore._cli_log import fail_as, summary
 from commitstore._cli_progress import ProgressBar
+from commitstore.errors import CommitStoreError, IntegrityError
 from commitstore.maintenance.scrub import ScrubReport, check_budget, scrub
 
 HELP = "fully verify copies on the primary and mirrors, oldest check first; repair bad ones"
@@ -121,4 +123,9 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     if bar is not None:
         bar(bar.total)
     _emit(args, report_json(report), report_text(report))
-    return EXIT_OK if report.ok else EXIT_FAIL
+    if report.ok:
+        return EXIT_OK
+    problems = [f"{t.url}: not scrubbed: {t.error}" for t in report.targets if t.error]
+    problems += [f"{t.url}: {n} unrepaired" for t in report.targets for n in t.unrepaired]
+    kind = IntegrityError("") if any(t.unrepaired for t in report.targets) else CommitStoreError("")
+    return fail_as(args.json, kind, summary("scrub incomplete", problems), EXIT_FAIL)

@@ -17,6 +17,7 @@ from commitstore.errors import CommitStoreError, IntegrityError, InvalidNameErro
 from commitstore.layout import (
     META_DIR,
     RECORDS_DIR,
+    RESERVED_PREFIX,
     Parts,
     aside_parts,
     intent_parts,
@@ -143,6 +144,7 @@ def scan_entries(
     """
     if listing is None:
         listing = backend.walk((META_DIR, RECORDS_DIR))
+    blocked = _blocked_folders(backend, listing)
     present = {rel for rel, _info in listing}
     leaves = [
         (rel, info)
@@ -224,8 +226,37 @@ def scan_entries(
     if caching and (fresh or len(cached) - len(vouched) >= _recordcache.REWRITE_DROPS):
         _refresh_cache(backend, leaves, cached, vouched, fresh)
     good = [r for r in loaded if type(r) is ScannedRecord]
-    bad = [r for r in loaded if isinstance(r, VerifyResult)]
+    bad = [r for r in loaded if isinstance(r, VerifyResult)] + blocked
     return good, bad
+
+
+NOT_A_FOLDER = "not a folder (a symlink, file or special file); no record below it can be read"
+"""The detail of a ``bad_record`` for an entry of the records tree where only a folder can
+stand: the records folder itself, ``.commitstore/``, or a folder of records."""
+
+
+def _blocked_folders(backend: Backend, listing: list[tuple[Parts, FileInfo]]) -> list[VerifyResult]:
+    """A ``bad_record`` result for every place of the records tree where a folder goes but
+    something else stands, hiding the records below it (each read of one raises
+    ``bad_record``): an entry of the listing that is not a regular file and whose name is not
+    one of the store's own (every other name there is a folder of records), and, when the
+    listing is empty on storage with real folders, the records folder or ``.commitstore/``
+    itself (one ``stat`` each: an empty store pays them, a store with records never does)."""
+    out = [
+        VerifyResult(_where(rel), "bad_record", f"{_where(rel)}: {NOT_A_FOLDER}")
+        for rel, info in listing
+        if not info.regular and not rel[-1].startswith(RESERVED_PREFIX)
+    ]
+    if listing or not backend.capabilities.empty_folders:
+        return out
+    for where in ((META_DIR, RECORDS_DIR), (META_DIR,)):
+        info = backend.stat(where)
+        if info is not None:
+            if not info.is_dir:
+                path = "/".join(where)
+                out.append(VerifyResult(path, "bad_record", f"{path}: {NOT_A_FOLDER}"))
+            break
+    return out
 
 
 def folder_records(backend: Backend) -> list[VerifyResult]:

@@ -477,11 +477,21 @@ def verify(backend: Backend, name: str | None, level: str) -> VerifyReport:
     named = {b.name for b in bad}
     bad += [b for b in folder_records(backend) if b.name not in named]
     results = [check(backend, r, level) for r in records] + bad
-    results += [
-        VerifyResult(n, "no_record", _unrecorded(backend, n))
-        for n in unrecorded(backend, records, bad)
-    ]
+    results += [_unclaimed(backend, n) for n in unrecorded(backend, records, bad)]
     return VerifyReport(tuple(sorted(results, key=lambda r: r.name)))
+
+
+def _unclaimed(backend: Backend, name: str) -> VerifyResult:
+    """Data ``name`` that no scanned record claims: ``bad_record`` where a read of its record
+    says so (the way to it is damaged: a folder of the records tree, or the records folder,
+    replaced by a symlink or a file, which the scan cannot see past), else ``no_record``."""
+    try:
+        read_record(backend, validate_name(name))
+    except RecordFormatError as exc:
+        return VerifyResult(name, "bad_record", str(exc))
+    except InvalidNameError:
+        pass
+    return VerifyResult(name, "no_record", _unrecorded(backend, name))
 
 
 def _unrecorded(backend: Backend, name: str) -> str:

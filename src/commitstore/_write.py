@@ -9,7 +9,6 @@ to the sink, and publish through ``Committer.commit`` with the new record as the
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
 import time
@@ -21,7 +20,13 @@ from commitstore._commit import Committer, check_flag, check_new, make_record, m
 from commitstore._stagefile import Stage
 from commitstore.backends import CommitInfo, FileSink, PutMode, hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
-from commitstore.errors import CommitError, ConfigurationError, NotFoundError, StorageError
+from commitstore.errors import (
+    CommitError,
+    CommitStoreError,
+    ConfigurationError,
+    NotFoundError,
+    StorageError,
+)
 from commitstore.records import FileRecord, Record
 
 if TYPE_CHECKING:
@@ -195,19 +200,20 @@ def open_source(local_path: str | os.PathLike[str]) -> BinaryIO:
     waited on); it reads blocking again once it is known to be a regular file.
 
     Raises:
-        ConfigurationError: a FIFO, socket or device (nothing was opened, or it was closed).
-        NotFoundError: nothing there. StorageError: a folder (``EISDIR``), or it cannot be read
-            (permissions...).
+        ConfigurationError: a folder (commit one with ``stage_dir``), a FIFO, socket or device
+            (nothing was opened, or it was closed).
+        NotFoundError: nothing there. StorageError: it cannot be read (permissions...).
     """
     shown = os.fspath(local_path)
     try:
-        _require_regular(os.stat(local_path).st_mode, shown)
-        fd = os.open(local_path, _SOURCE_FLAGS)
-    except FileNotFoundError as exc:
-        raise NotFoundError(f"{shown}: no such local file") from exc
+        mode = os.stat(local_path).st_mode
     except OSError as exc:
-        message = f"{shown}: cannot read: {exc.strerror}"
-        raise StorageError(exc.errno or 0, message, path=shown) from exc
+        raise _unreadable(exc, shown) from exc
+    _require_regular(mode, shown)  # raised as it is: its message says it once
+    try:
+        fd = os.open(local_path, _SOURCE_FLAGS)
+    except OSError as exc:
+        raise _unreadable(exc, shown) from exc
     try:
         _require_regular(os.fstat(fd).st_mode, shown)
         os.set_blocking(fd, True)
@@ -217,9 +223,20 @@ def open_source(local_path: str | os.PathLike[str]) -> BinaryIO:
         raise
 
 
+def _unreadable(exc: OSError, shown: str) -> CommitStoreError:
+    """The typed error of a failed ``stat`` or ``open`` of the local source ``shown``."""
+    if isinstance(exc, FileNotFoundError):
+        return NotFoundError(f"{shown}: no such local file")
+    return StorageError(exc.errno or 0, f"{shown}: cannot read: {exc.strerror}", path=shown)
+
+
 def _require_regular(mode: int, shown: str) -> None:
+    """Refuse a source that is not a regular file, before it is opened: a bad argument."""
     if stat.S_ISDIR(mode):
-        raise StorageError(errno.EISDIR, f"{shown}: cannot read: Is a directory", path=shown)
+        raise ConfigurationError(
+            f"{shown}: is a folder; put_file reads regular files only (commit a folder as one "
+            "artifact with stage_dir, or the command line's put)"
+        )
     if not stat.S_ISREG(mode):
         raise ConfigurationError(
             f"{shown}: not a regular file (a FIFO, socket or device); put_file reads regular "

@@ -500,7 +500,8 @@ class CommitStore(StoreReads, StoreUpkeep):
 
         Raises:
             NotFoundError (a ``FileNotFoundError``), StorageError: the local file cannot be read.
-            ConfigurationError: it is a FIFO, socket or device (refused, never waited on).
+            ConfigurationError: it is a folder (commit one with :meth:`stage_dir`), a FIFO,
+                socket or device (refused before it is opened, never waited on).
             CommitError: the source changed size (on S3: or content) while it was copied
                 (nothing published).
         """
