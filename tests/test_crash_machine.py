@@ -6,10 +6,11 @@ against a model. A few examples per target in the default run, many more under s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -365,6 +366,12 @@ def _gc_ignores_live_local_writers(monkeypatch: pytest.MonkeyPatch) -> None:
     from commitstore.backends.rename.posix import _liveness
 
     monkeypatch.setattr(_liveness, "is_held", lambda folder, name: False)
+
+    @contextlib.contextmanager
+    def claimed(open_folder: Any, name: str) -> Iterator[bool]:
+        yield True
+
+    monkeypatch.setattr(_liveness, "claimed", claimed)
 
 
 def _object_writers_stop_beating(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,6 +65,7 @@ from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._foldermembers import FolderFile
 from commitstore._small import put_small
 from commitstore.backends import Backend, CommitInfo, PutMode, hash_and_sync_tree
+from commitstore.backends.base import StagingTaken
 from commitstore.digest import hash_stream, manifest_digest
 from commitstore.errors import (
     AlreadyExistsError,
@@ -145,6 +146,11 @@ def staging_of(parts: Parts, write_id: str) -> Parts:
     return (*parts[:-1], f"{STAGING_PREFIX}{write_id}.{hint}")
 
 
+_TAKEN_ATTEMPTS = 8
+"""Times a writer makes the staging folder again while gc takes it between the make and the
+writer's lock, before it gives up with CommitError."""
+
+
 def _in_place(backend: Backend) -> bool:
     """True where files are uploaded to their final names (no staging names: object stores)."""
     return not backend.capabilities.staging_names
@@ -223,8 +229,8 @@ class FolderWrite:
         backend = self._c.backend
         mode = PutMode.CREATE if backend.capabilities.exclusive_create else PutMode.REPLACE
         if not _in_place(backend):
+            self._hold(backend)  # before the file's sink: gc never takes the folder under it
             sink = backend.open_sink((*self._area(), *rel), mode=mode)
-            self._hold(backend)
             return FolderFile(path, sink)
         # the marker lists the file before its upload starts (its heartbeat keeps the writer
         # alive from begin/join to commit or abort: gc never takes a live writer's files)
@@ -313,13 +319,28 @@ class FolderWrite:
             beat.stop()
 
     def _hold(self, backend: Backend) -> None:
-        """Local stores, once the staging folder exists (made by the first file's sink): a
-        shared ``flock`` on the folder itself for this writer's life (``_liveness``), so gc
-        keeps the folder, whatever its age, while any writer of it lives, between its files
-        too; the kernel drops it when the process dies. Released by :meth:`commit` and
-        :meth:`abort`."""
-        if self._held is None:
-            self._held = backend.hold_folder(self._area())
+        """Local stores, before the first file's sink: the staging folder made (if missing)
+        and a shared ``flock`` on the folder itself for this writer's life (``_liveness``), so
+        gc keeps the folder, whatever its age, while any writer of it lives, between its files
+        too; the kernel drops it when the process dies. A folder gc removed between its make
+        and the lock (none held it: ``StagingTaken``) is made again. Released by
+        :meth:`commit` and :meth:`abort`."""
+        area = self._area()
+        if self._held is not None or backend.local_path(area) is None:
+            return
+        for _attempt in range(_TAKEN_ATTEMPTS):
+            try:
+                backend.make_folders(area)  # never via a symlink
+                self._held = backend.hold_folder(area)
+                return
+            except StagingTaken:
+                continue  # gc removed it (no writer held it) before this lock: made again
+            except OSError:
+                return  # the file's sink meets the same error and reports it, typed
+        raise CommitError(
+            f"{self.name}: gc took its staging folder {_TAKEN_ATTEMPTS} times before this "
+            "writer could lock it; nothing was written"
+        )
 
     def _release(self) -> None:
         held, self._held = self._held, None

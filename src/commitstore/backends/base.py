@@ -37,6 +37,12 @@ from commitstore.layout import Parts
 log = logging.getLogger("commitstore")
 
 
+class StagingTaken(Exception):
+    """A writer's new staging entry was gone, or held by gc (which takes only an entry no
+    writer holds), before the writer could take its liveness lock on it: the writer gives it up
+    and makes another under a new name. Never leaves the commit machinery."""
+
+
 class PutMode(enum.Enum):
     """How a publish treats a name that already holds something."""
 
@@ -500,6 +506,13 @@ class Backend(abc.ABC):
         for the writer's life): gc never removes it, whatever its age. Default: no such lock
         (False); the entry is aged by its modification times."""
         return False
+
+    def claimed(self, parts: Parts) -> contextlib.AbstractContextManager[bool]:
+        """gc's hold on the staging entry ``parts`` while it judges and removes it: False if a
+        live writer holds it (kept, whatever its age); True otherwise, and where the store has
+        a liveness lock no writer can take the entry until the block ends (a writer that made
+        it but had not locked it yet gives it up: ``StagingTaken``). Default: :meth:`held`."""
+        return contextlib.nullcontext(not self.held(parts))
 
     def pending_uploads(self) -> list[PendingUpload]:
         """Unfinished uploads under this store's root (object stores); none elsewhere."""

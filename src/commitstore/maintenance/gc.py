@@ -150,18 +150,7 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
             gone, kind, age, why = settled
             (removed if gone else kept).append(GcItem("/".join(aside), kind, age, why))
     for root in sorted(roots):
-        info = backend.stat(root)
-        if info is None:
-            continue  # published or removed by its writer meanwhile
-        # A staging file is written only by commitstore's sinks: every write moves its mtime. A
-        # staging folder is filled by the caller, whose copies may keep old mtimes (copytree):
-        # its own times and those of everything in it count, ctime included.
-        if backend.held(root):  # a live writer's, whatever its age
-            kept.append(GcItem("/".join(root), "staging", None, "held by a live writer"))
-            continue
-        mtime = backend.last_change(root) if info.is_dir else info.mtime
-        if judge("/".join(root), "staging", mtime) and not dry_run:
-            backend.remove(root)
+        _staging_entry(backend, root, judge, kept, dry_run=dry_run)
     uploads: list[PendingUpload] = backend.pending_uploads()
     live: set[str] = set()
     for up in uploads:
@@ -188,6 +177,39 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
         if judge("/".join(root), "staging", mtime) and not dry_run:
             backend.remove(root)
     return GcReport(tuple(removed), tuple(kept), dry_run)
+
+
+def _staging_entry(
+    backend: Backend,
+    root: Parts,
+    judge: Callable[[str, str, float | None], bool],
+    kept: list[GcItem],
+    *,
+    dry_run: bool,
+) -> None:
+    """Judge and remove one staging entry, inside ``backend.claimed``: a live writer's
+    (locked) is kept whatever its age, and none can lock it while gc removes it (a writer that
+    made it but had not locked it yet makes another). One gone meanwhile (published or removed
+    by its writer; the old version a replace exchanged out, removed by that replace) is skipped.
+    """
+    try:
+        with backend.claimed(root) as free:
+            if not free:  # a live writer's, whatever its age
+                kept.append(GcItem("/".join(root), "staging", None, "held by a live writer"))
+                return
+            info = backend.stat(root)
+            if info is None:
+                return  # published or removed by its writer meanwhile
+            # A staging file is written only by commitstore's sinks: every write moves its
+            # mtime. A staging folder is filled by the caller, whose copies may keep old mtimes
+            # (copytree): its own times and those of everything in it count, ctime included.
+            mtime = backend.last_change(root) if info.is_dir else info.mtime
+            if judge("/".join(root), "staging", mtime) and not dry_run:
+                backend.remove(root)
+    except NotFoundError:
+        if backend.stat(root) is not None:
+            raise
+        # gone (in part) while gc looked at it: its writer published or removed it; skipped
 
 
 def _writer_slots(

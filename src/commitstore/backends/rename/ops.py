@@ -5,6 +5,7 @@ tells the shared recipe in ``sink.py`` how suspicious to be of the storage (:cla
 from __future__ import annotations
 
 import abc
+import contextlib
 import errno
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,6 +125,11 @@ class RenameOps(abc.ABC, Generic[D, H]):
         the entry's identity, checked by :meth:`still_held` before the publish. None where the
         storage has no such lock (default)."""
         return None
+
+    def creating(self, folder: D) -> contextlib.AbstractContextManager[None]:
+        """Held while a writer makes a staging entry in ``folder`` and takes its :meth:`hold`,
+        so gc never finds the entry between the two. Default: nothing."""
+        return contextlib.nullcontext()
 
     def still_held(self, folder: D, name: str, token: object) -> bool:
         """True if ``name`` is still the very entry :meth:`hold` locked (not one removed and made

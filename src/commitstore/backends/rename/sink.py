@@ -49,13 +49,24 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from commitstore.backends.base import Backend, CommitInfo, DirSink, FileSink, PutMode
+from commitstore.backends.base import (
+    Backend,
+    CommitInfo,
+    DirSink,
+    FileSink,
+    PutMode,
+    StagingTaken,
+)
 from commitstore.backends.localtree import LocalStagingFolder, hash_and_sync_tree
 from commitstore.backends.rename.ops import D, H, RenameOps, write_all
 from commitstore.errors import AlreadyExistsError, CommitError, CommitStoreError
 from commitstore.layout import Parts, aside_parts, staging_part
 
 T = TypeVar("T")
+
+_TAKEN_ATTEMPTS = 8
+"""Staging entries a writer makes, each under a new name, while gc takes each one between its
+create and the writer's lock (``StagingTaken``), before it gives up with CommitError."""
 
 
 class _Staged(Generic[D, H]):
@@ -89,6 +100,20 @@ class _Staged(Generic[D, H]):
             if hold is not None:
                 self._ops.release(hold)
             self._ops.close_folder(self._folder)
+
+    def _give_up_staging(self) -> None:
+        """The staging entry just made was gone or held by gc before this writer could lock
+        it (``StagingTaken``): it is removed (gc may be removing it too: either finishes) and
+        the next one gets a new name."""
+        with contextlib.suppress(Exception):
+            self._ops.remove_at(self._folder, self._tmp)
+        self._tmp = staging_part(self._final)
+
+    def _taken_error(self) -> CommitError:
+        return CommitError(
+            f"{self._shown}: gc took each of {_TAKEN_ATTEMPTS} staging entries this writer made "
+            "before it could lock them; nothing was written"
+        )
 
     def _check_held(self) -> None:
         """Before the rename: the staging entry is still the one this writer locked (never one
@@ -170,10 +195,25 @@ class StagedFileSink(_Staged[D, H], FileSink):
         self.bytes_written = 0
         self._handle: H | None = None
         try:
-            self._handle = self._step(
-                "creating the staging file for", ops.create_staging, self._folder, self._tmp
-            )
-            self._hold = ops.hold(self._folder, self._tmp)
+            for _attempt in range(_TAKEN_ATTEMPTS):
+                try:
+                    with ops.creating(self._folder):
+                        self._handle = self._step(
+                            "creating the staging file for",
+                            ops.create_staging,
+                            self._folder,
+                            self._tmp,
+                        )
+                        self._hold = ops.hold(self._folder, self._tmp)
+                    break
+                except StagingTaken:
+                    handle, self._handle = self._handle, None
+                    if handle is not None:
+                        with contextlib.suppress(Exception):
+                            ops.discard(handle)
+                    self._give_up_staging()
+            else:
+                raise self._taken_error()
         except BaseException:
             self._done = True
             self._close_folder()
@@ -254,14 +294,22 @@ class StagedDirSink(_Staged[D, H], DirSink):
     def __init__(self, ops: RenameOps[D, H], parts: Parts, mode: PutMode) -> None:
         super().__init__(ops, parts, mode)
         try:
-            local = self._step(
-                "creating the staging folder for",
-                ops.staging_folder,
-                self._folder,
-                (*parts[:-1], self._tmp),
-            )
-            if local is not None:
-                self._hold = ops.hold(self._folder, self._tmp)
+            for _attempt in range(_TAKEN_ATTEMPTS):
+                try:  # the caller gets the folder only once this writer holds it
+                    with ops.creating(self._folder):
+                        local = self._step(
+                            "creating the staging folder for",
+                            ops.staging_folder,
+                            self._folder,
+                            (*parts[:-1], self._tmp),
+                        )
+                        if local is not None:
+                            self._hold = ops.hold(self._folder, self._tmp)
+                    break
+                except StagingTaken:
+                    self._give_up_staging()
+            else:
+                raise self._taken_error()
         except BaseException:
             self._done = True
             self._close_folder()

@@ -8,6 +8,13 @@ pins the entry's identity (device and inode): a staging folder removed and made 
 writer (by another tool, or a ``copytree(..., dirs_exist_ok=True)`` refilling it) is not the
 one it locked, so its commit fails instead of publishing what is there.
 
+No entry is ever created already locked, so between a writer's create and its lock gc could
+find it free. gc therefore removes an entry only while it holds an exclusive lock on it
+(:func:`claimed`), and a writer takes its lock without waiting and then checks that its name
+still names the entry it locked (:func:`hold`): refused (gc holds it) or gone, the writer gives
+that entry up (:class:`~commitstore.backends.base.StagingTaken`) and makes a new one. Once a
+writer holds its lock on the entry at its name, no gc can take it: gc's lock is refused.
+
 Where ``flock`` is not supported (some network filesystems) nothing is held: the entry is aged
 by its modification times as before.
 """
@@ -17,7 +24,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from commitstore.backends.base import StagingTaken
 
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -32,19 +42,38 @@ class Held:
 
 
 def hold(folder: int, name: str) -> Held | None:
-    """A shared lock on entry ``name`` of the open folder ``folder``; None if it cannot be
-    taken (no such entry, or no ``flock`` here)."""
+    """A shared lock on entry ``name`` of the open folder ``folder``, which its name still
+    names once locked; None where ``flock`` is not supported here (the entry is then aged).
+
+    Raises:
+        StagingTaken: the entry is gone, or gc holds it (it is removing it): the writer's
+            entry is not its own any more and the caller makes a new one.
+    """
     try:
         fd = os.open(name, _FLAGS, dir_fd=folder)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise StagingTaken(name) from exc
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         st = os.fstat(fd)
+    except BlockingIOError as exc:  # gc's exclusive lock: it is removing this entry
+        os.close(fd)
+        raise StagingTaken(name) from exc
     except OSError:
         os.close(fd)
         return None
-    return Held(fd, st.st_dev, st.st_ino)
+    token = Held(fd, st.st_dev, st.st_ino)
+    try:
+        here = same_entry(folder, name, token)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not here:  # removed (by gc) between the open and the lock
+        os.close(fd)
+        raise StagingTaken(name)
+    return token
 
 
 def same_entry(folder: int, name: str, token: object) -> bool:
@@ -65,6 +94,77 @@ def release(token: object) -> None:
     if isinstance(token, Held):
         with contextlib.suppress(OSError):
             os.close(token.fd)
+
+
+@contextlib.contextmanager
+def creating(folder: int) -> Iterator[None]:
+    """A writer making a staging entry in ``folder`` and locking it (:func:`hold`): a shared
+    ``flock`` on the folder itself for that short while, so gc (which needs an exclusive one on
+    the folder to claim an entry in it, :func:`claimed`) never finds the new entry between its
+    create and its lock. Never waits: refused (gc is claiming another entry there right now)
+    or unsupported, the writer goes on without it and :func:`hold` tells it if gc took the
+    entry."""
+    try:
+        fcntl.flock(folder, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(folder, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def claimed(open_folder: Callable[[], int], name: str) -> Iterator[bool]:
+    """gc's hold on entry ``name`` of the folder ``open_folder`` opens: True (an exclusive lock
+    taken and kept until the block ends, so no writer can take the entry meanwhile; or nothing
+    to lock: the entry gone, or no ``flock`` here), False if a live writer holds it, or a
+    writer is making an entry in that folder right now (:func:`creating`): kept. Remove the
+    entry only inside the block."""
+    try:
+        folder = open_folder()
+    except OSError:
+        yield True
+        return
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # a writer between its create and its lock, here
+        os.close(folder)
+        yield False
+        return
+    except OSError:
+        pass  # no flock here: aged by its times
+    try:
+        fd = os.open(name, _FLAGS, dir_fd=folder)
+    except OSError:
+        _unlock_close(folder)
+        yield True
+        return
+    try:
+        free = True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            free = False
+        except OSError:
+            pass  # no flock here: aged by its times
+        _unlock_close(folder)  # writers make entries there again
+        folder = -1
+        yield free
+    finally:
+        os.close(fd)  # closing drops gc's lock
+        if folder >= 0:
+            _unlock_close(folder)
+
+
+def _unlock_close(folder: int) -> None:
+    """Drop a folder's lock (explicitly: a descriptor may share its open file with a kept one)
+    and close it."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(folder, fcntl.LOCK_UN)
+    os.close(folder)
 
 
 def is_held(folder: int, name: str) -> bool:

@@ -76,11 +76,24 @@ def storage_error(exc: OSError, what: str, path: str) -> Exception:
 
 
 def rmtree_at(dirfd: int, name: str) -> None:
-    """Remove the folder tree ``name`` in ``dirfd`` (never following symlinks)."""
-    if sys.version_info >= (3, 11):
-        shutil.rmtree(name, dir_fd=dirfd)
+    """Remove the folder tree ``name`` in ``dirfd`` (never following symlinks). What is gone
+    already (another remover got there first: gc and a replace removing the old version it
+    exchanged out) counts as removed; any other error raises."""
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(name, dir_fd=dirfd, onexc=_gone_ok)
+    elif sys.version_info >= (3, 11):
+        shutil.rmtree(name, dir_fd=dirfd, onerror=_gone_ok_info)
     else:  # pragma: no cover - python 3.10
-        shutil.rmtree(os.path.join(f"/proc/self/fd/{dirfd}", name))
+        shutil.rmtree(os.path.join(f"/proc/self/fd/{dirfd}", name), onerror=_gone_ok_info)
+
+
+def _gone_ok(_fn: object, _path: object, exc: BaseException) -> None:
+    if not isinstance(exc, FileNotFoundError):
+        raise exc
+
+
+def _gone_ok_info(_fn: object, _path: object, info: tuple[object, BaseException, object]) -> None:
+    _gone_ok(_fn, _path, info[1])
 
 
 RETRY_RENAME_ERRNOS = (errno.EACCES, errno.EPERM, errno.EBUSY)
@@ -178,12 +191,17 @@ def publish_at(
         notes = info.notes if info is not None else []
         aside.replace(_DirMoves(dirfd, shown, policy, info), tmp, final, notes)
         return
-    # ``tmp`` now holds the previous artifact, which is no longer visible; drop it.
-    st = os.stat(tmp, dir_fd=dirfd, follow_symlinks=False)
-    if statmod.S_ISDIR(st.st_mode):
-        rmtree_at(dirfd, tmp)
-    else:
-        os.unlink(tmp, dir_fd=dirfd)
+    # ``tmp`` now holds the previous artifact, which is no longer visible; drop it. No writer
+    # holds it (this one's lock is on the new entry, now at ``final``), so gc may remove it
+    # first: the name holds the new version either way, and "already gone" is done.
+    try:
+        st = os.stat(tmp, dir_fd=dirfd, follow_symlinks=False)
+        if statmod.S_ISDIR(st.st_mode):
+            rmtree_at(dirfd, tmp)
+        else:
+            os.unlink(tmp, dir_fd=dirfd)
+    except FileNotFoundError:
+        pass
 
 
 class _DirMoves:

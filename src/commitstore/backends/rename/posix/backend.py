@@ -405,6 +405,9 @@ class LocalBackend(RenameBackend[int, Staging]):
         to what the caller fills), held on an fd kept open until :meth:`release`."""
         return _liveness.hold(folder, name)
 
+    def creating(self, folder: int) -> contextlib.AbstractContextManager[None]:
+        return _liveness.creating(folder)
+
     def still_held(self, folder: int, name: str, token: object) -> bool:
         return _liveness.same_entry(folder, name, token)
 
@@ -431,6 +434,10 @@ class LocalBackend(RenameBackend[int, Staging]):
             return _liveness.is_held(dirfd, parts[-1])
         finally:
             close_quietly(dirfd)
+
+    def claimed(self, parts: Parts) -> contextlib.AbstractContextManager[bool]:
+        """gc's exclusive ``flock`` on the staging entry ``parts`` (``_liveness.claimed``)."""
+        return _liveness.claimed(lambda: self.open_dir(parts[:-1], create=False), parts[-1])
 
     def error(self, exc: Exception, what: str, shown: str) -> Exception:
         return os_error(exc, what, shown)

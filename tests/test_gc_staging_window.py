@@ -1,0 +1,224 @@
+"""gc (``min_age=0``, in another process) at the moments a local writer's staging entry is
+most exposed, each reached deterministically by pausing the writer there:
+
+- between the create of its staging entry (a ``stage_dir`` folder, a staging file) and the
+  writer's liveness lock on it: gc keeps the entry, the caller is handed only a folder the
+  writer holds, and the commit publishes exactly what it wrote;
+- the same when gc has taken the entry anyway (the folder's creation lock unavailable): the
+  writer makes a new one and still commits;
+- a folder replace between its exchange and its removal of the old folder (now under the
+  staging name, held by no writer): gc may remove it first, and the replace returns durable,
+  without a note;
+- a staging entry that vanishes while gc looks at it is skipped, not an error.
+
+Every check of storage reads the raw files (``LocalBackdoor``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import commitstore
+from commitstore import open_store
+from commitstore.backends.rename.posix import _liveness, _localfs
+from commitstore.backends.rename.posix import backend as posix_backend
+from commitstore.layout import STAGING_PREFIX
+from commitstore.records import Record
+from commitstore.testing import LocalBackdoor
+
+SRC = Path(commitstore.__file__).resolve().parent.parent
+
+
+def _gc_elsewhere(root: Path) -> str:
+    """``gc(min_age=0)`` of the store at ``root`` in a separate process; what it removed."""
+    code = (
+        f"import commitstore; r = commitstore.open_store({str(root)!r}).gc(min_age=0); "
+        "print(sorted(i.path for i in r.removed))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
+    return out.stdout.strip()
+
+
+def _gc_started(root: Path) -> subprocess.Popen[str]:
+    """:func:`_gc_elsewhere`, started and not waited for."""
+    code = (
+        f"import commitstore; r = commitstore.open_store({str(root)!r}).gc(min_age=0); "
+        "print(sorted(i.path for i in r.removed))"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def _pause_before_lock(monkeypatch: pytest.MonkeyPatch, at_pause: Callable[[], None]) -> list[str]:
+    """The first writer to lock its new staging entry pauses just before the lock (the entry
+    made, not yet locked) and runs ``at_pause``; the names it was about to lock are returned."""
+    real = _liveness.hold
+    seen: list[str] = []
+
+    def hold(folder: int, name: str) -> Any:
+        seen.append(name)
+        if len(seen) == 1:
+            at_pause()
+        return real(folder, name)
+
+    monkeypatch.setattr(_liveness, "hold", hold)
+    return seen
+
+
+def _staging_left(door: LocalBackdoor) -> list[str]:
+    return [f for f in door.files() if STAGING_PREFIX in f]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_gc_between_stage_dir_create_and_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overwrite: bool
+) -> None:
+    root = tmp_path / "s"
+    store, door = open_store(root), LocalBackdoor(root)
+    if overwrite:
+        with store.stage_dir("hf/ck") as d:
+            (d / "w.bin").write_bytes(b"old")
+    removed: list[str] = []
+    _pause_before_lock(monkeypatch, lambda: removed.append(_gc_elsewhere(root)))
+    got: list[Record] = []
+    with store.stage_dir("hf/ck", overwrite=overwrite, records=got) as d:
+        assert d.is_dir()  # handed over only once held
+        (d / "w.bin").write_bytes(b"new")
+    assert removed == ["[]"]
+    assert door.read("hf/ck/w.bin") == b"new"
+    assert got[0].outcome is not None and got[0].outcome.durable
+    assert _staging_left(door) == []
+
+
+def test_stage_dir_makes_a_new_entry_when_gc_took_its_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the folder's creation lock (as when gc holds it, claiming another entry), gc
+    removes the new, unlocked staging folder; the writer sees it gone and makes another."""
+    root = tmp_path / "s"
+    store, door = open_store(root), LocalBackdoor(root)
+    with store.stage_dir("ck") as d:
+        (d / "w.bin").write_bytes(b"old")
+    monkeypatch.setattr(posix_backend.LocalBackend, "creating", lambda self, folder: _null())
+    removed: list[str] = []
+    seen = _pause_before_lock(monkeypatch, lambda: removed.append(_gc_elsewhere(root)))
+    with store.stage_dir("ck", overwrite=True) as d:
+        assert d.is_dir()
+        (d / "w.bin").write_bytes(b"new")
+    assert len(seen) == 2 and seen[0] != seen[1]
+    assert removed == [f"[{seen[0]!r}]"]
+    assert door.read("ck/w.bin") == b"new"
+    assert _staging_left(door) == []
+
+
+def test_gc_between_staging_file_create_and_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "s"
+    store, door = open_store(root), LocalBackdoor(root)
+    store.put_bytes("a.bin", b"old")
+    removed: list[str] = []
+    _pause_before_lock(monkeypatch, lambda: removed.append(_gc_elsewhere(root)))
+    rec = store.put_bytes("a.bin", b"new" * 1000, overwrite=True)
+    assert removed == ["[]"]
+    assert door.read("a.bin") == b"new" * 1000
+    assert rec.outcome is not None and rec.outcome.durable
+    assert _staging_left(door) == []
+
+
+def test_gc_removing_the_old_folder_a_replace_exchanged_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the exchange the old folder sits under the staging name, held by no writer: gc
+    may remove it before the replace does. The name holds the new version either way, and the
+    replace counts "already gone" as done: durable, no note."""
+    root = tmp_path / "s"
+    store, door = open_store(root), LocalBackdoor(root)
+    with store.stage_dir("hf/ck") as d:
+        (d / "w.bin").write_bytes(b"old")
+    real = _localfs.rmtree_at
+    gcs: list[subprocess.Popen[str]] = []
+
+    def rmtree_at(dirfd: int, name: str) -> None:
+        if not gcs:  # gc starts; the writer resumes once gc has removed the old folder
+            gcs.append(_gc_started(root))
+            while (root / "hf" / name).exists() and gcs[0].poll() is None:
+                time.sleep(0.01)
+        real(dirfd, name)
+
+    monkeypatch.setattr(_localfs, "rmtree_at", rmtree_at)
+    got: list[Record] = []
+    with store.stage_dir("hf/ck", overwrite=True, records=got) as d:
+        (d / "w.bin").write_bytes(b"new")
+    out, err = gcs[0].communicate(timeout=120)  # its pending-record pass waited for the lock
+    assert gcs[0].returncode == 0, err[-2000:]
+    assert STAGING_PREFIX in out  # gc took the old folder
+    assert door.read("hf/ck/w.bin") == b"new"
+    outcome = got[0].outcome
+    assert outcome is not None and outcome.durable and outcome.notes == ()
+    assert _staging_left(door) == []
+
+
+_RACED_GC = """
+import os, sys, commitstore
+state = {"busy": False, "done": 0}
+def hook(event, args):
+    # another remover (a replace dropping the old version it exchanged out) gets to each
+    # file of the staging folder just before gc's own unlink of it
+    if event == "os.remove" and not state["busy"]:  # gc removes only the staging folder here
+        state["busy"] = True
+        try:
+            os.unlink(args[0], dir_fd=args[1])
+            state["done"] += 1
+        finally:
+            state["busy"] = False
+sys.addaudithook(hook)
+r = commitstore.open_store(sys.argv[1]).gc(min_age=0)
+print(state["done"], sorted(i.kind for i in r.removed))
+"""
+
+
+def test_gc_skips_what_another_remover_takes_while_it_removes(tmp_path: Path) -> None:
+    """A staging folder whose files another remover takes while gc removes it: gc finishes
+    without an error (what is gone is removed)."""
+    root = tmp_path / "s"
+    store, door = open_store(root), LocalBackdoor(root)
+    store.put_bytes("keep.bin", b"k")
+    for rel in ("a.bin", "sub/b.bin"):
+        door.write(f"hf/{STAGING_PREFIX}0123456789abcdef.ck/{rel}", b"x")
+    out = subprocess.run(
+        [sys.executable, "-c", _RACED_GC, str(root)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "2 ['staging']"
+    assert _staging_left(door) == []
+    assert door.read("keep.bin") == b"k"
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
