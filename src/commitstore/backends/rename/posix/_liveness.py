@@ -67,6 +67,9 @@ def hold(folder: int, name: str) -> Held | None:
     token = Held(fd, st.st_dev, st.st_ino)
     try:
         here = same_entry(folder, name, token)
+    except OSError:  # the storage's error on the check: nothing held (aged, as without flock)
+        os.close(fd)
+        return None
     except BaseException:
         os.close(fd)
         raise
