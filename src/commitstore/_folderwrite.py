@@ -64,8 +64,7 @@ from commitstore import _slots
 from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._foldermembers import FolderFile
 from commitstore._small import put_small
-from commitstore.backends import Backend, CommitInfo, PutMode, hash_and_sync_tree
-from commitstore.backends.base import StagingTaken
+from commitstore.backends import Backend, CommitInfo, PutMode, StagingTaken, hash_and_sync_tree
 from commitstore.digest import hash_stream, manifest_digest
 from commitstore.errors import (
     AlreadyExistsError,

@@ -64,6 +64,7 @@ from commitstore.backends.base import (
     PendingUpload,
     PutMode,
     Rereadable,
+    StagingTaken,
     take_options,
 )
 from commitstore.backends.localtree import hash_and_sync_tree
@@ -81,6 +82,7 @@ __all__ = [
     "PendingUpload",
     "PutMode",
     "Rereadable",
+    "StagingTaken",
     "hash_and_sync_tree",
     "local_error",
     "local_folder",
