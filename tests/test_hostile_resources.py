@@ -275,7 +275,7 @@ def _proxied_store(kind: str, request: pytest.FixtureRequest) -> tuple[Any, Requ
 
 
 def _plant(store: Any, parts: tuple[str, ...], data: bytes) -> None:
-    sink = store.backend.open_sink(parts, mode=PutMode.REPLACE)
+    sink = store._backend.open_sink(parts, mode=PutMode.REPLACE)
     sink.write(memoryview(data))
     sink.publish(size=len(data), digest=xxh(data))
 
