@@ -1,6 +1,6 @@
-"""GCS's upload session (:class:`GcsUpload`): a resumable upload's 256 KiB-aligned chunks, sent
-one at a time and in order, CRC32C-summed on the way, whose final request is the commit, and the
-resume of an upload of a local file from the session an earlier attempt left (``resume.py``).
+"""GCS's upload session (:class:`GcsUpload`): a resumable upload's chunks, sent one at a time
+and in order, CRC32C-summed on the way, whose final request is the commit, and the resume of an
+upload of a local file from the session an earlier attempt left (``resume.py``).
 
 The final chunk carries the total size and the CRC32C of every byte written (``x-goog-hash``),
 which GCS checks; nothing is visible before it. A resumed session's chunks below its offset are
