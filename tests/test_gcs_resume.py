@@ -11,10 +11,6 @@ through the backdoor (raw JSON API).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,19 +21,18 @@ import pytest
 from commitstore import CommitError, open_store
 from commitstore.testing import GcsBackdoor, Target, record_path
 
+from .helpers import resumekill
 from .helpers.faultproxy import FaultProxy
 from .helpers.gcsserver import BUCKET, FakeGcs
+from .helpers.resumekill import NAME, kill_when_landed, random_file, read_state
 from .helpers.samba import free_port
 
 MiB = 1024 * 1024
-ROOT_DIR = Path(__file__).resolve().parent.parent
 SIZE = 10 * MiB
 CHUNK = MiB
 CHUNKS = SIZE // CHUNK
 LANDED = 8  # the kill comes once 8 of the 10 chunks landed (80%)
 OVERHEAD = 1 * MiB  # headers, the state rewrites, the record, the pending records, the probe
-NAME = "run/step_0007.pt"
-STATE_DIR = ".commitstore/resume/"
 
 
 class Proxied:
@@ -78,9 +73,7 @@ def t(proxied: Proxied) -> Target:
 
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
-    path = tmp_path / "source.bin"
-    path.write_bytes(os.urandom(SIZE))
-    return path
+    return random_file(tmp_path / "source.bin", SIZE)
 
 
 def door(t: Target) -> GcsBackdoor:
@@ -89,7 +82,7 @@ def door(t: Target) -> GcsBackdoor:
 
 
 def states(t: Target) -> list[str]:
-    return [f for f in door(t).files() if f.startswith(STATE_DIR)]
+    return resumekill.states(door(t))
 
 
 def landed(t: Target) -> int:
@@ -111,34 +104,15 @@ def kill_mid_upload(
     slow = proxied.proxy()
     slow.set(delay=0.01, faulty=None)
     url = proxied.server.url(door(t).prefix)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.putwriter", url, NAME, str(src)],
-            cwd=ROOT_DIR,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "WRITER_STORE_OPTIONS": json.dumps(proxied.options())},
-        )
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
-            deadline = time.monotonic() + 120
-            got = 0
-            while time.monotonic() < deadline and got < LANDED and proc.poll() is None:
-                got = landed(t)
-                time.sleep(0.01)
-            slow.freeze()  # nothing more reaches the server
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(30)
-        assert got >= LANDED, f"only {got} chunks landed"
-    finally:
-        slow.stop()
+    env = {"WRITER_STORE_OPTIONS": json.dumps(proxied.options())}
+    got = kill_when_landed(
+        url, src, env, slow=slow, landed=lambda: landed(t), goal=LANDED, timeout=120, poll=0.01
+    )
+    assert got >= LANDED, f"only {got} chunks landed"
     assert door(t).read(NAME) == before
     if before is None:
         assert door(t).read(record_path(NAME)) is None
-    (where,) = states(t)
-    state: dict[str, Any] = json.loads(door(t).read(where) or b"")
+    _where, state = read_state(door(t))
     assert LANDED * CHUNK <= state["gcs"]["sent"] < SIZE
     return state
 
@@ -271,9 +245,8 @@ def _request(method: str, url: str, body: bytes, headers: dict[str, str]) -> Any
 def test_hostile_state_never_commits_bad_bytes(
     proxied: Proxied, t: Target, source: Path, hostile: Any
 ) -> None:
-    state = kill_mid_upload(proxied, t, source)
-    (where,) = states(t)
-    state["__source"] = str(source)
+    kill_mid_upload(proxied, t, source)
+    where, state = read_state(door(t), source)
     edited = hostile(state, proxied, t)
     if isinstance(edited, dict):
         edited.pop("__source", None)
@@ -329,9 +302,8 @@ def test_no_status_query_never_risks_a_committed_object(
         t.reopen().put_bytes(NAME, b"the committed version")
     finally:
         proxy.stop()
-    state = kill_mid_upload(proxied, t, source, before=b"the committed version")
-    (where,) = states(t)
-    state["__source"] = str(source)
+    kill_mid_upload(proxied, t, source, before=b"the committed version")
+    where, state = read_state(door(t), source)
     edited = _more_sent(state, proxied, t)
     edited.pop("__source", None)
     door(t).write(where, json.dumps(edited).encode())
