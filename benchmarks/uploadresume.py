@@ -12,9 +12,10 @@ Both commits are checked (``verify``). Measured against moto and ``rclone serve 
 default, 8 MiB parts. Target: ratio <= (1 - landed share) + 0.02.
 
 GCS (fake-gcs-server): the same, 8 MiB chunks; the server names the proxy's port in its session
-URIs, so every chunk goes through the proxy; the kill comes once the resume state (read through
-the server's JSON API) says ``KILL_AT`` of the chunks were acknowledged, and the proxy is closed
-(the chunk in flight never completes) before a new one takes its port.
+URIs, so every chunk goes through the proxy; the writer stops right after its resume state says
+``KILL_AT`` of the chunks were acknowledged and none is in flight (``WRITER_GCS_AT``: a chunk in
+flight at the kill makes the resume start over there, as fake-gcs-server cannot be asked what
+it holds), is SIGKILLed, and the proxy is closed before a new one takes its port.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def _writer(
     return subprocess.Popen(
         [sys.executable, "-m", "tests.helpers.putwriter", url, name, str(source)],
         cwd=ROOT,
+        stdin=subprocess.PIPE,  # a writer told to pause waits for a line there
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {}), "WRITER_STORE_OPTIONS": json.dumps(options)},
@@ -215,6 +217,13 @@ def _s3_case(cls: type[S3Server], tmp: Path, source: Path, size: int, total: int
     )
 
 
+def _gcs_writer(
+    url: str, name: str, source: Path, options: dict[str, Any], at: str = ""
+) -> subprocess.Popen[str]:
+    """A GCS ``put_file`` writer; ``at``: where it stops (``WRITER_GCS_AT``, none by default)."""
+    return _writer(url, name, source, options, {"WRITER_GCS_AT": at})
+
+
 def _gcs_acked(door: GcsBackdoor) -> int:
     """The chunks the one resume state under the prefix says were acknowledged."""
     found = [f for f in door.files() if f.startswith(".commitstore/resume/")]
@@ -237,11 +246,22 @@ def _gcs_case(base: Path, source: Path, size: int, total: int) -> dict[str, Any]
         door = GcsBackdoor(server.endpoint, GCS_BUCKET, PREFIX)
         slow = FaultProxy(server.port, port=proxy_port)
         slow.set(delay=0.005, faulty=None)
-        proc = _writer(url, "ckpt.pt", source, options)
-        # the state lists a chunk as acknowledged when the next one is about to go, and the
-        # final one is the commit: at most total - 2 are seen before it
-        goal = min(-(-int(KILL_AT * total * 1000) // 1000), total - 2)
-        _kill_when("gcs", proc, slow, lambda: _gcs_acked(door), goal)
+        try:
+            # the kill comes right after the state says ``goal`` chunks were acknowledged and
+            # none is in flight (one in flight, which fake-gcs-server cannot be asked about,
+            # makes the resume start over); the final chunk is the commit
+            goal = min(-(-int(KILL_AT * total * 1000) // 1000), total - 2)
+            proc = _gcs_writer(url, "ckpt.pt", source, options, f"pause-at-acked:{goal}")
+            try:
+                assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+                if proc.stdout.readline().strip() != "paused":
+                    raise RuntimeError("gcs: the writer ended before the kill")
+                slow.freeze()  # nothing more reaches the server
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(60)
+        finally:
+            slow.stop()  # the chunk in flight never completes
         landed = _gcs_acked(door)
         if landed >= total:
             raise RuntimeError("gcs: every chunk landed before the kill")

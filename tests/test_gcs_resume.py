@@ -1,9 +1,11 @@
 """GCS uploads of a local file that resume after the writer was SIGKILLed (fake-gcs-server).
 
 fake-gcs-server puts a proxy's endpoint in its session URIs, so every chunk goes through that
-proxy. A writer subprocess ``put_file``s a file through it, slowed, one chunk at a time; once the
-backdoor shows the resume state listing enough chunks the proxy stops forwarding, the writer is
-SIGKILLed and the proxy closed (the chunk in flight never completes). The next ``put_file`` goes
+proxy. A writer subprocess ``put_file``s a file through it, slowed, one chunk at a time; once its
+resume state says enough chunks were acknowledged and none is in flight, the writer stops there,
+the proxy stops forwarding, the writer is SIGKILLed and the proxy closed. (A writer killed with a
+chunk in flight, which fake-gcs-server cannot be asked about, starts over:
+``tests/test_gcs_resume_races.py``.) The next ``put_file`` goes
 through a new proxy on the same port that counts the bytes sent. Assertions read the bucket
 through the backdoor (raw JSON API).
 """
@@ -11,6 +13,10 @@ through the backdoor (raw JSON API).
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +30,7 @@ from commitstore.testing import GcsBackdoor, Target, record_path
 from .helpers import resumekill
 from .helpers.faultproxy import FaultProxy
 from .helpers.gcsserver import BUCKET, FakeGcs
-from .helpers.resumekill import NAME, kill_when_landed, random_file, read_state
+from .helpers.resumekill import NAME, ROOT_DIR, random_file, read_state
 from .helpers.samba import free_port
 
 MiB = 1024 * 1024
@@ -98,22 +104,43 @@ def landed(t: Target) -> int:
 def kill_mid_upload(
     proxied: Proxied, t: Target, src: Path, before: bytes | None = None
 ) -> dict[str, Any]:
-    """Run a ``put_file`` writer of ``src`` as ``NAME`` through a slowed proxy; once the state
-    lists ``LANDED`` chunks the proxy stops forwarding, the writer is SIGKILLed and the proxy
-    closed. Returns the state left (nothing was published: ``NAME`` still holds ``before``)."""
+    """Run a ``put_file`` writer of ``src`` as ``NAME`` through a slowed proxy; right after its
+    state says ``LANDED`` chunks were acknowledged (none in flight) the writer stops, the proxy
+    stops forwarding, the writer is SIGKILLed and the proxy closed. Returns the state left
+    (nothing was published: ``NAME`` still holds ``before``)."""
     slow = proxied.proxy()
     slow.set(delay=0.01, faulty=None)
     url = proxied.server.url(door(t).prefix)
-    env = {"WRITER_STORE_OPTIONS": json.dumps(proxied.options())}
-    got = kill_when_landed(
-        url, src, env, slow=slow, landed=lambda: landed(t), goal=LANDED, timeout=120, poll=0.01
-    )
-    assert got >= LANDED, f"only {got} chunks landed"
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.putwriter", url, NAME, str(src)],
+            cwd=ROOT_DIR,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "WRITER_STORE_OPTIONS": json.dumps(proxied.options()),
+                "WRITER_GCS_AT": f"pause-at-acked:{LANDED}",
+            },
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            assert proc.stdout.readline().strip() == "paused"
+            slow.freeze()  # nothing more reaches the server
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+    finally:
+        slow.stop()
+    assert landed(t) == LANDED
     assert door(t).read(NAME) == before
     if before is None:
         assert door(t).read(record_path(NAME)) is None
-    _where, state = read_state(door(t))
-    assert LANDED * CHUNK <= state["gcs"]["sent"] < SIZE
+    (where,) = states(t)
+    state: dict[str, Any] = json.loads(door(t).read(where) or b"")
+    assert state["gcs"]["sent"] == len(state["gcs"]["crc32c"]) * CHUNK  # none in flight
     return state
 
 

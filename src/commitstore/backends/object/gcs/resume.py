@@ -5,8 +5,10 @@ S3's (``backends/object/resume.py``: ``UploadState``): ``upload_id`` is the sess
 is empty, and the GCS-only fields sit under ``"gcs"``: ``sent`` (the bytes the server acknowledged,
 in whole chunks), ``create_only`` (the session's ``ifGenerationMatch=0``) and ``crc32c`` (chunk
 number -> CRC32C, 8 hex digits, of each chunk acknowledged, and of the one being sent when the state
-was written: it is rewritten just before each chunk is sent). S3's parser reads it too (gc finds the
-session it names with ``upload_id_of``).
+was written: it is rewritten just before each chunk is sent, ``sent`` then one chunk short of the
+list, and again once its answer came, ``sent`` then the end of the list: no chunk in flight, the
+only state whose offset a resume without a status query takes). S3's parser reads it too (gc
+finds the session it names with ``upload_id_of``).
 
 Nothing in it is trusted on its own: a state that does not parse, names another name, key,
 chunk size, session mode or source, or a session URI that is not an upload of this very key on

@@ -23,7 +23,7 @@ from commitstore.backends.object.bodies import ViewReader
 from commitstore.backends.object.gcs.resume import GcsState, session_of
 from commitstore.backends.object.resume import KeepsState, StateFile
 from commitstore.backends.object.upload import ObjectStat, Upload, Written, done
-from commitstore.errors import CommitError, CommitStoreError
+from commitstore.errors import CommitError, CommitStoreError, NotFoundError
 from commitstore.layout import Parts
 
 MiB = 1024 * 1024
@@ -79,7 +79,10 @@ class GcsUpload(KeepsState[GcsState], Upload):
 
     Offered a local source (:meth:`resume`), the session keeps its state on the target (the
     session URI, each chunk's CRC32C: ``gcs/resume.py``), rewritten just before each chunk is
-    sent, so a later attempt from the same unchanged source sends only what the server lacks."""
+    sent (listing it: in flight) and again once its answer came (none in flight), so a later
+    attempt from the same unchanged source sends only what the server lacks. A chunk the
+    server answers 404 (the session finalised by another writer that resumed it, or
+    cancelled) is a ``CommitError``."""
 
     max_inflight = 1
 
@@ -100,6 +103,7 @@ class GcsUpload(KeepsState[GcsState], Upload):
             remove=lambda where: backend.delete_key(where, backend.key(where)),
         )
         self._held = 0  # resumed: the bytes the session holds (chunks not sent again)
+        self._unconfirmed = False  # resumed on the state's word (no status query)
         self.reused_bytes = 0
 
     def send_part(
@@ -132,23 +136,52 @@ class GcsUpload(KeepsState[GcsState], Upload):
             }
             if final:
                 headers["x-goog-hash"] = f"crc32c={self.checksum()}"
+                self._finalisable()
             else:  # listed before it is sent: whatever the server took, the state covers
                 self._save_state(number, crc)
             # Sent straight from the part's buffer (no copy of the chunk).
-            _headers, txt = b.call(
-                "uploading",
-                self._parts,
-                "POST",
-                self._location,
-                headers=headers,
-                data=ViewReader(chunk[skip:]),
-            )
+            try:
+                _headers, txt = b.call(
+                    "uploading",
+                    self._parts,
+                    "POST",
+                    self._location,
+                    headers=headers,
+                    data=ViewReader(chunk[skip:]),
+                )
+            except NotFoundError as exc:
+                raise self._session_gone() from exc
         self._offset += length
         if not final:
+            self._save_acked()
             return done(None)
         self._location = None  # finalised: nothing left to cancel
         self._drop_state()
         return done(json.loads(txt) if txt else {})
+
+    def _finalisable(self) -> None:
+        """Just before the final request of a session resumed on the state's word (no status
+        query, :meth:`_held_by`): a fresh stat must still find no object under the name. The
+        finalisation replaces what stands there before the post-upload check can fail, and the
+        bytes this session holds are confirmed by nothing but that check (another writer may
+        have resumed the same session and sent into it): an object committed since the resume
+        makes this a ``CommitError``, with nothing finalised (the session is cancelled)."""
+        if not self._unconfirmed:
+            return
+        if self._b.head(self._parts) is not None:
+            raise CommitError(
+                f"{self._b.shown(self._parts)}: an object was committed under the name while this "
+                "resumed upload ran; the resumed session was not finalised (nothing replaced)"
+            )
+
+    def _session_gone(self) -> CommitError:
+        """The error for a chunk the server answered 404: the session is gone (finalised by
+        another writer that resumed it, or cancelled): this write failed, the name is not
+        missing (a ``CommitError``, never a ``NotFoundError``)."""
+        return CommitError(
+            f"{self._b.shown(self._parts)}: the upload session is gone (finalised by another "
+            "writer that resumed it, or cancelled); nothing was published by this upload"
+        )
 
     def _reused(self, number: int, crc: str, length: int) -> int:
         """The bytes of chunk ``number`` (of CRC32C ``crc``, computed from the bytes written)
@@ -194,7 +227,9 @@ class GcsUpload(KeepsState[GcsState], Upload):
         a source of this very ``identity``, and a session URI of this key on this endpoint; the
         offset comes from the server's answer to a status query where the endpoint answers one
         (GCS), else (fake-gcs-server, whose status query would finalise the object) from the
-        state, checked only by the finalisation (see ``docs/guarantees.md``); every chunk below
+        state, only when it says no chunk was in flight and no object stands under the name,
+        which a fresh stat checks again just before the final request (:meth:`_finalisable`;
+        see ``docs/guarantees.md``); every chunk below
         it must have the CRC32C the state lists for it over the same bytes of ``source`` read
         now (and :meth:`send_part` checks each again against the bytes written). Otherwise the
         state is dropped (its session cancelled when it is this key's: never another URL) and
@@ -219,6 +254,7 @@ class GcsUpload(KeepsState[GcsState], Upload):
             held = self._held_by(found, size)
             if 0 < held < size and self._all_match(found, held, source):
                 self._location, self._held = found.session, held
+                self._unconfirmed = not self._b.probe_status_queries()  # known by now: cached
                 found.sent = held - held % self.part_size
                 # the chunks that hold a byte below the offset (one partly, where the server
                 # kept part of a chunk), each checked again in send_part
@@ -238,13 +274,17 @@ class GcsUpload(KeepsState[GcsState], Upload):
 
     def _held_by(self, found: GcsState, size: int) -> int:
         """The bytes the session holds: the server's answer to a status query where the
-        endpoint answers one as a query, else the state's acknowledged chunks; -1 when the
-        session is gone or finalised, or the server holds more than the state lists."""
+        endpoint answers one as a query, else the state's acknowledged chunks, only when the
+        state says no chunk was in flight (a chunk listed past ``sent``: the server may hold it,
+        and nothing can ask); -1 when the session is gone or finalised, the server holds more
+        than the state lists, or (no status query) a chunk was in flight or an object stands."""
         try:
             answers = self._b.probe_status_queries()
         except CommitStoreError:  # not known: nothing is resumed on a guess
             return -1
         if not answers:
+            if found.sent != len(found.crc32c) * self.part_size:
+                return -1  # killed with a chunk in flight: the server may be past ``sent``
             # the state's word is checked only by the finalisation, which replaces what stands
             # under the name before its check can fail: taken only when nothing stands there
             # (an overwrite of a committed object starts over instead, so it never loses it)
@@ -299,6 +339,17 @@ class GcsUpload(KeepsState[GcsState], Upload):
         if state is None or not state.session:
             return
         state.crc32c[number] = crc
+        state.sent = self._offset
+        self._file.write(state.to_bytes())
+
+    def _save_acked(self) -> None:
+        """Rewrite the state once a (non-final) chunk's answer came: ``sent`` is then the end
+        of the chunks it lists, which says no chunk is in flight (:meth:`_held_by` trusts the
+        state's offset without a status query only then). A failed write is logged: the state
+        still lists the chunk as in flight, and a resume without a status query starts over."""
+        state = self._state
+        if state is None or not state.session:
+            return
         state.sent = self._offset
         self._file.write(state.to_bytes())
 
