@@ -23,7 +23,7 @@ import pytest
 
 from commitstore import open_store
 from commitstore.backends.object.resume import source_identity
-from commitstore.backends.object.s3.upload import STALE_BEATS
+from commitstore.backends.object.s3.upload import STALE_BEATS, upload_marker
 from commitstore.layout import resume_parts
 from commitstore.testing import S3Backdoor, Target, record_path
 
@@ -152,7 +152,14 @@ def put_counted(
     assert report.ok, report
     assert sorted(u["UploadId"] for u in uploads(t)) == sorted(u["UploadId"] for u in keep)
     assert states(t) == []
+    # no marker outlives its upload (a kept upload's marker may stay, with it)
+    assert set(markers(t)) <= {"/".join(upload_marker(u["UploadId"])) for u in keep}
     return sent
+
+
+def markers(t: Target) -> list[str]:
+    """The writers' upload markers left in the bucket (backdoor)."""
+    return sorted(f for f in door(t).files() if f.startswith(".commitstore/uploads/"))
 
 
 def test_resume_sends_only_the_missing_parts(s3: tuple[S3Server, Target], source: Path) -> None:
@@ -440,3 +447,17 @@ def _no_leftovers(s3: tuple[S3Server, Target]) -> Iterator[None]:
     _, t = s3
     for u in uploads(t):
         door(t).client.abort_multipart_upload(Bucket=BUCKET, Key=u["Key"], UploadId=u["UploadId"])
+
+
+def test_gc_removes_a_marker_whose_upload_ended(s3: tuple[S3Server, Target]) -> None:
+    """A writer killed between its upload's end and its marker's removal leaves a marker no
+    upload lists: gc ages it like the rest (kept while younger than min_age) and removes it."""
+    _server, t = s3
+    t.store.put_bytes("a.bin", b"a")
+    planted = "/".join(upload_marker("no-such-upload"))
+    door(t).write(planted, b'{"heartbeat": 0.5}')
+    t.reopen().gc()  # default min_age: a fresh marker stays
+    assert markers(t) == [planted]
+    t.reopen().gc(min_age=0)
+    assert markers(t) == []
+    assert door(t).read("a.bin") == b"a"

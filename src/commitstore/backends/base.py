@@ -529,6 +529,13 @@ class Backend(abc.ABC):
         uploads are aborted by gc's pass over the unfinished uploads)."""
         del state
 
+    def orphan_markers(self, uploads: list[PendingUpload]) -> list[tuple[Parts, float | None]]:
+        """The writers' upload markers (object stores that keep them) whose upload is not
+        among ``uploads`` (the pending uploads just listed): left by a writer killed between
+        its upload's end and its marker's removal. Each with its modification time (None:
+        unknown), for gc to age. Default: none."""
+        return []
+
     def abort_upload(self, upload: PendingUpload) -> None:
         """Abort one unfinished upload (object stores)."""
         raise NotImplementedError(f"{type(self).__name__} has no uploads to abort")

@@ -159,6 +159,9 @@ def collect(backend: Backend, *, min_age: float, dry_run: bool) -> GcReport:
         elif not dry_run:
             with contextlib.suppress(NotFoundError):  # completed (or aborted) since listed
                 backend.abort_upload(up)
+    for parts, mtime in backend.orphan_markers(uploads):  # their uploads ended: never aged
+        if judge("/".join(parts), "upload marker", mtime) and not dry_run:
+            backend.remove(parts)
     for path, why in _resumestate.collect(backend, judge, live, dry_run=dry_run):
         kept.append(GcItem(path, "resume", None, why))
     committed = _owned.Committed.scan(backend)

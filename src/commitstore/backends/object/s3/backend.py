@@ -37,10 +37,16 @@ from commitstore.backends.object.s3.errors import probe_conditional_create, tran
 from commitstore.backends.object.s3.listing import list_prefix
 from commitstore.backends.object.s3.reads import S3RangedReader
 from commitstore.backends.object.s3.timestamps import fast_session
-from commitstore.backends.object.s3.upload import S3Upload, body_md5, content_md5, upload_marker
+from commitstore.backends.object.s3.upload import (
+    UPLOADS_DIR,
+    S3Upload,
+    body_md5,
+    content_md5,
+    upload_marker,
+)
 from commitstore.backends.object.upload import ObjectStat, Upload
 from commitstore.errors import CommitError, ConfigurationError, NotFoundError
-from commitstore.layout import Parts
+from commitstore.layout import META_DIR, Parts
 
 MiB = 1024 * 1024
 MAX_SINGLE_PUT = 5 * 1024 * MiB
@@ -311,6 +317,12 @@ class S3Backend(ObjectBackend):
             if not page.get("IsTruncated"):
                 return times
             marker = {"PartNumberMarker": page.get("NextPartNumberMarker")}
+
+    def orphan_markers(self, uploads: list[PendingUpload]) -> list[tuple[Parts, float | None]]:
+        listed = {upload_marker(up.upload_id) for up in uploads}
+        where = (META_DIR, UPLOADS_DIR)
+        found = [((*where, *rel), info.mtime) for rel, info in self.walk(where)]
+        return [(parts, mtime) for parts, mtime in found if parts not in listed]
 
     def abort_upload(self, upload: PendingUpload) -> None:
         if not upload.key.startswith(self.dir_prefix(())):

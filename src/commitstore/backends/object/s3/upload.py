@@ -396,15 +396,20 @@ class S3Upload(KeepsState[ResumeState], Upload):
             self._file.start_over()
             return
         upload_id = found.upload_id  # another source, or not to trust: aborted
-        self._file.start_over(
-            lambda: self._b.call(
-                "aborting the upload of",
-                self._parts,
-                "abort_multipart_upload",
-                Key=self._key,
-                UploadId=upload_id,
-            )
+        self._file.start_over(lambda: self._abort_earlier(upload_id))
+
+    def _abort_earlier(self, upload_id: str) -> None:
+        """Abort an earlier attempt's upload of this key (dead, or not to trust), then remove
+        its writer's marker (:func:`upload_marker`), which nothing else would remove."""
+        self._b.call(
+            "aborting the upload of",
+            self._parts,
+            "abort_multipart_upload",
+            Key=self._key,
+            UploadId=upload_id,
         )
+        marker = upload_marker(upload_id)
+        self._b.call("removing", marker, "delete_object", Key=self._b.key(marker))
 
     def _live(
         self,
