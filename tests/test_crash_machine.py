@@ -368,8 +368,8 @@ def _gc_ignores_live_local_writers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_liveness, "is_held", lambda folder, name: False)
 
     @contextlib.contextmanager
-    def claimed(open_folder: Any, name: str) -> Iterator[bool]:
-        yield True
+    def claimed(open_folder: Any, name: str) -> Iterator[str | None]:
+        yield None
 
     monkeypatch.setattr(_liveness, "claimed", claimed)
 

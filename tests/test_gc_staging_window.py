@@ -9,12 +9,18 @@ most exposed, each reached deterministically by pausing the writer there:
 - a folder replace between its exchange and its removal of the old folder (now under the
   staging name, held by no writer): gc may remove it first, and the replace returns durable,
   without a note;
-- a staging entry that vanishes while gc looks at it is skipped, not an error.
+- a staging entry that vanishes while gc looks at it is skipped, not an error;
+- a ``begin_folder`` staging folder is made and locked under the same protocol, and held from
+  ``begin_folder`` on: gc keeps it (and the file a joiner that exited left there) while the
+  coordinator lives, and a folder moved in (``move_in``) is held as soon as it is there;
+- what gc keeps because a writer is between a create and its lock in that folder says so (not
+  "held by a live writer": no writer holds those entries).
 
 Every check of storage reads the raw files (``LocalBackdoor``)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -49,6 +55,26 @@ def _gc_elsewhere(root: Path) -> str:
         env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
     )
     return out.stdout.strip()
+
+
+def _gc_report_elsewhere(root: Path) -> dict[str, Any]:
+    """``gc(min_age=0)`` of the store at ``root`` in a separate process: what it removed, and
+    what it kept with its reasons."""
+    code = (
+        "import json, commitstore; "
+        f"r = commitstore.open_store({str(root)!r}).gc(min_age=0); "
+        "print(json.dumps({'removed': sorted(i.path for i in r.removed), "
+        "'kept': sorted([i.path, i.reason] for i in r.kept)}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
 
 
 def _gc_started(root: Path) -> subprocess.Popen[str]:
@@ -214,6 +240,107 @@ def test_gc_skips_what_another_remover_takes_while_it_removes(tmp_path: Path) ->
     assert out.stdout.strip() == "2 ['staging']"
     assert _staging_left(door) == []
     assert door.read("keep.bin") == b"k"
+
+
+_DEAD = f"{STAGING_PREFIX}0123456789abcdef.dead.pt"
+"""A staging file a dead writer left at the store's root (no lock on it)."""
+
+
+_CREATING = "a writer is creating an entry in this folder"
+_HELD = "held by a live writer"
+
+
+def test_gc_says_why_it_keeps_entries_beside_a_writer_creating_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer between its staging file's create and its lock holds the folder's creation
+    lock: gc keeps every entry of that folder, a dead writer's too, with that reason (no
+    writer holds the dead one), and removes the dead one once the folder is free."""
+    root = tmp_path / "s"
+    store, door = open_store(root), LocalBackdoor(root)
+    door.write(_DEAD, b"dead")
+    reports: list[dict[str, Any]] = []
+    seen = _pause_before_lock(monkeypatch, lambda: reports.append(_gc_report_elsewhere(root)))
+    store.put_bytes("a.bin", b"new")
+    assert reports == [{"removed": [], "kept": [[_DEAD, _CREATING], [seen[0], _CREATING]]}]
+    assert _gc_report_elsewhere(root) == {"removed": [_DEAD], "kept": []}
+    assert door.read("a.bin") == b"new"
+
+
+def test_gc_between_begin_folder_create_and_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``begin_folder`` makes its staging folder under the root's creation lock: gc, run
+    while the writer is between the make and its own lock, keeps the folder and, for the
+    same reason, a dead writer's entry beside it, saying why (no writer holds either)."""
+    root = tmp_path / "s"
+    store, door = open_store(root), LocalBackdoor(root)
+    door.write(_DEAD, b"dead")
+    reports: list[dict[str, Any]] = []
+    seen = _pause_before_lock(monkeypatch, lambda: reports.append(_gc_report_elsewhere(root)))
+    fw = store.begin_folder("ck")
+    area = seen[0]
+    assert door.is_dir(area)  # made by begin_folder itself
+    creating = _CREATING
+    assert reports == [{"removed": [], "kept": [[_DEAD, creating], [area, creating]]}]
+    a = fw.write_bytes("a.bin", b"a" * 100)
+    again = _gc_report_elsewhere(root)  # the writer holds its folder: only the dead entry goes
+    assert again == {"removed": [_DEAD], "kept": [[area, _HELD]]}
+    fw.commit([a])
+    assert door.read("ck/a.bin") == b"a" * 100
+    assert _staging_left(door) == []
+
+
+_JOINER = """
+import json, sys, commitstore
+fw = commitstore.open_store(sys.argv[1]).join_folder(sys.argv[2])
+r = fw.write_bytes("part-1.bin", b"j" * 5000)
+print(json.dumps([r.path, r.size, r.digest]))
+"""
+
+
+def test_gc_keeps_a_joiners_file_while_the_coordinator_lives(tmp_path: Path) -> None:
+    """A coordinator that writes no file itself holds its staging folder from
+    ``begin_folder``: a joiner's file, left there by a joiner process that exited, is not
+    taken by gc (min_age=0) before the coordinator commits it."""
+    root = tmp_path / "s"
+    store, door = open_store(root), LocalBackdoor(root)
+    fw = store.begin_folder("ck")
+    out = subprocess.run(
+        [sys.executable, "-c", _JOINER, str(root), fw.token],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
+    joined = commitstore.FileRecord(*json.loads(out.stdout))
+    report = _gc_report_elsewhere(root)
+    assert report["removed"] == []
+    assert [reason for _path, reason in report["kept"]] == [_HELD]
+    fw.commit([joined])
+    assert door.read("ck/part-1.bin") == b"j" * 5000
+    assert _staging_left(door) == []
+
+
+def test_gc_keeps_a_folder_moved_in(tmp_path: Path) -> None:
+    """``move_in`` renames the caller's folder onto the (empty) staging folder and holds the
+    moved one at once: gc (min_age=0) keeps it until the commit."""
+    root = tmp_path / "s"
+    store, door = open_store(root), LocalBackdoor(root)
+    src = tmp_path / "trainer_out"
+    (src / "sub").mkdir(parents=True)
+    (src / "w.bin").write_bytes(b"w" * 10)
+    (src / "sub" / "c.json").write_bytes(b"{}")
+    fw = store.begin_folder("ck")
+    files = fw.move_in(src)
+    assert files is not None and not src.exists()
+    report = _gc_report_elsewhere(root)
+    assert report["removed"] == []
+    assert [reason for _path, reason in report["kept"]] == [_HELD]
+    fw.commit(files)
+    assert door.read("ck/w.bin") == b"w" * 10
+    assert door.read("ck/sub/c.json") == b"{}"
+    assert _staging_left(door) == []
 
 
 class _null:

@@ -10,7 +10,8 @@ through the one commit path (``_commit.Committer``: pending record, data, record
 Where the files are staged:
 
 - Storage with staging names (local disks, SMB, FUSE bridges): a staging folder beside the name,
-  ``<parent>/.commitstore.tmp.<id>.<last>`` (``layout.staging_part``), created by the first file.
+  ``<parent>/.commitstore.tmp.<id>.<last>`` (``layout.staging_part``), made by ``begin_folder``
+  (again by ``join_folder`` if missing) and held by each writer from there to its commit or abort.
   Each file goes through the backend's own file sink into it (staged under a staging name there,
   flushed, checked per the strategy's policy, renamed in). A killed writer leaves only names
   under the staging folder; gc removes it once everything in it is older than ``min_age``.
@@ -191,6 +192,8 @@ class FolderWrite:
         self._beat: _slots.Beat | None = None
         if _in_place(committer.backend):
             self._start_beat()
+        else:
+            self._hold(committer.backend)  # from begin/join on: gc never takes it meanwhile
 
     def __repr__(self) -> str:
         return f"<FolderWrite {self._t.name!r} {'committed' if self.record else 'open'}>"
@@ -318,19 +321,22 @@ class FolderWrite:
             beat.stop()
 
     def _hold(self, backend: Backend) -> None:
-        """Local stores, before the first file's sink: the staging folder made (if missing)
-        and a shared ``flock`` on the folder itself for this writer's life (``_liveness``), so
-        gc keeps the folder, whatever its age, while any writer of it lives, between its files
-        too; the kernel drops it when the process dies. A folder gc removed between its make
-        and the lock (none held it: ``StagingTaken``) is made again. Released by
-        :meth:`commit` and :meth:`abort`."""
+        """Local stores, from :func:`begin` or :func:`join` on (again before each file's sink
+        if that failed): the staging folder made (if missing) and a shared ``flock`` on the
+        folder itself for this writer's life, the make and the lock under the parent folder's
+        creation lock (``_liveness.hold_shared_folder``), so gc never finds it made and not
+        yet locked, and keeps it, whatever its age, while any writer of it lives, between its
+        files too; the kernel drops it when the process dies. A folder gc held (removing it:
+        no writer held it, so the write's files, if any, are gone with it) or removed before
+        the lock (``StagingTaken``) is made again under its name; after
+        :data:`_TAKEN_ATTEMPTS` such takes, CommitError naming gc. Released by :meth:`commit`
+        and :meth:`abort`."""
         area = self._area()
         if self._held is not None or backend.local_path(area) is None:
             return
         for _attempt in range(_TAKEN_ATTEMPTS):
             try:
-                backend.make_folders(area)  # never via a symlink
-                self._held = backend.hold_folder(area)
+                self._held = backend.hold_folder(area)  # never via a symlink
                 return
             except StagingTaken:
                 continue  # gc removed it (no writer held it) before this lock: made again
@@ -358,15 +364,18 @@ class FolderWrite:
         written yet; then hash and sync its files and return their records. None (``src``
         untouched) where that is not possible: copy the files instead."""
         area, backend = self.local_area(), self._c.backend
-        if area is None or area.exists():
+        if area is None:
             return None
         try:
             backend.make_folders(self._area()[:-1])  # never via a symlink
             if os.stat(src).st_dev != os.stat(area.parent).st_dev:
                 return None
-            os.rename(src, area)
-        except OSError:
-            return None
+            # renamed onto the (empty) staging folder and held, as _hold makes and holds it
+            held = backend.hold_folder(self._area(), move_from=os.fspath(src))
+        except (OSError, StagingTaken):
+            return None  # a file is there already, or gc claims an entry beside it now
+        self._release()  # the lock on the empty folder the move replaced
+        self._held = held
         try:
             files = hash_and_sync_tree(area)
         except BaseException:

@@ -348,11 +348,18 @@ class Backend(abc.ABC):
         Default: None."""
         return None
 
-    def hold_folder(self, parts: Parts) -> object | None:
-        """Take this process's liveness lock on the existing staging folder ``parts`` (kept
-        until :meth:`release_folder`; the kernel drops it if the process dies): while it is
-        held, gc never removes the folder, whatever its age. None where the store has no such
-        lock or the folder cannot be locked. Default: None."""
+    def hold_folder(self, parts: Parts, *, move_from: str | None = None) -> object | None:
+        """Take this process's liveness lock on the staging folder ``parts``, made if missing
+        (or, with ``move_from``, that local folder renamed onto it, missing or empty), kept
+        until :meth:`release_folder`; the kernel drops it if the process dies: while it is
+        held, gc never removes the folder, whatever its age, and gc never finds it made and
+        not yet locked. None where the store has no such lock or the folder cannot be locked.
+        Default: None.
+
+        Raises:
+            StagingTaken: gc held the folder (removing it) before this lock: make it again.
+            OSError: the folder cannot be made, or (``move_from``) nothing could be moved.
+        """
         return None
 
     def release_folder(self, held: object) -> None:
@@ -507,12 +514,13 @@ class Backend(abc.ABC):
         (False); the entry is aged by its modification times."""
         return False
 
-    def claimed(self, parts: Parts) -> contextlib.AbstractContextManager[bool]:
-        """gc's hold on the staging entry ``parts`` while it judges and removes it: False if a
-        live writer holds it (kept, whatever its age); True otherwise, and where the store has
-        a liveness lock no writer can take the entry until the block ends (a writer that made
-        it but had not locked it yet gives it up: ``StagingTaken``). Default: :meth:`held`."""
-        return contextlib.nullcontext(not self.held(parts))
+    def claimed(self, parts: Parts) -> contextlib.AbstractContextManager[str | None]:
+        """gc's hold on the staging entry ``parts`` while it judges and removes it: why it is
+        kept (a live writer holds it: "held by a live writer", whatever its age; a writer is
+        making an entry beside it right now), or None, and where the store has a liveness lock
+        no writer can take the entry until the block ends (a writer that made it but had not
+        locked it yet gives it up: ``StagingTaken``). Default: :meth:`held`."""
+        return contextlib.nullcontext("held by a live writer" if self.held(parts) else None)
 
     def pending_uploads(self) -> list[PendingUpload]:
         """Unfinished uploads under this store's root (object stores); none elsewhere."""

@@ -58,7 +58,10 @@ class GcItem:
     age: float | None
     """Seconds since it was last modified (started, for uploads); None when unknown."""
     reason: str = ""
-    """Why it was kept (``"younger than min_age"``, ``"unknown mtime"``), or empty if removed."""
+    """Why it was kept (``"younger than min_age"``, ``"unknown mtime"``; local staging entries:
+    ``"held by a live writer"``, or ``"a writer is creating an entry in this folder"`` while a
+    writer is between an entry's create and its lock there, when no entry of the folder is
+    taken), or empty if removed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +199,9 @@ def _staging_entry(
     by its writer; the old version a replace exchanged out, removed by that replace) is skipped.
     """
     try:
-        with backend.claimed(root) as free:
-            if not free:  # a live writer's, whatever its age
-                kept.append(GcItem("/".join(root), "staging", None, "held by a live writer"))
+        with backend.claimed(root) as why_kept:
+            if why_kept is not None:  # a live writer's, whatever its age (or one is near)
+                kept.append(GcItem("/".join(root), "staging", None, why_kept))
                 return
             info = backend.stat(root)
             if info is None:

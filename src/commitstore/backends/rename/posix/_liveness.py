@@ -14,6 +14,10 @@ find it free. gc therefore removes an entry only while it holds an exclusive loc
 still names the entry it locked (:func:`hold`): refused (gc holds it) or gone, the writer gives
 that entry up (:class:`~commitstore.backends.base.StagingTaken`) and makes a new one. Once a
 writer holds its lock on the entry at its name, no gc can take it: gc's lock is refused.
+A ``begin_folder`` staging folder keeps its name (the write's, which its writers share): made
+and held the same way (:func:`hold_shared_folder`), it is made again under that name when gc
+took it, and held by its coordinator from ``begin_folder`` on, so that gc never takes the files
+a writer that exited left there while the coordinator lives.
 
 Where ``flock`` is not supported (some network filesystems) nothing is held: the entry is aged
 by its modification times as before.
@@ -107,35 +111,84 @@ def creating(folder: int) -> Iterator[None]:
     create and its lock. Never waits: refused (gc is claiming another entry there right now)
     or unsupported, the writer goes on without it and :func:`hold` tells it if gc took the
     entry."""
-    try:
-        fcntl.flock(folder, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        yield
-        return
+    locked = _lock_shared(folder)
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):
-            fcntl.flock(folder, fcntl.LOCK_UN)
+        if locked:
+            with contextlib.suppress(OSError):
+                fcntl.flock(folder, fcntl.LOCK_UN)
+
+
+def _lock_shared(folder: int) -> bool | None:
+    """:func:`creating`'s lock: True taken, False refused (gc claims an entry there right
+    now), None where ``flock`` is not supported."""
+    try:
+        fcntl.flock(folder, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    return True
+
+
+def hold_shared_folder(folder: int, name: str, *, move_from: str | None = None) -> Held | None:
+    """The staging folder ``name`` of ``folder`` that several writers share (a
+    ``begin_folder`` staging area: its name is the write's, never a new one), made if missing
+    (or, with ``move_from``, that local folder renamed onto it: ``name`` must then be missing
+    or an empty folder), then held (:func:`hold`), all under :func:`creating`'s lock on
+    ``folder``: gc never finds the folder made (or moved in) and not yet locked. A folder that
+    already exists (another writer of the same write made it) is held as it is. None where
+    ``flock`` is not supported here.
+
+    Raises:
+        StagingTaken: gc holds the folder (it is removing it: no writer held it) or removed it
+            before the lock (only without the folder's lock); the caller makes it again.
+        OSError: the folder cannot be made or opened; with ``move_from``, also when the
+            folder's lock is refused (nothing is moved: gc could take the moved folder before
+            its lock) or ``name`` holds files (nothing is moved).
+    """
+    locked = _lock_shared(folder)
+    try:
+        if move_from is None:
+            with contextlib.suppress(FileExistsError):  # another writer of this write made it
+                os.mkdir(name, 0o777, dir_fd=folder)
+        elif locked is False:
+            raise BlockingIOError(f"{name}: gc is claiming an entry beside it; nothing moved")
+        else:
+            os.rename(move_from, name, dst_dir_fd=folder)
+        return hold(folder, name)
+    finally:
+        if locked:
+            with contextlib.suppress(OSError):
+                fcntl.flock(folder, fcntl.LOCK_UN)
+
+
+HELD = "held by a live writer"
+"""gc's reason for keeping an entry a live writer holds (:func:`claimed`)."""
+CREATING = "a writer is creating an entry in this folder"
+"""gc's reason for keeping an entry whose folder a writer holds between an entry's create and
+its lock (:func:`creating`): that writer's entry may be any of the folder's, so none is taken
+now; the next gc judges it again."""
 
 
 @contextlib.contextmanager
-def claimed(open_folder: Callable[[], int], name: str) -> Iterator[bool]:
-    """gc's hold on entry ``name`` of the folder ``open_folder`` opens: True (an exclusive lock
+def claimed(open_folder: Callable[[], int], name: str) -> Iterator[str | None]:
+    """gc's hold on entry ``name`` of the folder ``open_folder`` opens: None (an exclusive lock
     taken and kept until the block ends, so no writer can take the entry meanwhile; or nothing
-    to lock: the entry gone, or no ``flock`` here), False if a live writer holds it, or a
-    writer is making an entry in that folder right now (:func:`creating`): kept. Remove the
-    entry only inside the block."""
+    to lock: the entry gone, or no ``flock`` here), else why it is kept: :data:`HELD` (a live
+    writer holds it) or :data:`CREATING` (a writer is making an entry in that folder right now,
+    :func:`creating`). Remove the entry only inside the block."""
     try:
         folder = open_folder()
     except OSError:
-        yield True
+        yield None
         return
     try:
         fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:  # a writer between its create and its lock, here
         os.close(folder)
-        yield False
+        yield CREATING
         return
     except OSError:
         pass  # no flock here: aged by its times
@@ -143,19 +196,19 @@ def claimed(open_folder: Callable[[], int], name: str) -> Iterator[bool]:
         fd = os.open(name, _FLAGS, dir_fd=folder)
     except OSError:
         _unlock_close(folder)
-        yield True
+        yield None
         return
     try:
-        free = True
+        kept: str | None = None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            free = False
+            kept = HELD
         except OSError:
             pass  # no flock here: aged by its times
         _unlock_close(folder)  # writers make entries there again
         folder = -1
-        yield free
+        yield kept
     finally:
         os.close(fd)  # closing drops gc's lock
         if folder >= 0:

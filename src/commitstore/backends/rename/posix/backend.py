@@ -182,11 +182,13 @@ class LocalBackend(RenameBackend[int, Staging]):
         """The path of ``parts`` below the root (:meth:`path_of`)."""
         return Path(self.path_of(parts))
 
-    def hold_folder(self, parts: Parts) -> object | None:
-        """A shared ``flock`` on the staging folder itself (:meth:`hold`)."""
-        dirfd = self.open_dir(parts[:-1], create=False)
+    def hold_folder(self, parts: Parts, *, move_from: str | None = None) -> object | None:
+        """A shared ``flock`` on the staging folder itself, made if missing (its parents
+        too), or with ``move_from`` that local folder renamed onto it, under the folder's
+        creation lock (``_liveness.hold_shared_folder``)."""
+        dirfd = self.open_dir(parts[:-1], create=True)
         try:
-            return self.hold(dirfd, parts[-1])
+            return _liveness.hold_shared_folder(dirfd, parts[-1], move_from=move_from)
         finally:
             os.close(dirfd)
 
@@ -438,7 +440,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         finally:
             close_quietly(dirfd)
 
-    def claimed(self, parts: Parts) -> contextlib.AbstractContextManager[bool]:
+    def claimed(self, parts: Parts) -> contextlib.AbstractContextManager[str | None]:
         """gc's exclusive ``flock`` on the staging entry ``parts`` (``_liveness.claimed``)."""
         return _liveness.claimed(lambda: self.open_dir(parts[:-1], create=False), parts[-1])
 
