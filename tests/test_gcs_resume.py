@@ -13,10 +13,6 @@ through the backdoor (raw JSON API).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +26,7 @@ from commitstore.testing import GcsBackdoor, Target, record_path
 from .helpers import resumekill
 from .helpers.faultproxy import FaultProxy
 from .helpers.gcsserver import BUCKET, FakeGcs
-from .helpers.resumekill import NAME, ROOT_DIR, random_file, read_state
+from .helpers.resumekill import NAME, kill_when_paused, random_file, read_state
 from .helpers.samba import free_port
 
 MiB = 1024 * 1024
@@ -111,29 +107,11 @@ def kill_mid_upload(
     slow = proxied.proxy()
     slow.set(delay=0.01, faulty=None)
     url = proxied.server.url(door(t).prefix)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.putwriter", url, NAME, str(src)],
-            cwd=ROOT_DIR,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={
-                **os.environ,
-                "WRITER_STORE_OPTIONS": json.dumps(proxied.options()),
-                "WRITER_GCS_AT": f"pause-at-acked:{LANDED}",
-            },
-        )
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
-            assert proc.stdout.readline().strip() == "paused"
-            slow.freeze()  # nothing more reaches the server
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(30)
-    finally:
-        slow.stop()
+    env = {
+        "WRITER_STORE_OPTIONS": json.dumps(proxied.options()),
+        "WRITER_GCS_AT": f"pause-at-acked:{LANDED}",
+    }
+    kill_when_paused(url, src, env, slow=slow)
     assert landed(t) == LANDED
     assert door(t).read(NAME) == before
     if before is None:

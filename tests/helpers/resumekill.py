@@ -98,3 +98,23 @@ def kill_when_landed(
     finally:
         slow.stop()
     return got
+
+
+def kill_when_paused(url: str, src: Path, env: dict[str, str], *, slow: FaultProxy) -> None:
+    """Run a :func:`writer` of ``src`` told (in ``env``) where to pause; once it says
+    ``paused``, ``slow`` stops forwarding, the writer is SIGKILLed and ``slow`` closed.
+
+    Raises:
+        AssertionError: the writer ended before it paused."""
+    try:
+        proc = writer(url, src, env, stdin=True)
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            assert proc.stdout.readline().strip() == "paused", "the writer ended before the kill"
+            slow.freeze()  # nothing more reaches the server
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+    finally:
+        slow.stop()

@@ -335,14 +335,17 @@ class S3Upload(KeepsState[ResumeState], Upload):
         self._stop_alive()
         if self._upload_id is not None:
             upload_id, self._upload_id = self._upload_id, None
-            self._b.call(
-                "aborting the upload of",
-                self._parts,
-                "abort_multipart_upload",
-                Key=self._key,
-                UploadId=upload_id,
-            )
+            self._abort_id(upload_id)
         self._drop_state()
+
+    def _abort_id(self, upload_id: str) -> None:
+        self._b.call(
+            "aborting the upload of",
+            self._parts,
+            "abort_multipart_upload",
+            Key=self._key,
+            UploadId=upload_id,
+        )
 
     # -- resuming (``backends/object/resume.py``) ------------------------------------------
     def resume(self, identity: dict[str, Any], source: Rereadable) -> None:
@@ -401,13 +404,7 @@ class S3Upload(KeepsState[ResumeState], Upload):
     def _abort_earlier(self, upload_id: str) -> None:
         """Abort an earlier attempt's upload of this key (dead, or not to trust), then remove
         its writer's marker (:func:`upload_marker`), which nothing else would remove."""
-        self._b.call(
-            "aborting the upload of",
-            self._parts,
-            "abort_multipart_upload",
-            Key=self._key,
-            UploadId=upload_id,
-        )
+        self._abort_id(upload_id)
         marker = upload_marker(upload_id)
         self._b.call("removing", marker, "delete_object", Key=self._b.key(marker))
 
