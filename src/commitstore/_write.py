@@ -14,11 +14,12 @@ import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 from commitstore._commit import Committer, check_flag, check_new, make_record, mode_of
+from commitstore._sinkwrite import Fill, HashedWriter, aborting, write_bytes
 from commitstore._stagefile import Stage
-from commitstore.backends import CommitInfo, FileSink, PutMode, hash_and_sync_tree
+from commitstore.backends import FileSink, PutMode, hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
 from commitstore.errors import (
     CommitError,
@@ -33,8 +34,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 After = Callable[[Record], None]
-StageFn = Callable[..., Stage]
-"""``CommitStore.stage``: the puts go through it, so replication and retention follow."""
+"""Run once an artifact is committed (replication, automatic retention)."""
 
 
 def open_stage(
@@ -55,12 +55,10 @@ def open_stage(
     sink = committer.open_file(parts, mode)
 
     def finish(s: FileSink, size: int, digest: str) -> Record:
-        record = make_record(name, step, meta, size=size, digest=digest, alias=alias)
+        return committer.publish_file(parts, mode, s, (size, digest), version, started=started)
 
-        def publish_data() -> tuple[Record, CommitInfo]:
-            return record, s.publish(size=size, digest=digest)
-
-        return committer.commit(parts, mode, publish_data, intent=record, started=started)
+    def version(size: int, digest: str) -> Record:
+        return make_record(name, step, meta, size=size, digest=digest, alias=alias)
 
     def precheck() -> None:
         committer.check_place(parts)
@@ -85,11 +83,8 @@ def stage_dir(
     mode = mode_of(overwrite)
     started = time.monotonic()
     sink = committer.open_dir(parts, mode)
-    try:
+    with aborting(sink):
         yield sink.local_path
-    except BaseException:
-        sink.abort()
-        raise
 
     def dir_record(files: list[tuple[str, int, str]]) -> Record:
         entries = tuple(FileRecord(p, size, d) for p, size, d in files)
@@ -103,27 +98,19 @@ def stage_dir(
             kind="dir",
         )
 
-    try:
+    with aborting(sink):
         # Hashed once before anything is published, so the record is known first (the
         # commit's pending record); the sink hashes again as it publishes.
         intent = dir_record(hash_and_sync_tree(sink.local_path))
-
-        def publish_data() -> tuple[Record, CommitInfo]:
-            info = sink.publish()
-            same = sorted(info.files) == sorted((f.path, f.size, f.digest) for f in intent.files)
-            return (intent if same else dir_record(info.files)), info
-
-        record = committer.commit(parts, mode, publish_data, intent=intent, started=started)
-    except BaseException:
-        sink.abort()
-        raise
+    record = committer.publish_dir(parts, mode, sink, intent, dir_record, started=started)
     after(record)
 
 
 def put_bytes(
-    committer: Committer, stage: StageFn, name: str, data: Buffer, kw: dict[str, Any]
+    committer: Committer, name: str, data: Buffer, kw: dict[str, Any], *, after: After
 ) -> Record:
-    """Commit ``data`` as ``name`` through ``stage``, after checking the free space."""
+    """Commit ``data`` as ``name`` (``kw``: ``CommitStore.stage``'s options), after checking the
+    free space; ``after`` as :func:`open_stage`'s."""
     parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
     try:
         size = memoryview(data).nbytes
@@ -133,19 +120,16 @@ def put_bytes(
             f"{name}: data must be bytes-like, not {type(data).__name__}{hint}"
         ) from None
     committer.check_free(parts, size)
-    with stage(name, **kw) as st:
-        st.write(data)
-    assert st.record is not None
-    return st.record
+    return _commit_file(committer, name, write_bytes(data), kw, after)
 
 
 def put_file(
     committer: Committer,
-    stage: StageFn,
     name: str,
     local_path: str | os.PathLike[str],
     kw: dict[str, Any],
     *,
+    after: After,
     progress: Callable[[int], None] | None,
 ) -> Record:
     """Commit a local file as ``name``, streamed with constant memory; the source must keep its
@@ -155,13 +139,53 @@ def put_file(
     with src:
         size = os.fstat(src.fileno()).st_size
         committer.check_free(parts, size)
-        with stage(name, **kw) as st:
-            st.offer_source(PreadSource(src.fileno(), os.fspath(local_path)), size)
-            copy_chunks(src, st.write, progress=progress)
-            if st.tell() != size:
+
+        def fill(sink: FileSink) -> tuple[int, str]:
+            writer = HashedWriter(sink)
+            writer.offer(PreadSource(src.fileno(), os.fspath(local_path)), size)
+            copy_chunks(src, writer.write, progress=progress)
+            if writer.count != size:
                 raise CommitError(f"{local_path}: changed size while it was copied")
-    assert st.record is not None
-    return st.record
+            return writer.done(name)
+
+        return _commit_file(committer, name, fill, kw, after)
+
+
+def _commit_file(
+    committer: Committer, name: str, fill: Fill, kw: dict[str, Any], after: After
+) -> Record:
+    """``Committer.write_file`` of ``name`` with ``CommitStore.stage``'s options ``kw`` (checked
+    as it checks them, before any I/O), then ``after``."""
+    opts = _stage_options(**kw)
+    parts, step, meta = check_new(name, opts.step, opts.metadata)
+    check_flag(opts.alias, "alias")
+    mode = mode_of(opts.overwrite)
+    started = time.monotonic()
+
+    def version(size: int, digest: str) -> Record:
+        return make_record(name, step, meta, size=size, digest=digest, alias=opts.alias)
+
+    record = committer.write_file(parts, mode, fill, version, started=started)
+    after(record)
+    return record
+
+
+class _StageOptions(NamedTuple):
+    step: int | None
+    metadata: Mapping[str, Any] | None
+    overwrite: bool
+    alias: bool
+
+
+def _stage_options(
+    *,
+    step: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    alias: bool = False,
+) -> _StageOptions:
+    """``CommitStore.stage``'s keyword options (TypeError for any other, as ``stage`` raises)."""
+    return _StageOptions(step, metadata, overwrite, alias)
 
 
 class PreadSource:
