@@ -13,15 +13,13 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 from commitstore import _recordcache, _slots, _stagedcopies
-from commitstore._delete import Deletes
+from commitstore._filecommit import FileCommits, PublishData
 from commitstore._hierarchy import committed_below, shown
 from commitstore._scan import read_record
-from commitstore._sinkwrite import Fill, aborting, fill_sink
 from commitstore._small import put_small as put_small  # noqa: PLC0414 (re-exported: a test seam)
 from commitstore._verify import check_exact
 from commitstore.backends import Backend, CommitInfo, DirSink, FileInfo, FileSink, PutMode
@@ -48,10 +46,6 @@ from commitstore.records import (
 )
 
 log = logging.getLogger("commitstore")
-
-Version = Callable[[int, str], Record]
-"""The record a staged file's bytes are, from their size and digest (``Committer.publish_file``);
-what it raises publishes nothing."""
 
 
 def mode_of(overwrite: bool) -> PutMode:
@@ -96,7 +90,7 @@ def make_record(name: str, step: object, metadata: object, **kw: Any) -> Record:
     )
 
 
-class Committer(Deletes):
+class Committer(FileCommits):
     """One storage target (a primary or a mirror) and the one commit path into it.
 
     Guarantees: data is published before its record, both with the backend's one-step primitive;
@@ -153,113 +147,12 @@ class Committer(Deletes):
             self.check_name_free(parts)
         return self.backend.open_dir_sink(parts, mode=mode)
 
-    # -- a staged file, whole: open, fill, publish (``_sinkwrite``) -----------------------------
-    def write_file(
-        self,
-        parts: Parts,
-        mode: PutMode,
-        fill: Fill,
-        version: Version,
-        *,
-        body: Callable[[Record], bytes] | None = None,
-        guard: Callable[[], None] | None = None,
-        slots: contextlib.AbstractContextManager[object] | None = None,
-        started: float | None = None,
-    ) -> Record:
-        """Commit a file artifact whose bytes ``fill`` writes: :meth:`open_file` (its early
-        checks), ``fill(sink)`` (hashed: returns size and digest; the storage must have accepted
-        them all, CommitError otherwise), then :meth:`publish_file` (``version`` and the
-        options: there). On any failure the sink is aborted; the outcome is :meth:`commit`'s."""
-        sink = self.open_file(parts, mode)
-        with aborting(sink):
-            hashed = fill_sink(sink, fill, "/".join(parts))
-            return self.publish_file(
-                parts,
-                mode,
-                sink,
-                hashed,
-                version,
-                body=body,
-                guard=guard,
-                slots=slots,
-                started=started,
-            )
-
-    def publish_file(
-        self,
-        parts: Parts,
-        mode: PutMode,
-        sink: FileSink,
-        hashed: tuple[int, str],
-        version: Version,
-        *,
-        body: Callable[[Record], bytes] | None = None,
-        guard: Callable[[], None] | None = None,
-        slots: contextlib.AbstractContextManager[object] | None = None,
-        started: float | None = None,
-    ) -> Record:
-        """Commit the filled ``sink`` (its bytes ``hashed``: size, digest), the owner of its
-        lifecycle from here (aborted on any failure): ``version(size, digest)`` (the record its
-        bytes are; what it raises publishes nothing), ``sink.prepare()``, then :meth:`commit`
-        with that record as the pending record and the sink's publish as the data step.
-        ``body``: the exact record bytes of that version (a mirror's copy of the source's
-        record); ``guard``: called under the publish lock right before the data step (what it
-        raises publishes nothing); ``slots``: held around the commit (not the fill);
-        ``started``: as :meth:`commit`'s."""
-        size, digest = hashed
-        with aborting(sink):
-            record = version(size, digest)
-            raw = body(record) if body is not None else None
-            sink.prepare()  # e.g. the data's fsync, while the pending record is written
-
-            def publish_data() -> tuple[Record, CommitInfo]:
-                if guard is not None:
-                    guard()
-                return record, sink.publish(size=size, digest=digest)
-
-            with slots if slots is not None else contextlib.nullcontext():
-                return self.commit(
-                    parts, mode, publish_data, intent=record, body=raw, started=started
-                )
-
-    def publish_dir(
-        self,
-        parts: Parts,
-        mode: PutMode,
-        sink: DirSink,
-        intent: Record,
-        changed: Callable[[list[tuple[str, int, str]]], Record],
-        *,
-        body: bytes | None = None,
-        guard: Callable[[], None] | None = None,
-        slots: contextlib.AbstractContextManager[object] | None = None,
-        started: float | None = None,
-    ) -> Record:
-        """Commit the filled folder ``sink`` whose files were hashed as ``intent`` (the pending
-        record), the owner of its lifecycle from here (aborted on any failure): :meth:`commit`
-        with the sink's publish as the data step. The sink hashes again as it publishes; files
-        other than ``intent``'s are ``changed(files)``: the record of what was published, or
-        what it raises. ``body``, ``guard``, ``slots``, ``started``: as :meth:`publish_file`."""
-        with aborting(sink):
-
-            def publish_data() -> tuple[Record, CommitInfo]:
-                if guard is not None:
-                    guard()
-                info = sink.publish()
-                sent = sorted((f.path, f.size, f.digest) for f in intent.files)
-                return (intent if sorted(info.files) == sent else changed(info.files)), info
-
-            with slots if slots is not None else contextlib.nullcontext():
-                return self.commit(
-                    parts, mode, publish_data, intent=intent, body=body, started=started
-                )
-
     # -- publishing ----------------------------------------------------------------------------
     def commit(
         self,
         parts: Parts,
         mode: PutMode,
-        publish_data: Callable[[], tuple[Record, CommitInfo | None]],
+        publish_data: PublishData,
         *,
         intent: Record | None = None,
         body: bytes | None = None,

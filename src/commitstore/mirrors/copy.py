@@ -282,7 +282,7 @@ def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tup
         SourceMismatch, NotFoundError: the files are no version of the name (nothing staged).
     """
     dsink = dst.open_dir(parts, PutMode.REPLACE)
-    try:
+    with aborting(dsink):
         try:
             _fill_dir(src, dsink, rec, parts)
             return dsink, rec
@@ -291,12 +291,10 @@ def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tup
             if result.status != "ok" or (version, where) == (rec, parts) or version.kind != "dir":
                 raise
         dsink.abort()
-        dsink = dst.open_dir(parts, PutMode.REPLACE)
+    dsink = dst.open_dir(parts, PutMode.REPLACE)
+    with aborting(dsink):
         _fill_dir(src, dsink, version, where)
-        return dsink, version
-    except BaseException:
-        dsink.abort()
-        raise
+    return dsink, version
 
 
 def _fill_dir(src: Committer, dsink: DirSink, rec: Record, root: Parts) -> None:
