@@ -1,9 +1,11 @@
-"""Writes through the one commit path: a staged file (:class:`Stage`) and a staged folder.
+"""Writes through the one commit path: a staged file (:class:`Stage`), a put and a staged folder.
 
-Both validate name, step and metadata before any I/O (``check_new``), hash every byte on its way
-to the sink, and publish through ``Committer.commit`` with the new record as the pending record
-(the versioned commit: old or new, never neither). ``after`` runs once the artifact is committed
-(replication, automatic retention); it never turns a commit into a failure.
+Each validates name, step and metadata before any I/O (``check_new``), hashes every byte on its
+way to the sink, and says only how its bytes are produced: the lifecycle after that (abort on any
+failure, the new record as the pending record, data, record: the versioned commit, old or new,
+never neither) is ``Committer.publish_file``, ``write_file`` or ``publish_dir`` (``_filecommit``).
+``after`` runs once the artifact is committed (replication, automatic retention); it never turns
+a commit into a failure.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from commitstore._commit import Committer, check_flag, check_new, make_record, mode_of
-from commitstore._sinkwrite import Fill, HashedWriter, aborting, write_bytes
+from commitstore._filecommit import Version
+from commitstore._sinkwrite import HashedWriter, aborting, write_bytes
 from commitstore._stagefile import Stage
 from commitstore.backends import FileSink, PutMode, hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
@@ -28,6 +32,7 @@ from commitstore.errors import (
     NotFoundError,
     StorageError,
 )
+from commitstore.layout import Parts
 from commitstore.records import FileRecord, Record
 
 if TYPE_CHECKING:
@@ -48,17 +53,13 @@ def open_stage(
     after: After,
 ) -> Stage:
     """A :class:`Stage` of ``name`` (see ``CommitStore.stage``)."""
-    parts, step, meta = check_new(name, step, metadata)
-    check_flag(alias, "alias")
-    mode = mode_of(overwrite)
+    opts = _PutOptions(step=step, metadata=metadata, overwrite=overwrite, alias=alias)
+    parts, mode, version = _check_put(name, opts)
     started = time.monotonic()
     sink = committer.open_file(parts, mode)
 
     def finish(s: FileSink, size: int, digest: str) -> Record:
         return committer.publish_file(parts, mode, s, (size, digest), version, started=started)
-
-    def version(size: int, digest: str) -> Record:
-        return make_record(name, step, meta, size=size, digest=digest, alias=alias)
 
     def precheck() -> None:
         committer.check_place(parts)
@@ -110,8 +111,8 @@ def put_bytes(
     committer: Committer, name: str, data: Buffer, kw: dict[str, Any], *, after: After
 ) -> Record:
     """Commit ``data`` as ``name`` (``kw``: ``CommitStore.stage``'s options), after checking the
-    free space; ``after`` as :func:`open_stage`'s."""
-    parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
+    free space; ``after`` as :func:`open_stage`'s. Bad options and data: before any I/O."""
+    parts, mode, version = _check_put(name, _PutOptions(**kw))
     try:
         size = memoryview(data).nbytes
     except TypeError:
@@ -120,7 +121,9 @@ def put_bytes(
             f"{name}: data must be bytes-like, not {type(data).__name__}{hint}"
         ) from None
     committer.check_free(parts, size)
-    return _commit_file(committer, name, write_bytes(data), kw, after)
+    record = committer.write_file(parts, mode, write_bytes(data), version, started=time.monotonic())
+    after(record)
+    return record
 
 
 def put_file(
@@ -134,7 +137,7 @@ def put_file(
 ) -> Record:
     """Commit a local file as ``name``, streamed with constant memory; the source must keep its
     size while it is copied (CommitError otherwise: nothing published)."""
-    parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
+    parts, mode, version = _check_put(name, _PutOptions(**kw))
     src = open_source(local_path)
     with src:
         size = os.fstat(src.fileno()).st_size
@@ -148,44 +151,37 @@ def put_file(
                 raise CommitError(f"{local_path}: changed size while it was copied")
             return writer.done(name)
 
-        return _commit_file(committer, name, fill, kw, after)
-
-
-def _commit_file(
-    committer: Committer, name: str, fill: Fill, kw: dict[str, Any], after: After
-) -> Record:
-    """``Committer.write_file`` of ``name`` with ``CommitStore.stage``'s options ``kw`` (checked
-    as it checks them, before any I/O), then ``after``."""
-    opts = _stage_options(**kw)
-    parts, step, meta = check_new(name, opts.step, opts.metadata)
-    check_flag(opts.alias, "alias")
-    mode = mode_of(opts.overwrite)
-    started = time.monotonic()
-
-    def version(size: int, digest: str) -> Record:
-        return make_record(name, step, meta, size=size, digest=digest, alias=opts.alias)
-
-    record = committer.write_file(parts, mode, fill, version, started=started)
+        record = committer.write_file(parts, mode, fill, version, started=time.monotonic())
     after(record)
     return record
 
 
-class _StageOptions(NamedTuple):
-    step: int | None
-    metadata: Mapping[str, Any] | None
-    overwrite: bool
-    alias: bool
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _PutOptions:
+    """``CommitStore.stage``'s options (the puts take them as ``**kw``: any other name is a
+    TypeError, as ``stage`` raises it)."""
+
+    step: int | None = None
+    """The record's step (None: inferred from the name)."""
+    metadata: Mapping[str, Any] | None = None
+    """The record's metadata."""
+    overwrite: bool = False
+    """Replace a committed version (``PutMode.REPLACE``)."""
+    alias: bool = False
+    """A moving name (``Record.alias``)."""
 
 
-def _stage_options(
-    *,
-    step: int | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-    alias: bool = False,
-) -> _StageOptions:
-    """``CommitStore.stage``'s keyword options (TypeError for any other, as ``stage`` raises)."""
-    return _StageOptions(step, metadata, overwrite, alias)
+def _check_put(name: str, opts: _PutOptions) -> tuple[Parts, PutMode, Version]:
+    """A write's name parts, mode and record maker, all checked before any I/O
+    (InvalidNameError, ConfigurationError)."""
+    parts, step, meta = check_new(name, opts.step, opts.metadata)
+    check_flag(opts.alias, "alias")
+    mode = mode_of(opts.overwrite)
+
+    def version(size: int, digest: str) -> Record:
+        return make_record(name, step, meta, size=size, digest=digest, alias=opts.alias)
+
+    return parts, mode, version
 
 
 class PreadSource:
