@@ -10,9 +10,10 @@ The target is against the fastest baseline per server, by median.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,30 @@ from tests.helpers.s3servers import (
 )
 
 from ._harness import MiB, pair, report
+
+SERVERS: tuple[type[S3Server], ...] = (MotoServer, RcloneS3)
+"""The S3 servers the S3 suites measure against, in this order."""
+
+
+def write_source(path: Path, size: int) -> Path:
+    """``path`` filled with ``size`` random bytes (written 4 MiB at a time; ``size`` a multiple
+    of 4 MiB)."""
+    with open(path, "wb") as f:
+        for _ in range(size // (4 * MiB)):
+            f.write(os.urandom(4 * MiB))
+    return path
+
+
+@contextlib.contextmanager
+def running(cls: type[S3Server], tmp: Path) -> Iterator[S3Server]:
+    """A ``cls`` server in its own folder under ``tmp``, stopped on the way out."""
+    base = tmp / cls.name
+    base.mkdir()
+    server = cls(base)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _emptier(server: S3Server) -> Callable[[], None]:
@@ -49,15 +74,9 @@ def main(args: argparse.Namespace) -> None:
     results: dict[str, dict[str, Any]] = {}
     targets: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="cs-bench-s3-") as tmp:
-        source = Path(tmp) / "source.bin"
-        with open(source, "wb") as f:
-            for _ in range(size // (4 * MiB)):
-                f.write(os.urandom(4 * MiB))
-        for cls in (MotoServer, RcloneS3):
-            base = Path(tmp) / cls.name
-            base.mkdir()
-            server = cls(base)
-            try:
+        source = write_source(Path(tmp) / "source.bin", size)
+        for cls in SERVERS:
+            with running(cls, Path(tmp)) as server:
                 env = {
                     "BENCH_SOURCE": str(source),
                     "BENCH_S3_ENDPOINT": server.endpoint,
@@ -77,8 +96,6 @@ def main(args: argparse.Namespace) -> None:
                     key=lambda r: r["baseline_s"],
                 )
                 targets[f"{cls.name}: put_file vs {fastest['baseline']}"] = 1.0
-            finally:
-                server.stop()
     report(
         f"s3, {size // MiB} MiB, {args.repeat} runs a side (shuffled, each from the quiet state, "
         "the bucket emptied), medians (target against the fastest baseline per server)",

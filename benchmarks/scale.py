@@ -38,7 +38,7 @@ COUNTED = ("walk", "open_read", "read_small", "stat")
 
 def _count(store: CommitStore) -> dict[str, int]:
     counts = dict.fromkeys((*COUNTED, "s3_requests"), 0)
-    backend: Any = store.backend
+    backend: Any = store._backend
     for name in COUNTED:
         original = getattr(backend, name)
 
@@ -101,7 +101,7 @@ def _seed_s3(server: MotoServer, url: str, prefix: str, n: int) -> None:
     shards: dict[int, _recordcache.Entries] = {}
     for key, tag, raw in written:
         shards.setdefault(_recordcache.shard_of(key), {})[key] = (str(_recordcache.norm(tag)), raw)
-    backend = open_store(url, **server.options()).backend
+    backend = open_store(url, **server.options())._backend
     for shard, entries in shards.items():
         _recordcache.save(backend, shard, entries)
 

@@ -12,9 +12,10 @@ Both commits are checked (``verify``). Measured against moto and ``rclone serve 
 default, 8 MiB parts. Target: ratio <= (1 - landed share) + 0.02.
 
 GCS (fake-gcs-server): the same, 8 MiB chunks; the server names the proxy's port in its session
-URIs, so every chunk goes through the proxy; the kill comes once the resume state (read through
-the server's JSON API) says ``KILL_AT`` of the chunks were acknowledged, and the proxy is closed
-(the chunk in flight never completes) before a new one takes its port.
+URIs, so every chunk goes through the proxy; the writer stops right after its resume state says
+``KILL_AT`` of the chunks were acknowledged and none is in flight (``WRITER_GCS_AT``: a chunk in
+flight at the kill makes the resume start over there, as fake-gcs-server cannot be asked what
+it holds), is SIGKILLed, and the proxy is closed before a new one takes its port.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.gcsserver import BUCKET as GCS_BUCKET
 from tests.helpers.gcsserver import FakeGcs
-from tests.helpers.s3servers import BUCKET, MotoServer, RcloneS3, S3Server
+from tests.helpers.s3servers import BUCKET, S3Server
 from tests.helpers.samba import free_port
 
 from commitstore import open_store
@@ -41,6 +43,7 @@ from commitstore.backends.object.s3.upload import STALE_BEATS
 from commitstore.testing import GcsBackdoor, S3Backdoor
 
 from ._harness import MiB, verdict, write_results
+from .s3 import SERVERS, running, write_source
 
 ROOT = Path(__file__).resolve().parent.parent
 PART = 8 * MiB
@@ -50,9 +53,24 @@ SLACK = 0.02
 HEARTBEAT = 1.0
 """The writers' heartbeat: the killed writer's upload looks dead (and is resumed) a few seconds
 after the kill (``s3/upload.STALE_BEATS`` heartbeats plus the 1 s mtime resolution)."""
+PREFIX = "uploadresume"
 
 
 def _writer(
+    url: str, name: str, source: Path, options: dict[str, Any], env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """A ``put_file`` writer process (``tests.helpers.putwriter``) of ``source`` as ``name``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.putwriter", url, name, str(source)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,  # a writer told to pause waits for a line there
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {}), "WRITER_STORE_OPTIONS": json.dumps(options)},
+    )
+
+
+def _s3_writer(
     server: S3Server, url: str, name: str, source: Path, endpoint: str, **more: Any
 ) -> subprocess.Popen[str]:
     options = {
@@ -62,18 +80,97 @@ def _writer(
         "heartbeat": HEARTBEAT,
         **more,
     }
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.putwriter", url, name, str(source)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={
-            **os.environ,
-            **server.env(),
-            "AWS_ENDPOINT_URL": endpoint,
-            "WRITER_STORE_OPTIONS": json.dumps(options),
-        },
+    env = {**server.env(), "AWS_ENDPOINT_URL": endpoint}
+    return _writer(url, name, source, options, env)
+
+
+def _kill_when(
+    label: str,
+    proc: subprocess.Popen[str],
+    slow: FaultProxy,
+    landed: Callable[[], int],
+    goal: float,
+) -> None:
+    """SIGKILL writer ``proc`` (through the slowed proxy ``slow``) once ``landed()`` reaches
+    ``goal``; the proxy stops forwarding first, and is closed (the request in flight never
+    completes)."""
+    try:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            got = 0
+            deadline = time.monotonic() + 900
+            while got < goal and time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{label}: the writer ended before the kill")
+                got = landed()
+                time.sleep(0.01)
+            slow.freeze()  # nothing more reaches the server
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(60)
+    finally:
+        slow.stop()  # (moto answers one request at a time: the frozen one is dropped first)
+
+
+NAMES = ("ckpt.pt", "full.pt")
+"""The resumed put, then the whole one."""
+
+
+def _counted(
+    label: str,
+    name: str,
+    proxy: FaultProxy,
+    start: Callable[[str, FaultProxy], subprocess.Popen[str]],
+) -> tuple[int, float]:
+    """(bytes sent through the counting ``proxy``, seconds) of a writer process of ``name``
+    (``start(name, proxy)``), run to its end."""
+    try:
+        started = time.monotonic()
+        proc = start(name, proxy)
+        out, _ = proc.communicate(timeout=900)
+        if proc.returncode != 0 or "done" not in out:
+            raise RuntimeError(f"{label}: put_file of {name} failed")
+        return proxy.received, time.monotonic() - started
+    finally:
+        proxy.stop()
+
+
+def _measured(
+    label: str,
+    landed_words: str,
+    *,
+    size: int,
+    total: int,
+    landed: int,
+    resumed: tuple[int, float],
+    full: tuple[int, float],
+) -> dict[str, Any]:
+    """The measurement of one server: the bytes (and seconds) of the resumed put against one
+    whole put, judged against the share of parts that had not landed at the kill."""
+    (resumed_b, resumed_s), (full_b, full_s) = resumed, full
+    missing = 1 - landed / total
+    ratio = resumed_b / full_b
+    target = round(missing + SLACK, 4)
+    print(
+        f"  {label}: {landed}/{total} {landed_words} at the kill; resumed sent {resumed_b} / "
+        f"{full_b} bytes, ratio {ratio:.4f} (ideal {missing:.4f}); {resumed_s:.1f} s vs "
+        f"{full_s:.1f} s"
     )
+    return {
+        "ours": "put_file resumed",
+        "baseline": "put_file whole",
+        "artifact_bytes": size,
+        "ours_bytes": resumed_b,
+        "baseline_bytes": full_b,
+        "ratio": ratio,
+        "target": target,
+        "verdict": verdict(ratio, [ratio, ratio], target),
+        "parts": total,
+        "parts_landed_at_kill": landed,
+        "ideal": missing,
+        "ours_s": round(resumed_s, 2),
+        "baseline_s": round(full_s, 2),
+    }
 
 
 def _landed(client: Any, prefix: str) -> int:
@@ -89,61 +186,42 @@ def _landed(client: Any, prefix: str) -> int:
     return len(parts.get("Parts", []))
 
 
-def _kill_at(server: S3Server, url: str, prefix: str, source: Path, total: int) -> int:
-    """Put ``source`` as ``ckpt.pt`` and SIGKILL the writer once ``KILL_AT`` of its ``total``
-    parts landed; returns how many had."""
-    slow = FaultProxy(server.port)
-    # one part at a time, slowed: the kill comes between two parts, well before the last
-    slow.set(delay=0.005, faulty=None)
-    client = server.client()
-    try:
-        proc = _writer(server, url, "ckpt.pt", source, slow.endpoint, max_inflight=1)
-        try:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-            landed = 0
-            deadline = time.monotonic() + 900
-            while landed < KILL_AT * total and time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{server.name}: the writer ended before the kill")
-                landed = _landed(client, f"{prefix}/")
-                time.sleep(0.01)
-            slow.freeze()  # nothing more reaches the server
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(60)
-    finally:
-        slow.stop()  # (moto answers one request at a time: the frozen one is dropped first)
-    landed = _landed(client, f"{prefix}/")
-    if landed >= total:
-        raise RuntimeError(f"{server.name}: every part landed before the kill")
-    # a resume never joins an upload that may still be live: wait until it looks dead
-    S3Backdoor(client, BUCKET, prefix).wait_dead("ckpt.pt", STALE_BEATS * HEARTBEAT + 1.0)
-    return landed
+def _s3_case(cls: type[S3Server], tmp: Path, source: Path, size: int, total: int) -> dict[str, Any]:
+    """Kill an S3 ``put_file`` at ``KILL_AT`` of its parts on a ``cls`` server, resume it once
+    its upload looks dead, put it whole: the measurement (see the module docstring)."""
+    with running(cls, tmp) as server:
+        url = f"s3://{BUCKET}/{PREFIX}"
+        client = server.client()
+        slow = FaultProxy(server.port)
+        # one part at a time, slowed: the kill comes between two parts, well before the last
+        slow.set(delay=0.005, faulty=None)
+        proc = _s3_writer(server, url, "ckpt.pt", source, slow.endpoint, max_inflight=1)
+        _kill_when(server.name, proc, slow, lambda: _landed(client, f"{PREFIX}/"), KILL_AT * total)
+        landed = _landed(client, f"{PREFIX}/")
+        if landed >= total:
+            raise RuntimeError(f"{server.name}: every part landed before the kill")
+        # a resume never joins an upload that may still be live: wait until it looks dead
+        S3Backdoor(client, BUCKET, PREFIX).wait_dead("ckpt.pt", STALE_BEATS * HEARTBEAT + 1.0)
 
+        def put(name: str, proxy: FaultProxy) -> subprocess.Popen[str]:
+            return _s3_writer(server, url, name, source, proxy.endpoint)
 
-def _counted_put(server: S3Server, url: str, name: str, source: Path) -> tuple[int, float]:
-    proxy = FaultProxy(server.port)
-    try:
-        started = time.monotonic()
-        proc = _writer(server, url, name, source, proxy.endpoint)
-        out, _ = proc.communicate(timeout=900)
-        if proc.returncode != 0 or "done" not in out:
-            raise RuntimeError(f"{server.name}: put_file of {name} failed")
-        return proxy.received, time.monotonic() - started
-    finally:
-        proxy.stop()
+        counted = {n: _counted(server.name, n, FaultProxy(server.port), put) for n in NAMES}
+        store = open_store(url, **server.options())
+        for name in NAMES:
+            if not store.verify(name).ok:
+                raise RuntimeError(f"{server.name}: {name} does not verify")
+    resumed, full = (counted[n] for n in NAMES)
+    return _measured(
+        cls.name, "parts landed", size=size, total=total, landed=landed, resumed=resumed, full=full
+    )
 
 
 def _gcs_writer(
-    url: str, name: str, source: Path, options: dict[str, Any]
+    url: str, name: str, source: Path, options: dict[str, Any], at: str = ""
 ) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.putwriter", url, name, str(source)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "WRITER_STORE_OPTIONS": json.dumps(options)},
-    )
+    """A GCS ``put_file`` writer; ``at``: where it stops (``WRITER_GCS_AT``, none by default)."""
+    return _writer(url, name, source, options, {"WRITER_GCS_AT": at})
 
 
 def _gcs_acked(door: GcsBackdoor) -> int:
@@ -153,52 +231,31 @@ def _gcs_acked(door: GcsBackdoor) -> int:
     return int(json.loads(data)["gcs"]["sent"]) // PART if data else 0
 
 
-def _gcs_counted(
-    proxy_port: int, server: FakeGcs, name: str, source: Path, options: dict[str, Any]
-) -> tuple[int, float]:
-    url = server.url("uploadresume")
-    proxy = FaultProxy(server.port, port=proxy_port)
-    try:
-        started = time.monotonic()
-        proc = _gcs_writer(url, name, source, options)
-        out, _ = proc.communicate(timeout=900)
-        if proc.returncode != 0 or "done" not in out:
-            raise RuntimeError(f"gcs: put_file of {name} failed")
-        return proxy.received, time.monotonic() - started
-    finally:
-        proxy.stop()
-
-
 def _gcs_case(base: Path, source: Path, size: int, total: int) -> dict[str, Any]:
     """Kill a GCS ``put_file`` at ``KILL_AT`` of its chunks, resume it, put it whole: the
     measurement (see the module docstring)."""
     proxy_port = free_port()
     server = FakeGcs(base, external=f"http://127.0.0.1:{proxy_port}")
     try:
-        prefix = "uploadresume"
-        url = server.url(prefix)
+        url = server.url(PREFIX)
         options = {
             **server.options(),
             "endpoint_url": f"http://127.0.0.1:{proxy_port}",
             "chunk_size": PART,
         }
-        door = GcsBackdoor(server.endpoint, GCS_BUCKET, prefix)
+        door = GcsBackdoor(server.endpoint, GCS_BUCKET, PREFIX)
         slow = FaultProxy(server.port, port=proxy_port)
         slow.set(delay=0.005, faulty=None)
         try:
-            proc = _gcs_writer(url, "ckpt.pt", source, options)
+            # the kill comes right after the state says ``goal`` chunks were acknowledged and
+            # none is in flight (one in flight, which fake-gcs-server cannot be asked about,
+            # makes the resume start over); the final chunk is the commit
+            goal = min(-(-int(KILL_AT * total * 1000) // 1000), total - 2)
+            proc = _gcs_writer(url, "ckpt.pt", source, options, f"pause-at-acked:{goal}")
             try:
                 assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-                landed = 0
-                # the state lists a chunk as acknowledged when the next one is about to go,
-                # and the final one is the commit: at most total - 2 are seen before it
-                goal = min(-(-int(KILL_AT * total * 1000) // 1000), total - 2)
-                deadline = time.monotonic() + 900
-                while landed < goal and time.monotonic() < deadline:
-                    if proc.poll() is not None:
-                        raise RuntimeError("gcs: the writer ended before the kill")
-                    landed = _gcs_acked(door)
-                    time.sleep(0.01)
+                if proc.stdout.readline().strip() != "paused":
+                    raise RuntimeError("gcs: the writer ended before the kill")
                 slow.freeze()  # nothing more reaches the server
             finally:
                 proc.send_signal(signal.SIGKILL)
@@ -208,36 +265,28 @@ def _gcs_case(base: Path, source: Path, size: int, total: int) -> dict[str, Any]
         landed = _gcs_acked(door)
         if landed >= total:
             raise RuntimeError("gcs: every chunk landed before the kill")
-        resumed, resumed_s = _gcs_counted(proxy_port, server, "ckpt.pt", source, options)
-        full, full_s = _gcs_counted(proxy_port, server, "full.pt", source, options)
-        for name in ("ckpt.pt", "full.pt"):
+
+        def put(name: str, proxy: FaultProxy) -> subprocess.Popen[str]:
+            return _writer(url, name, source, options)
+
+        counted = {
+            n: _counted("gcs", n, FaultProxy(server.port, port=proxy_port), put) for n in NAMES
+        }
+        for name in NAMES:
             if door.read(name) != source.read_bytes():
                 raise RuntimeError(f"gcs: {name} is not the source's bytes")
     finally:
         server.stop()
-    missing = 1 - landed / total
-    ratio = resumed / full
-    target = round(missing + SLACK, 4)
-    print(
-        f"  gcs: {landed}/{total} chunks acknowledged at the kill; resumed sent {resumed} / "
-        f"{full} bytes, ratio {ratio:.4f} (ideal {missing:.4f}); {resumed_s:.1f} s vs "
-        f"{full_s:.1f} s"
+    resumed, full = (counted[n] for n in NAMES)
+    return _measured(
+        "gcs",
+        "chunks acknowledged",
+        size=size,
+        total=total,
+        landed=landed,
+        resumed=resumed,
+        full=full,
     )
-    return {
-        "ours": "put_file resumed",
-        "baseline": "put_file whole",
-        "artifact_bytes": size,
-        "ours_bytes": resumed,
-        "baseline_bytes": full,
-        "ratio": ratio,
-        "target": target,
-        "verdict": verdict(ratio, [ratio, ratio], target),
-        "parts": total,
-        "parts_landed_at_kill": landed,
-        "ideal": missing,
-        "ours_s": round(resumed_s, 2),
-        "baseline_s": round(full_s, 2),
-    }
 
 
 def main(args: argparse.Namespace) -> None:
@@ -245,49 +294,11 @@ def main(args: argparse.Namespace) -> None:
     total = -(-size // PART)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="cs-bench-uploadresume-") as tmp:
-        source = Path(tmp) / "source.bin"
-        with open(source, "wb") as f:
-            for _ in range(size // (4 * MiB)):
-                f.write(os.urandom(4 * MiB))
-        for cls in (MotoServer, RcloneS3):
-            base = Path(tmp) / cls.name
-            base.mkdir()
-            server = cls(base)
-            try:
-                prefix = "uploadresume"
-                url = f"s3://{BUCKET}/{prefix}"
-                landed = _kill_at(server, url, prefix, source, total)
-                resumed, resumed_s = _counted_put(server, url, "ckpt.pt", source)
-                full, full_s = _counted_put(server, url, "full.pt", source)
-                store = open_store(url, **server.options())
-                for name in ("ckpt.pt", "full.pt"):
-                    if not store.verify(name).ok:
-                        raise RuntimeError(f"{server.name}: {name} does not verify")
-                missing = 1 - landed / total
-                ratio = resumed / full
-                target = round(missing + SLACK, 4)
-                results[f"{cls.name}: bytes sent to resume vs one whole put_file"] = {
-                    "ours": "put_file resumed",
-                    "baseline": "put_file whole",
-                    "artifact_bytes": size,
-                    "ours_bytes": resumed,
-                    "baseline_bytes": full,
-                    "ratio": ratio,
-                    "target": target,
-                    "verdict": verdict(ratio, [ratio, ratio], target),
-                    "parts": total,
-                    "parts_landed_at_kill": landed,
-                    "ideal": missing,
-                    "ours_s": round(resumed_s, 2),
-                    "baseline_s": round(full_s, 2),
-                }
-                print(
-                    f"  {cls.name}: {landed}/{total} parts landed at the kill; resumed sent "
-                    f"{resumed} / {full} bytes, ratio {ratio:.4f} (ideal {missing:.4f}); "
-                    f"{resumed_s:.1f} s vs {full_s:.1f} s"
-                )
-            finally:
-                server.stop()
+        source = write_source(Path(tmp) / "source.bin", size)
+        for cls in SERVERS:
+            results[f"{cls.name}: bytes sent to resume vs one whole put_file"] = _s3_case(
+                cls, Path(tmp), source, size, total
+            )
         results["gcs: bytes sent to resume vs one whole put_file"] = _gcs_case(
             Path(tmp) / "gcs", source, size, total
         )

@@ -3,7 +3,8 @@ import, type-only and function-level ones included).
 
 - no import cycle between modules, except the ones listed in ``KNOWN_CYCLES`` (to be removed);
 - integrations, the CLI and the demo import only public names of commitstore (no ``_private``
-  module), except the reach-ins listed in ``KNOWN_REACH_INS`` (to be removed);
+  module), except the reach-ins listed in ``KNOWN_REACH_INS`` (to be removed), and touch no
+  private attribute of the store facade (``store._backend``, ``store._committer``, ...);
 - the core (modules outside ``backends/``) imports no concrete backend module (only
   ``commitstore.backends`` itself: the registry and the base classes), except ``KNOWN_CONCRETE``;
 - every module of ``src/`` is named in ``docs/backends.md``.
@@ -170,6 +171,48 @@ def reach_ins(g: dict[str, set[str]]) -> set[tuple[str, str]]:
     return out
 
 
+FACADE = ("store.py", "_storebase.py", "_storereads.py", "_storeupkeep.py")
+"""The modules of :class:`~commitstore.CommitStore` and its method groups."""
+
+
+def facade_private(src: Path = SRC) -> set[str]:
+    """The private attributes of the store facade: declared in its classes' bodies or assigned
+    as ``self._x`` in their methods (dunders excepted)."""
+    out: set[str] = set()
+    for leaf in FACADE:
+        path = src / PKG / leaf
+        if not path.exists():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                out.add(node.target.id)
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
+                out.add(node.attr)
+    return {a for a in out if a.startswith("_") and not a.startswith("__")}
+
+
+def attribute_reach_ins(src: Path = SRC) -> set[tuple[str, str]]:
+    """(integration module, attribute): a private attribute of the store facade read or set on
+    anything but ``self`` by an integration, the CLI or the demo."""
+    private = facade_private(src)
+    out = set()
+    for mod, path in modules(src).items():
+        if _owner(mod) is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in private
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
+                out.add((mod, node.attr))
+    return out
+
+
 def _concrete(module: str) -> bool:
     parts = module.split(".")
     return len(parts) > 2 and parts[1] == "backends"
@@ -210,6 +253,11 @@ def test_integrations_import_only_public_names() -> None:
     found = reach_ins(graph())
     assert found - KNOWN_REACH_INS == set(), "integrations reach into private modules"
     assert KNOWN_REACH_INS - found == set(), "a known reach-in is gone: remove it from the list"
+
+
+def test_integrations_touch_no_private_attribute_of_the_store() -> None:
+    assert facade_private() >= {"_backend", "_committer", "_replicator"}
+    assert attribute_reach_ins() == set(), "integrations reach into the store's private state"
 
 
 def test_the_core_names_no_concrete_backend() -> None:
@@ -269,6 +317,30 @@ def test_a_planted_private_import_is_found(tmp_path: Path) -> None:
         },
     )
     assert reach_ins(graph(src)) == {("commitstore.torch", "commitstore._read")}
+
+
+def test_a_planted_private_attribute_reach_in_is_found(tmp_path: Path) -> None:
+    src = _plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "store.py": (
+                "class CommitStore:\n"
+                "    _mirrors: list[int]\n"
+                "    def __init__(self):\n"
+                "        self._backend = 1\n"
+                "        self.url = ''\n"
+            ),
+            "torch.py": "def f(store):\n    return store._backend, store.url\n",
+            "_cli_x.py": "def g(s):\n    s._mirrors.append(1)\n",
+            "_write.py": "def h(store):\n    return store._backend\n",
+            "hf.py": "class C:\n    def m(self):\n        return self._backend\n",
+        },
+    )
+    assert attribute_reach_ins(src) == {
+        ("commitstore.torch", "_backend"),
+        ("commitstore._cli_x", "_mirrors"),
+    }
 
 
 def test_a_planted_concrete_backend_import_is_found(tmp_path: Path) -> None:

@@ -326,7 +326,7 @@ def test_a_delete_killed_after_its_record_step_leaves_nothing_claiming_to_be_who
     assert door.read(record_path("x")) is not None and door.read("x") == b"version 2"
     # then a delete of x, killed right after it removed the record
     deleter = open_store(root)
-    backend: Any = deleter.committer.backend
+    backend: Any = deleter._committer.backend
     remove = backend.remove
 
     def arm(stop: Callable[[], None]) -> None:

@@ -11,9 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,18 +22,17 @@ from commitstore import open_store
 from commitstore.backends.object.azure.resume import block_id
 from commitstore.testing import AzureBackdoor, Target, record_path
 
+from .helpers import resumekill
 from .helpers.azurite import ACCOUNT, KEY, Azurite, azure_backdoor
 from .helpers.faultproxy import FaultProxy
+from .helpers.resumekill import NAME, kill_when_landed, random_file, read_state
 
 MiB = 1024 * 1024
-ROOT_DIR = Path(__file__).resolve().parent.parent
 SIZE = 30 * MiB
 BLOCK = 5 * MiB
 BLOCKS = SIZE // BLOCK
 LANDED = 5  # the kill comes once 5 of the 6 blocks landed (~83%)
 OVERHEAD = 2 * MiB  # requests' headers, the state, the record, the pending records
-NAME = "run/step_0007.pt"
-STATE_DIR = ".commitstore/resume/"
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +64,7 @@ def t(azurite: Azurite) -> Target:
 
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
-    path = tmp_path / "source.bin"
-    path.write_bytes(os.urandom(SIZE))
-    return path
+    return random_file(tmp_path / "source.bin", SIZE)
 
 
 def door(t: Target) -> AzureBackdoor:
@@ -91,7 +85,7 @@ def staged(t: Target, name: str = NAME) -> list[tuple[str, int]]:
 
 
 def states(t: Target) -> list[str]:
-    return [f for f in door(t).files() if f.startswith(STATE_DIR)]
+    return resumekill.states(door(t))
 
 
 def kill_mid_upload(azurite: Azurite, t: Target, src: Path) -> None:
@@ -101,29 +95,18 @@ def kill_mid_upload(azurite: Azurite, t: Target, src: Path) -> None:
     slow = FaultProxy(azurite.port)
     slow.set(delay=0.005, faulty=None)
     options = {"connection_string": via(slow.port), "block_size": BLOCK, "max_inflight": 1}
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.putwriter", t.store.url, NAME, str(src)],
-            cwd=ROOT_DIR,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "WRITER_STORE_OPTIONS": json.dumps(options)},
-        )
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
-            deadline = time.monotonic() + 60
-            landed = 0
-            while time.monotonic() < deadline and landed < LANDED and proc.poll() is None:
-                landed = len(staged(t))
-                time.sleep(0.02)
-            slow.freeze()  # nothing more reaches the server
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(30)
-        assert landed >= LANDED, f"only {landed} blocks landed"
-    finally:
-        slow.stop()
+    env = {"WRITER_STORE_OPTIONS": json.dumps(options)}
+    landed = kill_when_landed(
+        t.store.url,
+        src,
+        env,
+        slow=slow,
+        landed=lambda: len(staged(t)),
+        goal=LANDED,
+        timeout=60,
+        poll=0.02,
+    )
+    assert landed >= LANDED, f"only {landed} blocks landed"
     assert door(t).read(NAME) is None
     assert door(t).read(record_path(NAME)) is None
     assert len(staged(t)) < BLOCKS
@@ -226,9 +209,7 @@ def test_hostile_state_never_commits_bad_bytes(
     azurite: Azurite, t: Target, source: Path, hostile: Any
 ) -> None:
     kill_mid_upload(azurite, t, source)
-    (where,) = states(t)
-    state = json.loads(door(t).read(where) or b"")
-    state["__source"] = str(source)
+    where, state = read_state(door(t), source)
     door(t).write(where, hostile(state, t))
     sent = put_counted(azurite, t, source)
     if hostile is _wrong_block_ids:

@@ -62,7 +62,7 @@ def _prefix() -> str:
 
 def _opener(url: str, **options: Any) -> Callable[[], Backend]:
     """A function opening a fresh backend on ``url`` (as another process would)."""
-    return lambda: open_store(url, **options).backend
+    return lambda: open_store(url, **options)._backend
 
 
 def _subject(url: str, door: Any, **options: Any) -> BackendSubject:
@@ -143,7 +143,7 @@ def _faulty(port: int, url: str, options: Callable[[str], dict[str, Any]]) -> It
     exit, checks that the reset happened."""
     proxy = FaultProxy(port)
     try:
-        backend = open_store(url, **options(proxy.endpoint)).backend
+        backend = open_store(url, **options(proxy.endpoint))._backend
         proxy.set(reset_after=100, faulty=1)
         yield backend
         assert proxy.faulted == 1, "no connection was broken"

@@ -198,7 +198,7 @@ def test_dir_fsync_eio_commits_with_durability_unconfirmed(
 def test_mtime_zero_is_unknown(bridge: Target, fault_mount: FaultMount) -> None:
     fault_mount.set(mtime_zero={"match": "step_0001"})
     _earlier(bridge)
-    info = bridge.store.backend.stat(("step_0001.pt",))
+    info = bridge.store._backend.stat(("step_0001.pt",))
     assert info is not None
     assert info.mtime is None
     assert bridge.store.verify().ok
@@ -244,7 +244,7 @@ def test_bridge_declares_create_only_per_mount(bridge: Target, tmp_path: Path) -
     absence under the lock; forced onto a local filesystem the bridge declares it."""
     caps = bridge.store.describe()["capabilities"]
     assert caps["exclusive_create"] is False
-    assert bridge.store.backend.capabilities.exclusive_create is False
+    assert bridge.store._backend.capabilities.exclusive_create is False
     local = open_store(tmp_path / "local-bridge", strategy="bridge")
     assert local.describe()["strategy"] == "bridge-checked"
     assert local.describe()["capabilities"]["exclusive_create"] is True

@@ -85,7 +85,7 @@ def s3_targets(
     default, 60 s, so a paused writer's heartbeat never rewrites its pending record while the
     machine looks). ``small_parts``: files above 5 MiB go in parts of 5 MiB (S3's smallest),
     so a ``put_file`` of a few parts takes 11 MiB."""
-    probe: Any = open_store(server.url("probe"), **server.options()).committer.backend
+    probe: Any = open_store(server.url("probe"), **server.options())._committer.backend
     conditional = probe.conditional_writes()  # moto honours them, rclone serve s3 does not
 
     def make() -> Target:

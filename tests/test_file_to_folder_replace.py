@@ -31,7 +31,7 @@ def target(server_name: str, request: pytest.FixtureRequest) -> Target:
     server: S3Server = request.getfixturevalue(server_name)
     prefix = f"ff{time.monotonic_ns()}"
     url = server.url(prefix)
-    probe: Any = open_store(url, **server.options()).committer.backend
+    probe: Any = open_store(url, **server.options())._committer.backend
     opts = {**server.options(), "conditional_writes": probe.conditional_writes()}
     return Target(
         open_store(url, **opts),
@@ -91,7 +91,7 @@ def killed_after_the_old_file_went(t: Target) -> None:
         try:
             os.close(ready_r)
             store = t.reopen()
-            backend: Any = store.committer.backend
+            backend: Any = store._committer.backend
             delete_key = backend.delete_key
 
             def stopping(parts: tuple[str, ...], key: str) -> None:

@@ -252,7 +252,7 @@ def test_gc_leaves_a_live_s3_folder_replace_alone(
     with store.stage_dir("ckpt", overwrite=False) as d:
         for p, b in old.items():
             (d / p).write_bytes(b)
-    backend: Any = store.committer.backend
+    backend: Any = store._committer.backend
     copies = [0]
     paused, go = threading.Event(), threading.Event()
     original = backend.copy_checked

@@ -296,7 +296,7 @@ def test_create_only_probe_believes_only_precondition_failed(
         store = open_store(gcs.url(f"probe{answer}"), **opts)
         assert store.describe()["conditional_writes"] is honoured
         assert [status for _m, _p, status in proxy.injected] == [answer]
-        assert store.backend.capabilities.exclusive_create is honoured
+        assert store._backend.capabilities.exclusive_create is honoured
     finally:
         proxy.stop()
 

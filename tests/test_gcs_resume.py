@@ -1,9 +1,11 @@
 """GCS uploads of a local file that resume after the writer was SIGKILLed (fake-gcs-server).
 
 fake-gcs-server puts a proxy's endpoint in its session URIs, so every chunk goes through that
-proxy. A writer subprocess ``put_file``s a file through it, slowed, one chunk at a time; once the
-backdoor shows the resume state listing enough chunks the proxy stops forwarding, the writer is
-SIGKILLed and the proxy closed (the chunk in flight never completes). The next ``put_file`` goes
+proxy. A writer subprocess ``put_file``s a file through it, slowed, one chunk at a time; once its
+resume state says enough chunks were acknowledged and none is in flight, the writer stops there,
+the proxy stops forwarding, the writer is SIGKILLed and the proxy closed. (A writer killed with a
+chunk in flight, which fake-gcs-server cannot be asked about, starts over:
+``tests/test_gcs_resume_races.py``.) The next ``put_file`` goes
 through a new proxy on the same port that counts the bytes sent. Assertions read the bucket
 through the backdoor (raw JSON API).
 """
@@ -25,19 +27,18 @@ import pytest
 from commitstore import CommitError, open_store
 from commitstore.testing import GcsBackdoor, Target, record_path
 
+from .helpers import resumekill
 from .helpers.faultproxy import FaultProxy
 from .helpers.gcsserver import BUCKET, FakeGcs
+from .helpers.resumekill import NAME, ROOT_DIR, random_file, read_state
 from .helpers.samba import free_port
 
 MiB = 1024 * 1024
-ROOT_DIR = Path(__file__).resolve().parent.parent
 SIZE = 10 * MiB
 CHUNK = MiB
 CHUNKS = SIZE // CHUNK
 LANDED = 8  # the kill comes once 8 of the 10 chunks landed (80%)
 OVERHEAD = 1 * MiB  # headers, the state rewrites, the record, the pending records, the probe
-NAME = "run/step_0007.pt"
-STATE_DIR = ".commitstore/resume/"
 
 
 class Proxied:
@@ -78,9 +79,7 @@ def t(proxied: Proxied) -> Target:
 
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
-    path = tmp_path / "source.bin"
-    path.write_bytes(os.urandom(SIZE))
-    return path
+    return random_file(tmp_path / "source.bin", SIZE)
 
 
 def door(t: Target) -> GcsBackdoor:
@@ -89,7 +88,7 @@ def door(t: Target) -> GcsBackdoor:
 
 
 def states(t: Target) -> list[str]:
-    return [f for f in door(t).files() if f.startswith(STATE_DIR)]
+    return resumekill.states(door(t))
 
 
 def landed(t: Target) -> int:
@@ -105,9 +104,10 @@ def landed(t: Target) -> int:
 def kill_mid_upload(
     proxied: Proxied, t: Target, src: Path, before: bytes | None = None
 ) -> dict[str, Any]:
-    """Run a ``put_file`` writer of ``src`` as ``NAME`` through a slowed proxy; once the state
-    lists ``LANDED`` chunks the proxy stops forwarding, the writer is SIGKILLed and the proxy
-    closed. Returns the state left (nothing was published: ``NAME`` still holds ``before``)."""
+    """Run a ``put_file`` writer of ``src`` as ``NAME`` through a slowed proxy; right after its
+    state says ``LANDED`` chunks were acknowledged (none in flight) the writer stops, the proxy
+    stops forwarding, the writer is SIGKILLed and the proxy closed. Returns the state left
+    (nothing was published: ``NAME`` still holds ``before``)."""
     slow = proxied.proxy()
     slow.set(delay=0.01, faulty=None)
     url = proxied.server.url(door(t).prefix)
@@ -115,31 +115,32 @@ def kill_mid_upload(
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.putwriter", url, NAME, str(src)],
             cwd=ROOT_DIR,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "WRITER_STORE_OPTIONS": json.dumps(proxied.options())},
+            env={
+                **os.environ,
+                "WRITER_STORE_OPTIONS": json.dumps(proxied.options()),
+                "WRITER_GCS_AT": f"pause-at-acked:{LANDED}",
+            },
         )
         try:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == "ready"
-            deadline = time.monotonic() + 120
-            got = 0
-            while time.monotonic() < deadline and got < LANDED and proc.poll() is None:
-                got = landed(t)
-                time.sleep(0.01)
+            assert proc.stdout.readline().strip() == "paused"
             slow.freeze()  # nothing more reaches the server
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(30)
-        assert got >= LANDED, f"only {got} chunks landed"
     finally:
         slow.stop()
+    assert landed(t) == LANDED
     assert door(t).read(NAME) == before
     if before is None:
         assert door(t).read(record_path(NAME)) is None
     (where,) = states(t)
     state: dict[str, Any] = json.loads(door(t).read(where) or b"")
-    assert LANDED * CHUNK <= state["gcs"]["sent"] < SIZE
+    assert state["gcs"]["sent"] == len(state["gcs"]["crc32c"]) * CHUNK  # none in flight
     return state
 
 
@@ -271,9 +272,8 @@ def _request(method: str, url: str, body: bytes, headers: dict[str, str]) -> Any
 def test_hostile_state_never_commits_bad_bytes(
     proxied: Proxied, t: Target, source: Path, hostile: Any
 ) -> None:
-    state = kill_mid_upload(proxied, t, source)
-    (where,) = states(t)
-    state["__source"] = str(source)
+    kill_mid_upload(proxied, t, source)
+    where, state = read_state(door(t), source)
     edited = hostile(state, proxied, t)
     if isinstance(edited, dict):
         edited.pop("__source", None)
@@ -329,9 +329,8 @@ def test_no_status_query_never_risks_a_committed_object(
         t.reopen().put_bytes(NAME, b"the committed version")
     finally:
         proxy.stop()
-    state = kill_mid_upload(proxied, t, source, before=b"the committed version")
-    (where,) = states(t)
-    state["__source"] = str(source)
+    kill_mid_upload(proxied, t, source, before=b"the committed version")
+    where, state = read_state(door(t), source)
     edited = _more_sent(state, proxied, t)
     edited.pop("__source", None)
     door(t).write(where, json.dumps(edited).encode())

@@ -171,7 +171,7 @@ def test_folder_record_paths_never_leave_the_folder(
 
     mirror_root = base / "mirror"
     primary, mirror = t.reopen(), open_store(str(mirror_root))
-    report = returns(lambda: sync_mirrors(primary.committer, [mirror.committer], repair=True))
+    report = returns(lambda: sync_mirrors(primary._committer, [mirror._committer], repair=True))
     assert report.mirrors[0].copied == ("good",)
     assert not (mirror_root / "run").exists() or not any((mirror_root / "run").rglob("*"))
     assert snapshot(tmp_path) == {**before, **_mirror_good(tmp_path, mirror_root)}

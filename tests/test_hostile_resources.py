@@ -211,7 +211,9 @@ def test_a_scan_reader_refuses_a_record_grown_since_the_listing_unread(tmp_path:
     store.put_bytes("a.bin", b"hello")
     record = tmp_path / ".commitstore" / "records" / ".commitstore.rec.a.bin.json"
     os.truncate(record, GiB)
-    with store.backend.small_reads((".commitstore", "records"), max_bytes=MAX_RECORD_BYTES) as read:
+    with store._backend.small_reads(
+        (".commitstore", "records"), max_bytes=MAX_RECORD_BYTES
+    ) as read:
         before = _rchar()
         with pytest.raises(ValueError, match=f"{GiB} bytes"):
             read((record.name,))
@@ -273,7 +275,7 @@ def _proxied_store(kind: str, request: pytest.FixtureRequest) -> tuple[Any, Requ
 
 
 def _plant(store: Any, parts: tuple[str, ...], data: bytes) -> None:
-    sink = store.backend.open_sink(parts, mode=PutMode.REPLACE)
+    sink = store._backend.open_sink(parts, mode=PutMode.REPLACE)
     sink.write(memoryview(data))
     sink.publish(size=len(data), digest=xxh(data))
 
@@ -552,7 +554,7 @@ def test_a_damaged_artifact_on_a_read_only_mount_is_an_integrity_error(
     assert latest is not None and latest.name == "b.bin"
     assert lock.exists() == lock_file  # nothing created
     if lock_file:  # the read-only mount's check still excludes a writer of the rw mount
-        with store.backend.read_lock():
+        with store._backend.read_lock():
             fd = os.open(lock, os.O_RDWR)
             try:
                 with pytest.raises(BlockingIOError):
@@ -684,13 +686,13 @@ def test_adopt_of_fuzzed_files_reports_or_adopts_through_a_real_store(
 def test_a_checks_lock_excludes_writers_and_creates_nothing(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    with open_store(str(fresh)).backend.read_lock():
+    with open_store(str(fresh))._backend.read_lock():
         pass
     assert list(fresh.iterdir()) == []  # no .commitstore, no lock file
     store = open_store(str(tmp_path / "s"))
     store.put_bytes("a.bin", b"x")
     lock = tmp_path / "s" / ".commitstore" / "lock"
-    with store.backend.read_lock():
+    with store._backend.read_lock():
         fd = os.open(lock, os.O_RDONLY)
         try:
             with pytest.raises(BlockingIOError):

@@ -89,7 +89,7 @@ def test_a_blackholed_s3_mirror_never_blocks_commits(
     monkeypatch.setattr(copy_mod, "RETRIES", 1)  # one attempt per copy keeps the test short
     monkeypatch.setenv("COMMITSTORE_MIRROR_HANDOFF_SECONDS", "0.5")
     store = open_store(tmp_path / "p", mirrors=[_s3(hole, "mirror")], mirror_queue=1)
-    rep = store.replicator
+    rep = store._replicator
     assert rep is not None
     rep.policy = "best_effort"  # commits below must not raise earlier failures
     names = [f"step_{i}.pt" for i in range(4)]
@@ -131,7 +131,7 @@ def test_a_stuck_mirror_gets_owed_copies_once_it_catches_up(
     monkeypatch.setattr(copy_mod, "copy_artifact", held)
     monkeypatch.setenv("COMMITSTORE_MIRROR_HANDOFF_SECONDS", "0.3")
     store = open_store(tmp_path / "p", mirrors=[str(tmp_path / "m")], mirror_queue=2)
-    rep = store.replicator
+    rep = store._replicator
     assert rep is not None
     names = [f"step_{i}.pt" for i in range(6)]
     with caplog.at_level(logging.WARNING, logger="commitstore"):
@@ -172,7 +172,7 @@ def _overwrite_before_data_is_opened(
     second store on the same root) each time a copy opens the artifact's data for reading, so
     the copy has read the record of one version and reads the bytes of the next: the race of
     an alias overwritten while a mirror copies it."""
-    backend: Any = store.backend
+    backend: Any = store._backend
     real = backend.open_read
     other = open_store(root)
     opened: list[int] = []
@@ -217,7 +217,7 @@ def test_a_source_that_does_not_match_its_unchanged_record_is_still_refused(
     store.put_bytes("a.pt", b"a" * 1000)
     (tmp_path / "p" / "a.pt").write_bytes(b"b" * 1000)  # damaged behind the store's back
     with pytest.raises(SourceMismatch):
-        copy_mod.copy_artifact(store.committer, store.mirrors[0].committer, "a.pt")
+        copy_mod.copy_artifact(store._committer, store.mirrors[0]._committer, "a.pt")
     store.close()
 
 
@@ -260,7 +260,7 @@ def test_sync_settles_what_was_owed(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(copy_mod, "copy_artifact", unreachable)
     store = open_store(tmp_path / "p", mirrors=[str(tmp_path / "m")])
-    rep = store.replicator
+    rep = store._replicator
     assert rep is not None
     for i in range(3):
         store.put_bytes(f"step_{i}.pt", bytes([i]) * 100)
@@ -294,7 +294,7 @@ def test_a_copy_to_an_unanswering_s3_mirror_is_not_retried_on_top_of_its_request
     store = open_store(tmp_path / "p")
     store.put_bytes("a.pt", b"a" * 1000)
     with pytest.raises(BackendUnavailableError):
-        _within(lambda: copy_mod.copy_with_retries(store.committer, mirror.committer, "a.pt"))
+        _within(lambda: copy_mod.copy_with_retries(store._committer, mirror._committer, "a.pt"))
     # the upload's two attempts, then two of the one check whether the new version stands all
     # the same (the binary outcome: an upload whose answer was lost may have landed); not the
     # whole copy again, RETRIES times
@@ -311,7 +311,7 @@ def test_a_body_sent_to_a_blackholed_s3_endpoint_fails_typed_within_its_deadline
     mirror's pending record held its copy, and ``flush()``, forever. Reached directly here,
     because every commit now lists the records first (and that request times out)."""
     store = _s3(hole, "bodies")
-    backend = store.backend
+    backend = store._backend
     put = backend.send_body(  # type: ignore[attr-defined]
         "uploading", ("x",), "put_object", io.BytesIO(b"x" * size), Key="bodies/x"
     )

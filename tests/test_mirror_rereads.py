@@ -56,7 +56,7 @@ def _stores(tmp_path: Path, server: S3Server, **extra: Any) -> tuple[CommitStore
 
 def _log_bodies(mirror: CommitStore) -> list[tuple[str, str]]:
     """(S3 method, body type) of every request with a body for an artifact from now on."""
-    backend: Any = mirror.backend
+    backend: Any = mirror._backend
     send_body = backend.send_body
     sent: list[tuple[str, str]] = []
 
@@ -100,9 +100,9 @@ def test_copies_from_a_local_primary_send_their_bodies_from_the_file(
     # Such copies reserve nothing against sync's memory budget; from a primary that cannot give
     # its bytes again (memory://), a copy to S3 reserves what its sink holds.
     rec = store.record("whole.bin")
-    assert held_in_memory(store.committer, mirror.committer, rec) == 0
+    assert held_in_memory(store._committer, mirror._committer, rec) == 0
     elsewhere = open_store(f"memory://rereads-{time.monotonic_ns()}")
-    assert held_in_memory(elsewhere.committer, mirror.committer, rec) == rec.size
+    assert held_in_memory(elsewhere._committer, mirror._committer, rec) == rec.size
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -117,7 +117,7 @@ def test_a_primary_file_changed_after_it_was_hashed_is_never_published(
     _write_primary(tmp_path, {name: data})
     # One attempt per request (the store's retries): the SDK's retries of a refused body: no help
     store, door = _stores(tmp_path, server, retries=1)
-    backend: Any = store.mirrors[0].backend
+    backend: Any = store.mirrors[0]._backend
     open_sink = backend.open_sink
     changed: list[bool] = []
 
@@ -188,7 +188,7 @@ def test_a_primary_file_truncated_or_replaced_while_it_is_sent_is_never_publishe
     rec = open_store(tmp_path / "primary").record(name)
     raw_record = (tmp_path / "primary" / record_path(name)).read_bytes()
     store, door = _stores(tmp_path, server, retries=1)  # one attempt: the SDK's retries, no help
-    backend: Any = store.mirrors[0].backend
+    backend: Any = store.mirrors[0]._backend
     send_body = backend.send_body
     changed: list[bool] = []
 

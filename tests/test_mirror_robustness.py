@@ -38,7 +38,7 @@ def _fail_open_sink(
 ) -> list[int]:
     """Make the mirror backend's ``open_sink`` for artifact data raise ``exc`` (the first
     ``times`` calls, or always); returns the list of attempts (one entry per call)."""
-    backend: Any = mirror.backend
+    backend: Any = mirror._backend
     original = backend.open_sink
     calls: list[int] = []
 
@@ -134,7 +134,7 @@ def test_exit_flush_is_bounded_and_names_what_is_missing(tmp_path: Path) -> None
 
 def test_closed_store_leaves_no_exit_hook(tmp_path: Path) -> None:
     store = open_store(tmp_path / "p", mirrors=[str(tmp_path / "m")])
-    rep = store.replicator
+    rep = store._replicator
     assert rep is not None
     assert rep in _exitflush.waiting()
     store.close()
@@ -169,7 +169,7 @@ def test_a_failure_in_bookkeeping_does_not_stop_the_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = open_store(tmp_path / "p", mirrors=[str(tmp_path / "m")])
-    rep = store.replicator
+    rep = store._replicator
     assert rep is not None
     real = rep._copy
     once: list[int] = []
@@ -196,7 +196,7 @@ def test_a_dead_worker_fails_its_items_and_never_blocks(tmp_path: Path) -> None:
     store = open_store(tmp_path / "p", mirrors=[str(tmp_path / "m")], mirror_queue=1)
     _fail_open_sink(store.mirrors[0], SystemExit(3))  # ends the thread, as it should
     store.put_bytes("step_1.pt", b"a" * 100)
-    rep = store.replicator
+    rep = store._replicator
     assert rep is not None
     thread = rep.workers[0].thread
     assert thread is not None
@@ -314,7 +314,7 @@ def test_restore_racing_a_new_primary_commit_does_not_overwrite_it(tmp_path: Pat
     door = LocalBackdoor(tmp_path / "p")
     door.remove("step_1.pt")
     door.remove(record_path("step_1.pt"))  # primary lost it: restore will copy
-    mirror_backend: Any = store.mirrors[0].backend
+    mirror_backend: Any = store.mirrors[0]._backend
     original = mirror_backend.open_read
     overlapped: list[str] = []
 
@@ -375,7 +375,7 @@ def test_object_folder_replace_failing_after_k_files_deletes_no_old_file(
     with store.stage_dir("hf/ck") as d:
         _fill(d, OLD)
     old_record = door.read(record_path("hf/ck"))
-    backend: Any = store.backend
+    backend: Any = store._backend
     original = backend.open_sink
     uploads: list[tuple[str, ...]] = []
 
@@ -409,7 +409,7 @@ def test_smb_folder_replace_failing_rename_keeps_the_old_folder(tmp_path: Path) 
         store = open_store(samba.url("run"), password=PASSWORD)
         with store.stage_dir("hf/ck") as d:
             _fill(d, OLD)
-        backend: Any = store.backend
+        backend: Any = store._backend
         original = backend._move
         moves: list[tuple[str, str]] = []
 

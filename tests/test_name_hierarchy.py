@@ -235,7 +235,7 @@ def test_object_folder_replace_never_deletes_another_artifacts_keys(
     gc's roll-forward) never deletes a key of another committed artifact."""
     t = make_target(kind, request, tmp_path)
     with_children(t)
-    sink = t.store.committer.backend.open_dir_sink(("runs",), mode=PutMode.REPLACE)
+    sink = t.store._committer.backend.open_dir_sink(("runs",), mode=PutMode.REPLACE)
     (sink.local_path / "new.bin").write_bytes(b"the new folder's file")
     sink.publish()
     assert t.door.read("runs/new.bin") == b"the new folder's file"

@@ -163,7 +163,7 @@ def make_target(kind: str, request: pytest.FixtureRequest) -> Target:
         url, opts = az.url(prefix), az.options()
         door = azure_backdoor(az, prefix)
     store = open_store(url, **opts)
-    backend: Any = store.committer.backend
+    backend: Any = store._committer.backend
     known = {**opts, "conditional_writes": backend.conditional_writes()}
     return Target(store, door, lambda: open_store(url, **known))
 
@@ -183,7 +183,7 @@ def test_replace_stages_everything_before_touching_old(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     t = prepared(kind, request)
-    reqs = Requests(t.store.committer.backend)
+    reqs = Requests(t.store._committer.backend)
     commit(t.store, NEW, overwrite=True)
     staged = staged_prefix(NAME, NEW).rstrip("/")
     log = reqs.log
@@ -247,7 +247,7 @@ def every_request(kind: str, request: pytest.FixtureRequest, *, every: bool) -> 
     own name in one store (step k, so ``latest`` is always the name just tried)."""
     t = make_target(kind, request)
     commit(t.store, OLD, overwrite=False, name="run/ckpt-0")
-    reqs = Requests(t.store.committer.backend)
+    reqs = Requests(t.store._committer.backend)
     commit(t.store, NEW, overwrite=True, name="run/ckpt-0")
     total = len(reqs.log)
     points = list(range(1, total + 1)) if every else landmarks(reqs.log)
@@ -310,7 +310,7 @@ def _kill_mid_copy(t: Target, copies_before_kill: int) -> None:
         try:
             os.close(ready_r)
             store = t.reopen()
-            backend: Any = store.committer.backend
+            backend: Any = store._committer.backend
             copy, done = backend.server_copy, []
 
             def server_copy(*args: Any, **kw: Any) -> Any:

@@ -40,7 +40,7 @@ def _target(kind: str, request: pytest.FixtureRequest) -> Target:
     if kind in ("moto", "rclone"):
         s3: S3Server = request.getfixturevalue(kind)
         url = s3.url(prefix)
-        probe: Any = open_store(url, **s3.options()).committer.backend
+        probe: Any = open_store(url, **s3.options())._committer.backend
         opts = {**s3.options(), "conditional_writes": probe.conditional_writes()}
         door = S3Backdoor(s3.client(), BUCKET, prefix)
     elif kind == "gcs":

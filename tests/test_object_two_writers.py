@@ -152,7 +152,7 @@ def run_random_rounds(server: S3Server, server_name: str, rounds: int) -> None:
     prefix = f"two{time.monotonic_ns()}"
     url = server.url(prefix)
     store = open_store(url, **server.options())
-    backend: Any = store.committer.backend
+    backend: Any = store._committer.backend
     opts = {**server.options(), "conditional_writes": backend.conditional_writes()}
     door = S3Backdoor(server.client(), BUCKET, prefix)
     store.put_bytes(NAME, b"old" * 100, overwrite=True)
@@ -259,7 +259,7 @@ def test_two_writers_stepped_then_killed_leave_a_version_that_verifies(
     prefix = f"step{time.monotonic_ns()}"
     url = server.url(prefix)
     store = open_store(url, **server.options())
-    backend: Any = store.committer.backend
+    backend: Any = store._committer.backend
     opts = {**server.options(), "conditional_writes": backend.conditional_writes()}
     door = S3Backdoor(server.client(), BUCKET, prefix)
     store.put_bytes(NAME, b"old" * 100, overwrite=True)

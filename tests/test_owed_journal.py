@@ -142,7 +142,7 @@ def test_a_handed_off_copy_is_journaled_until_delivered(
     names = [f"step_{i}.pt" for i in range(4)]
     for name in names:
         store.put_bytes(name, name.encode())
-    rep = store.replicator
+    rep = store._replicator
     assert rep is not None
     handed = set(rep.workers[0].journaled)
     assert handed and handed <= set(names)  # the hand-offs, journaled on the primary
@@ -234,7 +234,7 @@ def test_damaged_entries_are_ignored_with_a_warning(
         store = open_store(root, mirrors=[mirror])
     said = [r.getMessage() for r in caplog.records if "damaged entries" in r.getMessage()]
     assert said and said[0].startswith(f"{len(bad)} damaged entries")
-    rep = store.replicator
+    rep = store._replicator
     assert rep is not None and rep.workers[0].pending == []
     store.flush()
     door = LocalBackdoor(tmp_path / "m")

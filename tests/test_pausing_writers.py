@@ -77,7 +77,7 @@ def make_target(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Ta
     if kind in ("s3", "rclone"):
         s3: S3Server = request.getfixturevalue("moto" if kind == "s3" else kind)
         url = s3.url(sub)
-        probe: Any = open_store(url, **s3.options()).committer.backend
+        probe: Any = open_store(url, **s3.options())._committer.backend
         opts = {**s3.options(), "conditional_writes": probe.conditional_writes()}
         opts.update(single_put_max=0, part_size=5 * MiB)
         door = S3Backdoor(s3.client(), BUCKET, sub)

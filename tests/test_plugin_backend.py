@@ -72,7 +72,7 @@ def test_entry_point_alone_opens_the_store(installed: Path, tmp_path: Path) -> N
         store = open_store("myproto://" + sys.argv[1])
         info = store.describe()
         assert info["strategy"] == "myproto-rename", info
-        assert type(store.backend).__module__ == "myproto_backend"
+        assert type(store._backend).__module__ == "myproto_backend"
         rec = store.put_bytes("run/step_0001.pt", b"plugin bytes")
         assert store.read_bytes("run/step_0001.pt") == b"plugin bytes"
         report = store.verify()

@@ -138,8 +138,8 @@ def test_a_prune_planned_from_the_records_does_what_one_from_every_data_file_doe
         copies = [Path(tmp) / "a2", Path(tmp) / "b2"]
         for src, dst in zip(roots, copies, strict=True):
             shutil.copytree(src, dst)
-        targets = [s.committer for s in stores]
-        twins = [open_store(r).committer for r in copies]
+        targets = [s._committer for s in stores]
+        twins = [open_store(r)._committer for r in copies]
         checks: Counter[tuple[int, str]] = Counter()
         real_check = prune_mod._check_data
 
@@ -186,7 +186,7 @@ def test_prune_on_moto_lists_the_records_only_and_heads_what_the_plan_needs(
     fresh = open_store(url, **moto.options())
     calls: Counter[str] = Counter()
     prefixes: list[str] = []
-    backend: Any = fresh.backend
+    backend: Any = fresh._backend
     real = backend.fs._call_s3
     lock = threading.Lock()
 
@@ -214,7 +214,7 @@ def test_prune_on_moto_lists_the_records_only_and_heads_what_the_plan_needs(
     # one HEAD per kept artifact (the newest among them), and those of the newest's full check
     newest = fresh.record("step_039.pt")
     planned, calls = dict(calls), Counter()
-    assert _check.check(fresh.backend, newest, "full").status == "ok"
+    assert _check.check(fresh._backend, newest, "full").status == "ok"
     assert planned["head_object"] == len(kept) + calls["head_object"], (planned, calls)
     report = fresh.prune(keep_last=3, keep_every=10, min_age=0)
     assert report.deleted == plan.deleted
@@ -247,7 +247,7 @@ def test_a_name_with_its_commit_in_flight_is_planned_from_its_data(moto: MotoSer
 
     def plan() -> prune_mod.PruneReport:
         fresh = open_store(url, **moto.options())
-        return prune_mod.prune([fresh.committer], policy, pending={}, dry_run=True, now=now)
+        return prune_mod.prune([fresh._committer], policy, pending={}, dry_run=True, now=now)
 
     first = plan()
     assert set(first.deleted) == {"step_1.pt", "step_2.pt"}, first
@@ -256,7 +256,7 @@ def test_a_name_with_its_commit_in_flight_is_planned_from_its_data(moto: MotoSer
     assert set(plan().deleted) == {"step_0.pt", "step_1.pt", "step_2.pt"}
     fresh = open_store(url, **moto.options())
     real = prune_mod.prune(
-        [fresh.committer],
+        [fresh._committer],
         Retention(keep_last=1, min_age=600),
         pending={},
         dry_run=False,
@@ -287,8 +287,8 @@ def test_a_name_whose_records_differ_between_targets_is_placed_by_its_whole_copy
     for src, dst in zip(roots, copies, strict=True):
         shutil.copytree(src, dst)
     pol = Retention(min_age=0, **policy_kw)  # type: ignore[arg-type]
-    eager = _prune([primary.committer, mirror.committer], pol, from_records=False, dry_run=False)
-    twins = [open_store(r).committer for r in copies]
+    eager = _prune([primary._committer, mirror._committer], pol, from_records=False, dry_run=False)
+    twins = [open_store(r)._committer for r in copies]
     lazy = _prune(twins, pol, from_records=True, dry_run=False)
     assert lazy == eager
     assert "A.pt" in eager[1][1], eager  # kept on the mirror

@@ -207,7 +207,7 @@ def test_a_record_read_from_its_aside_entry_has_unknown_age(tmp_path: Path) -> N
         store.put_bytes(f"a/step_{i}.pt", b"x", step=i)
     rec = tmp_path / "s" / Path(*record_parts(("a", "step_0.pt")))
     os.rename(rec, rec.with_name(aside_part(rec.name)))
-    found, bad = scan_entries(store.backend)
+    found, bad = scan_entries(store._backend)
     infos = {e.record.name: e.info for e in found}
     assert not bad and infos["a/step_0.pt"] is None
     assert infos["a/step_1.pt"] is not None and infos["a/step_1.pt"].size > 0

@@ -304,7 +304,7 @@ def test_single_put_up_to_the_limit_then_multipart(s3: tuple[S3Server, Target]) 
 
 def _log_calls(t: Target) -> list[tuple[str, str]]:
     """(method, key) of every S3 call the store's backend makes from now on, in order."""
-    fs: Any = t.store.backend.fs  # type: ignore[attr-defined]
+    fs: Any = t.store._backend.fs  # type: ignore[attr-defined]
     calls: list[tuple[str, str]] = []
     sync_call, async_call = fs.call_s3, fs._call_s3
 

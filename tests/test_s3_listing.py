@@ -43,7 +43,7 @@ def seeded(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str]
     client = moto.client()
     for key in KEYS:
         client.put_object(Bucket=BUCKET, Key=f"{prefix}/{key}", Body=key.encode())
-    return open_store(f"s3://{BUCKET}/{prefix}", **moto.options()).backend, prefix
+    return open_store(f"s3://{BUCKET}/{prefix}", **moto.options())._backend, prefix
 
 
 def _watch(backend: Any) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def test_a_long_listing_lists_folders_side_by_side_with_the_same_keys(
 def test_a_listing_of_one_page_makes_one_request(moto: MotoServer) -> None:
     prefix = f"short{time.monotonic_ns()}"
     moto.client().put_object(Bucket=BUCKET, Key=f"{prefix}/a/b", Body=b"x")
-    backend: Any = open_store(f"s3://{BUCKET}/{prefix}", **moto.options()).backend
+    backend: Any = open_store(f"s3://{BUCKET}/{prefix}", **moto.options())._backend
     seen = _watch(backend)
     assert [o.key for o in backend.list_objects(())] == [f"{prefix}/a/b"]
     assert seen["requests"] == 1 and seen["delimited"] == 0

@@ -41,7 +41,7 @@ def _spy(
 ) -> list[tuple[str, bool]]:
     """Record (method, carried Content-MD5) of every body-carrying S3 call of ``store``;
     ``answer`` may rewrite what the server answered (the request is sent unchanged)."""
-    fs: Any = store.backend.fs  # type: ignore[attr-defined]
+    fs: Any = store._backend.fs  # type: ignore[attr-defined]
     real = fs._call_s3
     seen: list[tuple[str, bool]] = []
 
@@ -133,7 +133,7 @@ def test_a_server_whose_part_etags_are_not_md5s_gets_content_md5_on_every_part(
     t.store.put_bytes("a.bin", data)
     # the first part went twice (the second time checked), then every part carries Content-MD5
     assert seen == [("upload_part", True)] * 4
-    assert t.store.backend.part_etags_md5 is False  # type: ignore[attr-defined]
+    assert t.store._backend.part_etags_md5 is False  # type: ignore[attr-defined]
     seen.clear()
     t.store.put_bytes("b.bin", data)
     assert seen == [("upload_part", True)] * 3

@@ -44,7 +44,7 @@ def _data(size: int, seed: int = 0) -> bytes:
 
 
 def _reader(store: Any, name: str) -> S3RangedReader:
-    backend = store.backend
+    backend = store._backend
     assert isinstance(backend, S3Backend)
     f = backend.open_read(tuple(name.split("/")))
     assert isinstance(f, S3RangedReader)
@@ -77,7 +77,7 @@ def test_bytes_of_a_corrupted_object_fail_the_hash(moto: MotoServer, tmp_path: P
     store = _store(moto)
     data = _data(3 * BLOCK + 5)
     store.put_bytes("c", data)
-    key = f"{store.backend.prefix}/c"
+    key = f"{store._backend.prefix}/c"
     moto.client().put_object(Bucket=BUCKET, Key=key, Body=data[:-1] + b"\0")
     with pytest.raises(CommitStoreError):
         store.get_file("c", tmp_path / "c")
@@ -89,7 +89,7 @@ def test_overwrite_during_a_pipelined_read_raises_typed(server: S3Server, tmp_pa
     size = 12 * BLOCK
     old, new = _data(size), _data(size, 1)
     store.put_bytes("o", old)
-    key = f"{store.backend.prefix}/o"
+    key = f"{store._backend.prefix}/o"
     r = _reader(store, "o")
     etag = r.etag
     assert r.read(BLOCK) == old[:BLOCK]
@@ -111,7 +111,7 @@ def test_overwrite_during_a_pipelined_read_raises_typed(server: S3Server, tmp_pa
     size = 10 * MiB
     old, new = _data(size), _data(size, 1)
     store.put_bytes("p", old)
-    pkey = f"{store.backend.prefix}/p"
+    pkey = f"{store._backend.prefix}/p"
     landed: list[int] = []
 
     def overwrite(done: int) -> None:
@@ -131,7 +131,7 @@ def _threads() -> set[threading.Thread]:
 
 
 def _tasks(store: Any) -> set[asyncio.Task[Any]]:
-    loop = store.backend.fs.loop
+    loop = store._backend.fs.loop
 
     async def running() -> set[asyncio.Task[Any]]:
         return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
@@ -212,7 +212,7 @@ def test_failed_range_raises_typed_and_leaves_nothing_running(
     how: str,
 ) -> None:
     store = _proxied(moto, proxy, retries=1)  # one attempt per request (the store's retries)
-    store.backend.fs.retries = 1  # s3fs's own retries of a dropped connection, with backoff
+    store._backend.fs.retries = 1  # s3fs's own retries of a dropped connection, with backoff
     size = 9 * BLOCK
     store.put_bytes("f", _data(size))
     with _reader(store, "f") as warm:  # the loop and its connections exist before counting

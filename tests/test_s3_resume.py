@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,18 +27,17 @@ from commitstore.backends.object.s3.upload import STALE_BEATS
 from commitstore.layout import resume_parts
 from commitstore.testing import S3Backdoor, Target, record_path
 
+from .helpers import resumekill
 from .helpers.faultproxy import FaultProxy
+from .helpers.resumekill import NAME, kill_when_landed, random_file, read_state, writer
 from .helpers.s3servers import BUCKET, S3Server
 
 MiB = 1024 * 1024
-ROOT_DIR = Path(__file__).resolve().parent.parent
 SIZE = 30 * MiB
 PART = 5 * MiB
 PARTS = SIZE // PART
 LANDED = 5  # the kill comes once 5 of the 6 parts landed (~83%)
 OVERHEAD = 2 * MiB  # requests' headers, the state, the record, the pending records
-NAME = "run/step_0007.pt"
-STATE_DIR = ".commitstore/resume/"
 HEARTBEAT = 0.5
 """Every writer's heartbeat here: a killed writer's upload looks dead a few seconds after."""
 MTIME_RESOLUTION = 1.0
@@ -71,9 +68,7 @@ def s3(request: pytest.FixtureRequest) -> tuple[S3Server, Target]:
 
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
-    path = tmp_path / "source.bin"
-    path.write_bytes(os.urandom(SIZE))
-    return path
+    return random_file(tmp_path / "source.bin", SIZE)
 
 
 def door(t: Target) -> S3Backdoor:
@@ -86,7 +81,13 @@ def uploads(t: Target) -> list[dict[str, Any]]:
 
 
 def states(t: Target) -> list[str]:
-    return [f for f in door(t).files() if f.startswith(STATE_DIR)]
+    return resumekill.states(door(t))
+
+
+def parts_landed(t: Target) -> int:
+    """The parts of the one pending upload (0 before it exists)."""
+    ups = uploads(t)
+    return door(t).parts_uploaded(str(ups[0]["Key"]), str(ups[0]["UploadId"])) if ups else 0
 
 
 def kill_mid_upload(server: S3Server, t: Target, src: Path) -> dict[str, Any]:
@@ -96,36 +97,22 @@ def kill_mid_upload(server: S3Server, t: Target, src: Path) -> dict[str, Any]:
     slow = FaultProxy(server.port)
     slow.set(delay=0.005, faulty=None)
     options = {**SMALL, "max_inflight": 1}
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.putwriter", t.store.url, NAME, str(src)],
-            cwd=ROOT_DIR,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={
-                **os.environ,
-                **server.env(),
-                "AWS_ENDPOINT_URL": slow.endpoint,
-                "WRITER_STORE_OPTIONS": json.dumps({**options, "endpoint_url": slow.endpoint}),
-            },
-        )
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
-            deadline = time.monotonic() + 60
-            landed = 0
-            while time.monotonic() < deadline and landed < LANDED and proc.poll() is None:
-                ups = uploads(t)
-                if ups:
-                    landed = door(t).parts_uploaded(str(ups[0]["Key"]), str(ups[0]["UploadId"]))
-                time.sleep(0.02)
-            slow.freeze()  # nothing more reaches the server
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(30)
-        assert landed >= LANDED, f"only {landed} parts landed"
-    finally:
-        slow.stop()
+    env = {
+        **server.env(),
+        "AWS_ENDPOINT_URL": slow.endpoint,
+        "WRITER_STORE_OPTIONS": json.dumps({**options, "endpoint_url": slow.endpoint}),
+    }
+    landed = kill_when_landed(
+        t.store.url,
+        src,
+        env,
+        slow=slow,
+        landed=lambda: parts_landed(t),
+        goal=LANDED,
+        timeout=60,
+        poll=0.02,
+    )
+    assert landed >= LANDED, f"only {landed} parts landed"
     assert door(t).read(NAME) is None
     assert door(t).read(record_path(NAME)) is None
     (up,) = uploads(t)
@@ -232,9 +219,7 @@ def test_hostile_state_never_commits_bad_bytes(
 ) -> None:
     server, t = s3
     up = kill_mid_upload(server, t, source)
-    (where,) = states(t)
-    state = json.loads(door(t).read(where) or b"")
-    state["__source"] = str(source)
+    where, state = read_state(door(t), source)
     door(t).write(where, hostile(state, server, t))
     other = [u for u in uploads(t) if u["UploadId"] != up["UploadId"]]
     if hostile is _other_upload:
@@ -287,21 +272,13 @@ class LiveWriter:
         self, server: S3Server, t: Target, name: str, src: Path, heartbeat: float = HEARTBEAT
     ) -> None:
         self.t = t
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.putwriter", t.store.url, name, str(src)],
-            cwd=ROOT_DIR,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={
-                **os.environ,
-                **server.env(),
-                "WRITER_PAUSE_AT": str(PAUSE_AT),
-                "WRITER_STORE_OPTIONS": json.dumps(
-                    {**SMALL, "max_inflight": 1, "heartbeat": heartbeat}
-                ),
-            },
-        )
+        options = {**SMALL, "max_inflight": 1, "heartbeat": heartbeat}
+        env = {
+            **server.env(),
+            "WRITER_PAUSE_AT": str(PAUSE_AT),
+            "WRITER_STORE_OPTIONS": json.dumps(options),
+        }
+        self.proc = writer(t.store.url, src, env, name=name, stdin=True)
 
     def __enter__(self) -> LiveWriter:
         try:
@@ -341,11 +318,6 @@ class LiveWriter:
         self.proc.wait(30)
 
 
-def _random_file(path: Path) -> Path:
-    path.write_bytes(os.urandom(SIZE))
-    return path
-
-
 @pytest.mark.parametrize("same", [True, False], ids=["same-source", "other-source"])
 def test_a_live_writer_is_never_joined_nor_aborted(
     s3: tuple[S3Server, Target], source: Path, tmp_path: Path, same: bool
@@ -356,7 +328,7 @@ def test_a_live_writer_is_never_joined_nor_aborted(
     upload and leaves A's untouched; A then commits; the name verifies as A's bytes, and
     neither an upload nor a state is left."""
     server, t = s3
-    theirs = source if same else _random_file(tmp_path / "b.bin")
+    theirs = source if same else random_file(tmp_path / "b.bin", SIZE)
     with LiveWriter(server, t, NAME, source) as a:
         t.reopen().put_file(NAME, theirs, overwrite=True)
         assert door(t).read(NAME) == theirs.read_bytes()
@@ -380,7 +352,7 @@ def test_a_live_writer_of_a_longer_heartbeat_is_never_joined_nor_aborted(
     heartbeats plus the mtime resolution), though well within A's. B judges A's upload by A's
     heartbeat: it commits its own upload and leaves A's untouched; A then commits."""
     server, t = s3
-    theirs = source if same else _random_file(tmp_path / "b.bin")
+    theirs = source if same else random_file(tmp_path / "b.bin", SIZE)
     with LiveWriter(server, t, NAME, source, heartbeat=30.0) as a:
         wait_dead(t, a.upload)  # by B's heartbeat only
         t.reopen().put_file(NAME, theirs, overwrite=True)

@@ -43,7 +43,7 @@ class Counter:
     """S3 calls by method, and the most record reads ever in flight at once."""
 
     def __init__(self, store: CommitStore) -> None:
-        backend: Any = store.backend
+        backend: Any = store._backend
         self.calls: dict[str, int] = {}
         self.record_reads = 0
         self.inflight = self.peak = 0
@@ -88,7 +88,7 @@ def test_cold_scan_reads_each_record_once_with_bounded_overlap_then_none(
     count = Counter(cold)
     newest = cold.latest(level="size")
     assert newest is not None and newest.name == f"ckpt/step_{N - 1:04d}.pt"
-    limit = cold.backend.capabilities.read_concurrency
+    limit = cold._backend.capabilities.read_concurrency
     assert count.record_reads == N, "a first scan reads every record exactly once"
     assert 1 < count.peak <= limit, f"record reads overlapped, at most {limit} at a time"
     # one listing page of the records, one of the writers' pending records (a name a commit

@@ -48,7 +48,7 @@ def test_the_store_client_parses_with_it_and_listing_times_are_right(moto: MotoS
     client = moto.client()
     for i in range(3):
         client.put_object(Bucket=BUCKET, Key=f"{prefix}/f{i}", Body=b"x")
-    backend: Any = open_store(f"s3://{BUCKET}/{prefix}", **moto.options()).backend
+    backend: Any = open_store(f"s3://{BUCKET}/{prefix}", **moto.options())._backend
     listed = backend.list_objects(())
     truth = {
         o["Key"]: o["LastModified"].timestamp()

@@ -64,9 +64,9 @@ def test_a_scan_opens_each_folder_once_and_each_record_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int
 ) -> None:
     store = _store(tmp_path / "s", n)
-    listing = store.backend.walk(RECORDS)
+    listing = store._backend.walk(RECORDS)
     opens = OpenCounter(monkeypatch)
-    good, bad = scan_records(store.backend, listing)
+    good, bad = scan_records(store._backend, listing)
     assert len(good) == 2 * n + 1 and not bad
     # the records folder and its two subfolders once each, each record once, nothing else
     assert opens.of(RECORDS_DIR) == 1
@@ -99,12 +99,12 @@ def stale(tmp_path: Path) -> Iterator[tuple[CommitStore, Path, list[Any]]]:
     taken now (the test then changes the folder before the scan reads it)."""
     store = _store(tmp_path / "s", 3)
     before = len(os.listdir("/proc/self/fd"))
-    yield store, tmp_path / "s", store.backend.walk(RECORDS)
+    yield store, tmp_path / "s", store._backend.walk(RECORDS)
     assert len(os.listdir("/proc/self/fd")) <= before, "a descriptor leaked"
 
 
 def _by_name(store: CommitStore, listing: list[Any]) -> tuple[set[str], dict[str, str]]:
-    good, bad = scan_records(store.backend, listing)
+    good, bad = scan_records(store._backend, listing)
     return {r.name for r in good}, {b.name: b.detail for b in bad}
 
 
@@ -194,7 +194,7 @@ def test_an_aside_entry_of_a_missing_record_is_read_in_its_place(tmp_path: Path)
     store = _store(tmp_path / "s", 2)
     rec = tmp_path / "s" / record_path("a/step_1.pt")
     os.rename(rec, rec.with_name(aside_part(rec.name)))
-    good, bad = scan_records(store.backend)
+    good, bad = scan_records(store._backend)
     assert "a/step_1.pt" in {r.name for r in good} and not bad
     assert len(good) == 5
 
@@ -225,14 +225,14 @@ def test_the_default_reader_is_a_loop_of_read_small_tagged(
     for i in range(4):
         store.put_bytes(f"m/step_{i}", b"x")
     reads: list[tuple[str, ...]] = []
-    real = store.backend.read_small_tagged
+    real = store._backend.read_small_tagged
 
     def counting(parts: tuple[str, ...]) -> tuple[bytes, str | None]:
         reads.append(parts)
         return real(parts)
 
-    monkeypatch.setattr(store.backend, "read_small_tagged", counting)
-    good, bad = scan_records(store.backend)
+    monkeypatch.setattr(store._backend, "read_small_tagged", counting)
+    good, bad = scan_records(store._backend)
     assert len(good) == 4 and not bad
     assert sorted(reads) == [(*RECORDS, "m", f".commitstore.rec.step_{i}.json") for i in range(4)]
 

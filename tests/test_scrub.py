@@ -248,7 +248,7 @@ def test_bad_arguments_are_typed_errors_before_any_io(tmp_path: Path, kw: dict[s
 def _writer_hook(store: CommitStore, name: str, on: str, body: bytes, *, nth: int = 1) -> list[str]:
     """Make the ``nth`` read of ``name`` from ``store``'s storage commit ``body`` under ``name``
     on ``on`` from another process (a concurrent writer landing in the middle of a repair)."""
-    backend = store.committer.backend
+    backend = store._committer.backend
     real = backend.open_read
     fired: list[str] = []
     reads = [0]

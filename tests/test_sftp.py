@@ -66,13 +66,13 @@ def test_declared_capabilities_are_probed(rem: Remote) -> None:
     assert caps["atomic_replace"] is True
     assert caps["free_space"] is True
     assert caps["exclusive_create"] is False  # the server checks, then renames
-    assert rem.open().backend.free_space(()) is not None
+    assert rem.open()._backend.free_space(()) is not None
 
 
 def test_no_replace_move_is_refused_by_the_server(rem: Remote) -> None:
     """The create-only move is SFTP RENAME: the server refuses an existing destination, and
     the refusal is AlreadyExistsError; both files stay as they were."""
-    backend: Any = rem.open().backend
+    backend: Any = rem.open()._backend
     door = LocalBackdoor(rem.disk)
     door.write("a.bin", b"1")
     door.write("b.bin", b"2")
@@ -137,7 +137,7 @@ def test_credentials_never_leak(sftp: SftpServer, caplog: pytest.LogCaptureFixtu
     assert secret not in str(info.value) and secret not in repr(info.value)
     assert secret not in caplog.text
     store = open_store(sftp.url("srv/leak"), **OPTIONS)
-    for text in (repr(store), str(store.describe()), repr(store.backend)):
+    for text in (repr(store), str(store.describe()), repr(store._backend)):
         assert PASSWORD not in text
     with_pw = sftp.url("srv/leak").replace("cs@", f"cs:{PASSWORD}@")
     store2 = open_store(with_pw, known_hosts=None)

@@ -91,7 +91,7 @@ def test_credentials_never_leak(samba: SambaServer, caplog: pytest.LogCaptureFix
     assert secret not in repr(info.value)
     assert secret not in caplog.text
     store = open_store(samba.url("leak"), password=PASSWORD)
-    for text in (repr(store), str(store.describe()), repr(store.backend)):
+    for text in (repr(store), str(store.describe()), repr(store._backend)):
         assert PASSWORD not in text
     url_with_pw = samba.url("leak").replace("root@", f"root:{PASSWORD}@")
     store2 = open_store(url_with_pw)

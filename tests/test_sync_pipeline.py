@@ -37,7 +37,7 @@ def _primary(tmp_path: Path) -> dict[str, bytes]:
 def _count_record_reads(mirror: CommitStore) -> list[str]:
     """Record reads of ``mirror``: single reads (``open_read``) and a scan's (``small_reads``)."""
     reads: list[str] = []
-    backend: Any = mirror.backend
+    backend: Any = mirror._backend
     original = backend.open_read
     original_reads = backend.small_reads
 
@@ -95,7 +95,7 @@ def test_sync_publishes_at_most_transfers_at_once_and_stages_meanwhile(tmp_path:
     most = [0]
     staged_while_publishing = [0]
     full = threading.Event()
-    commit, open_sink = mirror.committer.commit, mirror.backend.open_sink
+    commit, open_sink = mirror._committer.commit, mirror._backend.open_sink
 
     def slow_commit(*args: Any, **kwargs: Any) -> Any:
         with lock:
@@ -117,8 +117,8 @@ def test_sync_publishes_at_most_transfers_at_once_and_stages_meanwhile(tmp_path:
                 staged_while_publishing[0] += 1
         return open_sink(parts, **kwargs)
 
-    mirror.committer.commit = slow_commit  # type: ignore[method-assign]
-    mirror.backend.open_sink = watched_sink  # type: ignore[method-assign]
+    mirror._committer.commit = slow_commit  # type: ignore[method-assign]
+    mirror._backend.open_sink = watched_sink  # type: ignore[method-assign]
     report = store.sync()
     assert sorted(report.mirrors[0].copied) == NAMES
     assert most[0] == TRANSFERS  # bounded by the publish slots, and reached
@@ -179,7 +179,7 @@ def _count_held(mirrors: list[CommitStore], *, roomy: bool) -> list[int]:
         backend.open_sink = counted_sink
 
     for mirror in mirrors:
-        wrap(mirror.backend)
+        wrap(mirror._backend)
     return held
 
 
@@ -201,7 +201,7 @@ def test_sync_holds_copies_to_object_stores_within_one_memory_budget(
     held = _count_held(mirrors, roomy=budget == "default")
     staging = size if budget == "one artifact" else STAGING_MEMORY
     report = sync_mirrors(
-        store.committer, [m.committer for m in mirrors], repair=True, staging_memory=staging
+        store._committer, [m._committer for m in mirrors], repair=True, staging_memory=staging
     )
     for m in report.mirrors:
         assert sorted(m.copied) == sorted(data)

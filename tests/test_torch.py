@@ -110,7 +110,7 @@ def test_save_then_load_mmap_newest_that_verifies(
 
 def _overwrite_raw(store: CommitStore, name: str, data: bytes) -> None:
     """Replace the artifact's bytes behind the store's back (bit rot), keeping its record."""
-    sink = store.backend.open_sink(tuple(name.split("/")), mode=PutMode.REPLACE)
+    sink = store._backend.open_sink(tuple(name.split("/")), mode=PutMode.REPLACE)
     sink.write(memoryview(data))
     sink.publish(size=len(data), digest=digest_bytes(data))
 

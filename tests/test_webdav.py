@@ -58,7 +58,7 @@ def test_declared_capabilities(rem: Remote) -> None:
     caps = info["capabilities"]
     assert caps["atomic_replace"] is False  # MOVE Overwrite: T may delete, then move
     assert caps["exclusive_create"] is False
-    assert caps["free_space"] is False and rem.open().backend.free_space(()) is None
+    assert caps["free_space"] is False and rem.open()._backend.free_space(()) is None
     assert "1" in info["dav"]
     assert any("Overwrite: T" in note for note in info["not_guaranteed"])
 
@@ -95,7 +95,7 @@ def test_credentials_never_leak(dav: WebdavServer, caplog: pytest.LogCaptureFixt
     assert secret not in str(info.value) and secret not in repr(info.value)
     assert secret not in caplog.text
     store = open_store(dav.url("srv/leak"), **OPTIONS)
-    for text in (repr(store), str(store.describe()), repr(store.backend)):
+    for text in (repr(store), str(store.describe()), repr(store._backend)):
         assert PASSWORD not in text
     with_pw = dav.url("srv/leak").replace("cs@", f"cs:{PASSWORD}@")
     store2 = open_store(with_pw)

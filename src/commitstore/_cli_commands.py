@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -292,7 +291,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     """The strategy a store uses (or would use) and whether it exists; creates nothing. A store
     that does not exist is a usage error (exit 2), its strategy still shown."""
     store = _open(args, args.url, existing=False)
-    info = {**store.describe(), "exists": store.backend.root_exists()}
+    info = {**store.describe(), "exists": store.exists()}
     text = "\n".join(f"{k}: {v}" for k, v in info.items())
     _emit(args, info, text)
     if not info["exists"]:
@@ -367,23 +366,6 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     return fail_as(args.json, IntegrityError(""), summary("not adopted", damaged), EXIT_FAIL)
 
 
-def _count_copies(store: CommitStore, bar: ProgressBar) -> None:
-    """Report to ``bar`` the bytes of every artifact a mirror of ``store`` publishes."""
-    done = 0
-    for mirror in store.mirrors:
-        committer = mirror.committer
-        publish: Callable[..., Record] = committer.commit
-
-        def counted(*a: Any, _publish: Callable[..., Record] = publish, **kw: Any) -> Record:
-            nonlocal done
-            rec = _publish(*a, **kw)
-            done += rec.size
-            bar(min(done, bar.total - 1))  # the end is drawn once sync has returned
-            return rec
-
-        setattr(committer, "commit", counted)  # noqa: B010 - this instance only
-
-
 def cmd_sync(args: argparse.Namespace) -> int:
     store = _open(args, args.primary, list(args.mirrors))
     bar = _bar(args, "sync", 0)
@@ -391,9 +373,12 @@ def cmd_sync(args: argparse.Namespace) -> int:
         # the most it may copy: everything, to every mirror
         total = sum(r.size for r in store.list()) * len(store.mirrors)
         bar = _bar(args, "sync", total)
-        if bar.enabled:
-            _count_copies(store, bar)
-    report = store.sync(repair=not args.no_repair)
+    shown = bar  # the end is drawn once sync has returned
+
+    def progress(done: int) -> None:
+        shown(min(done, max(shown.total - 1, 0)))
+
+    report = store.sync(repair=not args.no_repair, progress=progress if bar.enabled else None)
     bar(bar.total)
     doc = {
         "ok": report.ok,

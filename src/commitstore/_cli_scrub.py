@@ -14,7 +14,7 @@ from commitstore._cli_commands import EXIT_FAIL, EXIT_OK, _bar, _emit, _open
 from commitstore._cli_log import fail_as, summary
 from commitstore._cli_progress import ProgressBar
 from commitstore.errors import CommitStoreError, IntegrityError
-from commitstore.maintenance.scrub import ScrubReport, check_budget, scrub
+from commitstore.maintenance.scrub import ScrubReport, check_budget
 
 HELP = "fully verify copies on the primary and mirrors, oldest check first; repair bad ones"
 DESCRIPTION = (
@@ -99,11 +99,10 @@ def report_text(report: ScrubReport) -> str:
 
 
 def cmd_scrub(args: argparse.Namespace) -> int:
-    budget_bytes = check_budget(args.budget_bytes, "--budget-bytes")
-    budget_seconds = check_budget(args.budget_seconds, "--budget-seconds")
+    check_budget(args.budget_bytes, "--budget-bytes")  # named as typed, before any I/O
+    check_budget(args.budget_seconds, "--budget-seconds")
     # mirrors: the MIRROR arguments, then any --mirror (the same targets either way)
     store = _open(args, args.primary, [*args.mirrors, *(args.mirror or [])])
-    store.flush()
     bar: ProgressBar | None = None
 
     def progress(done: int, total: int) -> None:
@@ -112,11 +111,9 @@ def cmd_scrub(args: argparse.Namespace) -> int:
             bar = _bar(args, "scrub", total)
         bar(min(done, max(total - 1, 0)))  # the end is drawn once the scrub has returned
 
-    report = scrub(
-        store.committer,
-        [m.committer for m in store.mirrors],
-        budget_bytes=budget_bytes,
-        budget_seconds=budget_seconds,
+    report = store.scrub(
+        budget_bytes=args.budget_bytes,
+        budget_seconds=args.budget_seconds,
         repair=not args.no_repair,
         progress=progress,
     )

@@ -136,6 +136,6 @@ def open_target(
         raise ConfigurationError(f"no store at {url}: {path} {what}")
     opened = [open_store(m, **opts.of(m, primary=False)) for m in mirrors]
     store = open_store(url, mirrors=opened, mirror_mode="sync", **opts.of(url, primary=True))
-    if existing and path is None and not store.backend.root_exists():
+    if existing and path is None and not store.exists():
         raise ConfigurationError(f"no store at {store.url}: nothing there (nothing was created)")
     return store

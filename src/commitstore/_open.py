@@ -101,7 +101,7 @@ def check_separate(primary: Backend, url: str, mirrors: Sequence[CommitStore]) -
     if own is not None:
         seen.append((f"the primary {url}", own))
     for m in mirrors:
-        place = m.backend.place()
+        place = m._backend.place()
         if place is None:
             continue
         for what, other in seen:

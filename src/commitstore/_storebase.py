@@ -18,10 +18,10 @@ class StoreBase:
     """The state of a :class:`~commitstore.CommitStore` that its method groups use (declared
     here, set by its ``__init__``)."""
 
-    backend: Backend
+    _backend: Backend
     url: str
-    committer: Committer
-    replicator: Replicator | None
+    _committer: Committer
+    _replicator: Replicator | None
     retention: Retention | None
     _mirrors: Sequence[StoreBase]
-    _quiet_when_missing: bool
+    warn_missing: bool

@@ -33,7 +33,7 @@ class StoreReads(StoreBase):
         not exist, so a mistyped URL is never taken for an empty store. Creates nothing.
         Quiet where the caller has its own answer for "not there" (the ``commit://`` file
         system probes folders as stores and answers FileNotFoundError)."""
-        if self._quiet_when_missing or self.backend.root_exists():
+        if not self.warn_missing or self._backend.root_exists():
             return
         msg = (
             f"no store at {self.url}: its root does not exist (nothing was created; "
@@ -58,15 +58,15 @@ class StoreReads(StoreBase):
             ConfigurationError: an unknown ``level``, before any I/O.
         """
         if level is None:
-            return _verify.record_of(self.backend, self.url, name).record
+            return _verify.record_of(self._backend, self.url, name).record
         _verify.check_level(level)
-        return _verify.verified_record(self.backend, self.url, name, level)
+        return _verify.verified_record(self._backend, self.url, name, level)
 
     def list(self) -> list[Record]:
         """Committed artifacts (valid records only), oldest to newest: by step; artifacts without
         one by commit time, placed among the stepped ones by it (``docs/format.md``). Empty
         where the store's root does not exist, with a ``UserWarning`` saying so."""
-        records = _scan.list_records(self.backend)
+        records = _scan.list_records(self._backend)
         if not records:
             self._nothing_found()
         return records
@@ -79,7 +79,7 @@ class StoreReads(StoreBase):
         Where the store's root does not exist, the (empty) report comes with a ``UserWarning``.
         """
         _verify.check_level(level)
-        report = _verify.verify(self.backend, name, level)
+        report = _verify.verify(self._backend, name, level)
         if not report.results or all(r.status == "missing" for r in report.results):
             self._nothing_found()
         return report
@@ -93,9 +93,9 @@ class StoreReads(StoreBase):
         if source not in ("primary", "any"):
             raise ConfigurationError(f"source must be 'primary' or 'any', not {source!r}")
         if source == "any":
-            found = latest_any([self.committer, *(m.committer for m in self._mirrors)], level)
+            found = latest_any([self._committer, *(m._committer for m in self._mirrors)], level)
         else:
-            found = _newest.latest(self.backend, level)
+            found = _newest.latest(self._backend, level)
         if found is None:
             self._nothing_found()
         return found
@@ -116,7 +116,7 @@ class StoreReads(StoreBase):
 
     def _newest(self, level: str) -> Iterator[Record]:
         found = False
-        for result, version in _newest.newest(self.backend, level):
+        for result, version in _newest.newest(self._backend, level):
             if result.status == "ok":
                 found = True
                 yield version
@@ -134,12 +134,12 @@ class StoreReads(StoreBase):
             NotFoundError: not committed. IntegrityError: the bytes fail the check.
         """
         _verify.check_level(verify, allow_none=True)
-        return _read.open_verified(self.backend, self.url, name, verify)
+        return _read.open_verified(self._backend, self.url, name, verify)
 
     def read_bytes(self, name: str, *, verify: ReadLevel = "full") -> bytes:
         """All bytes of ``name``, read once and checked before they are returned."""
         _verify.check_level(verify, allow_none=True)
-        return _read.read_verified(self.backend, self.url, name, verify)
+        return _read.read_verified(self._backend, self.url, name, verify)
 
     def get_file(
         self,
@@ -159,7 +159,7 @@ class StoreReads(StoreBase):
         """
         _verify.check_level(verify, allow_none=True)
         _read.get_verified(
-            self.backend, self.url, name, dest=Path(local_path), level=verify, progress=progress
+            self._backend, self.url, name, dest=Path(local_path), level=verify, progress=progress
         )
 
     def fetch(
@@ -184,7 +184,7 @@ class StoreReads(StoreBase):
         validate_name(name)
         folder = _fetch.check_cache_dir(cache_dir)
         check_flag(rehash, "rehash")
-        return _fetch.fetch(self.backend, self.url, name, folder, rehash=rehash)[0]
+        return _fetch.fetch(self._backend, self.url, name, folder, rehash=rehash)[0]
 
     # -- reads that also return the version read (for integrations) ---------------------------
     def read_with_record(self, name: str, *, verify: Level = "full") -> tuple[bytes, Record]:
@@ -199,7 +199,7 @@ class StoreReads(StoreBase):
         """
         validate_name(name)
         _verify.check_level(verify)
-        return _read.read_with_record(self.backend, self.url, name, verify)
+        return _read.read_with_record(self._backend, self.url, name, verify)
 
     def fetch_with_record(
         self, name: str, cache_dir: str | os.PathLike[str] | None = None, *, rehash: bool = False
@@ -210,7 +210,7 @@ class StoreReads(StoreBase):
         validate_name(name)
         folder = _fetch.check_cache_dir(cache_dir)
         check_flag(rehash, "rehash")
-        return _fetch.fetch(self.backend, self.url, name, folder, rehash=rehash)
+        return _fetch.fetch(self._backend, self.url, name, folder, rehash=rehash)
 
     def read_member(self, record: Record, path: str) -> bytes:
         """All bytes of the file ``path`` (relative, ``/``-separated) of the committed folder
@@ -221,14 +221,14 @@ class StoreReads(StoreBase):
             NotFoundError: the record lists no such file. IntegrityError: missing, truncated
                 or changed bytes.
         """
-        return _foldermembers.read_member(self.committer, record, path)
+        return _foldermembers.read_member(self._committer, record, path)
 
     def scan(self) -> tuple[builtins.list[Record], builtins.list[VerifyResult]]:
         """Every committed record, oldest to newest (as :meth:`list`), and a ``bad_record``
         :class:`~commitstore.VerifyResult` for every record file that cannot be read (which
         :meth:`list` leaves out). No warning where the store's root does not exist: both lists
         are empty."""
-        good, bad = _scan.scan_records(self.backend)
+        good, bad = _scan.scan_records(self._backend)
         return arrange_records(good), bad
 
     def open_member(self, record: Record, path: str) -> BinaryIO:
@@ -240,4 +240,4 @@ class StoreReads(StoreBase):
             NotFoundError: the record lists no such file. IntegrityError: missing, truncated
                 or changed bytes.
         """
-        return _foldermembers.open_member(self.committer, record, path)
+        return _foldermembers.open_member(self._committer, record, path)

@@ -55,8 +55,8 @@ class StoreUpkeep(StoreBase):
         return self._prune(policy, dry_run=dry_run)
 
     def _prune(self, policy: Retention, *, dry_run: bool) -> PruneReport:
-        pending = self.replicator.pending() if self.replicator is not None else {}
-        targets = [self.committer, *(m.committer for m in self._mirrors)]
+        pending = self._replicator.pending() if self._replicator is not None else {}
+        targets = [self._committer, *(m._committer for m in self._mirrors)]
         return prune(targets, policy, pending=pending, dry_run=dry_run)
 
     def adopt(self, name: str | None = None, *, trust: bool = False) -> AdoptReport:
@@ -66,7 +66,7 @@ class StoreUpkeep(StoreBase):
         Truncated files are reported, never adopted; unknown formats only with ``trust=True``."""
         if name is not None:
             validate_name(name)
-        return adopt(self.committer, name, trust=check_flag(trust, "trust"))
+        return adopt(self._committer, name, trust=check_flag(trust, "trust"))
 
     def gc(self, *, min_age: float = 3600, dry_run: bool = False) -> GcReport:
         """Remove what dead writers left: staging files and folders, and (object stores)
@@ -80,7 +80,7 @@ class StoreUpkeep(StoreBase):
         With ``dry_run=True`` nothing is removed; ``removed`` lists what would be.
         """
         report = collect(
-            self.backend, min_age=check_age(min_age), dry_run=check_flag(dry_run, "dry_run")
+            self._backend, min_age=check_age(min_age), dry_run=check_flag(dry_run, "dry_run")
         )
         for item in report.removed:
             log.info(

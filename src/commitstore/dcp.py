@@ -48,7 +48,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from commitstore import FolderWrite, open_store
+from commitstore import FolderWrite
 from commitstore.errors import (
     CommitError,
     CommitStoreError,
@@ -67,16 +67,6 @@ METADATA_FILE = ".metadata"
 """The DCP metadata file of a committed folder (as ``dcp.FileSystemWriter`` names it)."""
 
 log = logging.getLogger("commitstore")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Reopen:
-    """A store's backend as it travels to torch's checkpoint process when the backend itself
-    cannot be pickled (an object store's client): the URL and storage options it was opened
-    from, opened again there (the same root and commit protocol)."""
-
-    url: str
-    options: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,11 +125,9 @@ class StorageWriter(dcp.StorageWriter):  # type: ignore[misc]
 
     def __getstate__(self) -> dict[str, Any]:
         """For ``dcp.async_save(..., async_checkpointer_type=PROCESS)``, which pickles the writer
-        into torch's checkpoint process: the store travels as its backend, URL and retention
-        and is opened again there (the same root, the same commit protocol; automatic retention
-        still runs after the commit). A backend that cannot be pickled (an object store's
-        client) travels as the URL and storage options it was opened from, credentials
-        included, and is opened from them again there.
+        into torch's checkpoint process: the store travels as a pickled
+        :class:`~commitstore.CommitStore` (its backend, or the URL and options it was opened
+        from; automatic retention still runs after the commit).
 
         Raises:
             ConfigurationError: the store has mirrors (the other process could not replicate
@@ -153,32 +141,9 @@ class StorageWriter(dcp.StorageWriter):  # type: ignore[misc]
                 f"{store.url}: a StorageWriter whose store has mirrors cannot go to another "
                 "process (AsyncCheckpointerType.PROCESS); use THREAD, or store.sync() after"
             )
-        try:
-            pickle.dumps(store.backend)
-            backend: object = store.backend
-        except Exception as exc:
-            opened = store.backend.opened_from
-            try:
-                if opened is None:
-                    raise
-                pickle.dumps(opened)
-            except Exception as again:
-                raise ConfigurationError(
-                    f"{store.url}: this store cannot be handed to another process: {again}"
-                ) from exc
-            backend = _Reopen(*opened)  # an object store's client: opened again over there
         state = dict(self.__dict__)
-        state["store"] = (backend, store.url, store.retention)
         state["_folder"] = None  # each process joins the folder by its token
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        backend, url, retention = state["store"]
-        if isinstance(backend, _Reopen):
-            state["store"] = open_store(backend.url, retention=retention, **backend.options)
-        else:
-            state["store"] = CommitStore(backend, url=url, retention=retention)
-        self.__dict__.update(state)
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id:

@@ -201,7 +201,7 @@ class CommitFileSystem(_Base):  # type: ignore[misc]
             from commitstore import open_store
 
             store = open_store(self._url(root), **self.target_options)
-            store._quiet_when_missing = True  # a path that is no store is FileNotFoundError here
+            store.warn_missing = False  # a path that is no store is FileNotFoundError here
             self._stores[root] = store
         return store
 

@@ -82,7 +82,7 @@ def _check_store(store: object) -> CommitStore:
 
 
 def _store_path(store: CommitStore, name: str) -> Path | None:
-    return store.backend.local_path(validate_name(name))
+    return store.local_path(name)
 
 
 def commit_folder(
@@ -186,7 +186,7 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
     def _writes_into_store(self, args: Any) -> bool:
         """Whether the Trainer's ``output_dir`` is the store's root or inside it (its rotation
         would then delete committed folders)."""
-        local_root = self.store.backend.local_path(())
+        local_root = self.store.local_path()
         output_dir = getattr(args, "output_dir", None)
         if local_root is None or output_dir is None:
             return False

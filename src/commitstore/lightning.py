@@ -97,7 +97,7 @@ class CommitStoreCheckpointIO(CheckpointIO):  # type: ignore[misc]  # lightning:
         """Deferred removals, done once they ran (or were skipped)."""
         self.alias = LAST_PATTERN if alias is None else alias
         self._prefixes = [store.url.rstrip("/") + "/"]
-        local_root = store.backend.local_path(())
+        local_root = store.local_path()
         if local_root is not None:
             root = str(local_root).rstrip(os.sep) + os.sep
             self._prefixes += [root, os.path.realpath(root).rstrip(os.sep) + os.sep]

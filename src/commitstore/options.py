@@ -56,6 +56,16 @@ def check_flag(value: object, what: str) -> bool:
     return _commit.check_flag(value, what)
 
 
+def check_callback(value: object, what: str) -> None:
+    """``value`` as an optional callback option named ``what``.
+
+    Raises:
+        ConfigurationError: anything but None or a callable, before any I/O.
+    """
+    if value is not None and not callable(value):
+        raise ConfigurationError(f"{what} must be None or a callable, not {value!r}")
+
+
 def check_timeout(timeout: object) -> float | None:
     """``timeout`` as a wait bound in seconds: None (no bound) or a finite number >= 0.
 

@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,7 +30,7 @@ from commitstore._stagefile import Stage
 from commitstore._storebase import Progress
 from commitstore._storereads import StoreReads
 from commitstore._storeupkeep import StoreUpkeep
-from commitstore.backends import Backend
+from commitstore.backends import Backend, resolve
 from commitstore.errors import ConfigurationError
 from commitstore.layout import redact_url, validate_name
 from commitstore.maintenance.retention import Retention
@@ -39,6 +40,7 @@ from commitstore.mirrors.sync import SyncReport, restore, sync_mirrors
 from commitstore.options import (
     MirrorMode,
     MirrorPolicy,
+    check_callback,
     check_timeout,
 )
 from commitstore.records import Record
@@ -78,31 +80,67 @@ class CommitStore(StoreReads, StoreUpkeep):
         retention: Retention | None = None,
         async_inflight: int = 1,
     ) -> None:
-        self.backend = backend
+        self._backend = backend
         self.url = redact_url(url)
         """The store's URL, without any password."""
-        self.committer = Committer(backend, self.url)
+        self._committer = Committer(backend, self.url)
         """The one commit path into this store (used by mirrors copying into it)."""
         self._mirrors = list(mirrors)
-        self.replicator: Replicator | None = None
+        self._replicator: Replicator | None = None
         """The mirrors' replication, when the store has any."""
         if self._mirrors:
-            self.replicator = Replicator(
-                self.committer,
-                [m.committer for m in self._mirrors],
+            self._replicator = Replicator(
+                self._committer,
+                [m._committer for m in self._mirrors],
                 mode=mirror_mode,
                 policy=mirror_policy,
                 queue_size=mirror_queue,
             )
         self.retention = retention
         """Applied after every successful commit, when set."""
-        self._quiet_when_missing = False
+        self.warn_missing = True
+        """Whether a read that finds nothing warns (``UserWarning`` and the log) when the
+        store's root does not exist, so a mistyped URL is never taken for an empty store. Set
+        it to False where the caller has its own answer for "not there"."""
         self._async_inflight = check_inflight(async_inflight)
         self._background: BackgroundCommits | None = None
         self._background_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"CommitStore({self.url!r}, strategy={self.backend.strategy!r})"
+        return f"CommitStore({self.url!r}, strategy={self._backend.strategy!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A store without mirrors can be sent to another process (pickled, e.g. into torch's
+        checkpoint process): it travels as its backend, URL, retention and ``async_inflight``
+        and is made again there (the same root, the same commit protocol). A backend that
+        cannot be pickled (an object store's client) travels as the URL and storage options
+        it was opened from, credentials included, and is opened from them again.
+
+        Raises:
+            ConfigurationError: the store has mirrors (their queues live in this process), or
+                its backend cannot be pickled and was not opened from a URL whose options can
+                be.
+        """
+        if self._mirrors:
+            raise ConfigurationError(
+                f"{self.url}: a store with mirrors cannot be sent to another process (its "
+                "mirror queues live in this one); send a store without mirrors, and sync after"
+            )
+        state = (self.url, self.retention, self._async_inflight)
+        try:
+            pickle.dumps(self._backend)
+            return (_unpickle, (self._backend, None, *state))
+        except Exception as exc:
+            opened = self._backend.opened_from
+            try:
+                if opened is None:
+                    raise
+                pickle.dumps(opened)
+            except Exception as again:
+                raise ConfigurationError(
+                    f"{self.url}: this store cannot be sent to another process: {again}"
+                ) from exc
+            return (_unpickle, (None, opened, *state))
 
     def __enter__(self) -> CommitStore:
         return self
@@ -114,7 +152,29 @@ class CommitStore(StoreReads, StoreUpkeep):
 
     def describe(self) -> dict[str, Any]:
         """Which commit strategy this store uses and why, with its declared capabilities."""
-        return {"url": self.url, **self.backend.describe()}
+        return {"url": self.url, **self._backend.describe()}
+
+    def exists(self) -> bool:
+        """Whether the store's root exists, found without creating anything: a folder on a file
+        system, at least one object under the prefix on an object store (storage that cannot
+        tell says True). Opening a store never creates its root; the first write does.
+
+        Raises:
+            BackendUnavailableError, StorageError: the storage could not be asked.
+        """
+        return self._backend.root_exists()
+
+    def local_path(self, name: str | None = None) -> Path | None:
+        """Where the store's root (``name`` None) or ``name`` lies on a file system this process
+        opens directly (a local or mounted folder), or None where the store is not such a
+        folder (object stores, SMB, fsspec). No I/O; a path is returned whether or not anything
+        is committed there. Writing through it bypasses every guarantee: use it to read, or to
+        tell whether another path lies inside the store.
+
+        Raises:
+            InvalidNameError: a bad name.
+        """
+        return self._backend.local_path(() if name is None else validate_name(name))
 
     # -- mirrors: each call is handed to mirrors/ with the committers of the store and its mirrors
 
@@ -130,8 +190,8 @@ class CommitStore(StoreReads, StoreUpkeep):
             if self._background is not None:
                 self._background.close()
         finally:
-            if self.replicator is not None:
-                self.replicator.close()
+            if self._replicator is not None:
+                self._replicator.close()
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every asynchronous commit ended, then until every queued artifact reached
@@ -148,8 +208,8 @@ class CommitStore(StoreReads, StoreUpkeep):
         end = None if timeout is None else time.monotonic() + timeout
         if self._background is not None:
             self._background.flush(timeout)
-        if self.replicator is not None:
-            self.replicator.flush(None if end is None else max(0.0, end - time.monotonic()))
+        if self._replicator is not None:
+            self._replicator.flush(None if end is None else max(0.0, end - time.monotonic()))
 
     @property
     def mirrors(self) -> list[CommitStore]:
@@ -167,18 +227,30 @@ class CommitStore(StoreReads, StoreUpkeep):
         Raises:
             BackendUnavailableError, StorageError: the primary itself could not be listed.
         """
-        return self.replicator.status() if self.replicator else []
+        return self._replicator.status() if self._replicator else []
 
-    def sync(self, *, repair: bool = True) -> SyncReport:
+    def sync(self, *, repair: bool = True, progress: Progress | None = None) -> SyncReport:
         """Copy to every mirror what it lacks and, with ``repair``, replace copies that fail
         verification. Never deletes on a mirror; artifacts only the mirror has are reported.
-        A primary artifact that fails its own check is never copied. Idempotent."""
-        self.flush()
+        A primary artifact that fails its own check is never copied. Idempotent.
+        ``progress``: called with the bytes published on mirrors so far, after each copy
+        (one call at a time, from the copying threads).
+
+        Raises:
+            ConfigurationError: a bad ``repair`` or ``progress``, before any I/O.
+        """
         repair = check_flag(repair, "repair")
-        report = sync_mirrors(self.committer, [m.committer for m in self._mirrors], repair=repair)
-        if self.replicator is not None:  # what sync made whole is no longer owed
+        check_callback(progress, "progress")
+        self.flush()
+        report = sync_mirrors(
+            self._committer,
+            [m._committer for m in self._mirrors],
+            repair=repair,
+            progress=progress,
+        )
+        if self._replicator is not None:  # what sync made whole is no longer owed
             for m in report.mirrors:
-                self.replicator.settled(m.url, {*m.copied, *m.repaired, *m.ok})
+                self._replicator.settled(m.url, {*m.copied, *m.repaired, *m.ok})
         return report
 
     def scrub(
@@ -187,6 +259,7 @@ class CommitStore(StoreReads, StoreUpkeep):
         budget_bytes: int | None = None,
         budget_seconds: float | None = None,
         repair: bool = True,
+        progress: Callable[[int, int], None] | None = None,
     ) -> ScrubReport:
         """Fully verify copies on the primary and every mirror, least recently verified first,
         until ``budget_bytes`` bytes were read or ``budget_seconds`` spent (None: no limit; the
@@ -198,23 +271,29 @@ class CommitStore(StoreReads, StoreUpkeep):
         before publishing, so a version a writer committed meanwhile is kept), nothing is
         deleted, and a name whose copies disagree on the record is reported, not repaired.
 
+        ``progress(done, total)``: called as bytes are verified (``total``: what the budget
+        allows, or every copy).
+
         Raises:
-            ConfigurationError: a budget that is not a positive number (before any I/O).
+            ConfigurationError: a budget that is not a positive number, a bad ``repair`` or
+                ``progress`` (before any I/O).
         """
         budget_b = check_budget(budget_bytes, "budget_bytes")
         budget_s = check_budget(budget_seconds, "budget_seconds")
         repair = check_flag(repair, "repair")
+        check_callback(progress, "progress")
         self.flush()
         report = scrub(
-            self.committer,
-            [m.committer for m in self._mirrors],
+            self._committer,
+            [m._committer for m in self._mirrors],
             budget_bytes=budget_b,
             budget_seconds=budget_s,
             repair=repair,
+            progress=progress,
         )
-        if self.replicator is not None:  # what scrub made whole on a mirror is no longer owed
+        if self._replicator is not None:  # what scrub made whole on a mirror is no longer owed
             for t in report.targets[1:]:
-                self.replicator.settled(t.url, set(t.repaired))
+                self._replicator.settled(t.url, set(t.repaired))
         return report
 
     def restore(
@@ -243,7 +322,7 @@ class CommitStore(StoreReads, StoreUpkeep):
         """
         validate_name(name)
         sources = [self._source(source)] if source is not None else self._mirrors
-        return restore(self.committer, [m.committer for m in sources], name, overwrite=overwrite)
+        return restore(self._committer, [m._committer for m in sources], name, overwrite=overwrite)
 
     def _source(self, source: object) -> CommitStore:
         """``restore``'s ``source``: a store as it is, a URL as the mirror it names."""
@@ -269,8 +348,8 @@ class CommitStore(StoreReads, StoreUpkeep):
 
     def _after_commit(self, record: Record) -> None:
         """After a successful (durable) commit: replicate, then apply automatic retention."""
-        if self.replicator is not None:
-            self.replicator.submit(record.name, record.size, record.digest)
+        if self._replicator is not None:
+            self._replicator.submit(record.name, record.size, record.digest)
         if self.retention is not None:
             try:
                 self._prune(self.retention, dry_run=False)
@@ -314,7 +393,7 @@ class CommitStore(StoreReads, StoreUpkeep):
                 atomically, at commit).
         """
         return _write.open_stage(
-            self.committer,
+            self._committer,
             name,
             step=step,
             metadata=metadata,
@@ -398,7 +477,7 @@ class CommitStore(StoreReads, StoreUpkeep):
     def _engine(self) -> BackgroundCommits:
         with self._background_lock:
             if self._background is None:
-                rep = self.replicator
+                rep = self._replicator
                 self._background = BackgroundCommits(
                     self.url,
                     self._async_inflight,
@@ -447,7 +526,7 @@ class CommitStore(StoreReads, StoreUpkeep):
             self._after_commit(record)
 
         with _write.stage_dir(
-            self.committer, name, step=step, metadata=metadata, overwrite=overwrite, after=after
+            self._committer, name, step=step, metadata=metadata, overwrite=overwrite, after=after
         ) as path:
             yield path
 
@@ -471,19 +550,19 @@ class CommitStore(StoreReads, StoreUpkeep):
             AlreadyExistsError: the name is taken.
         """
         return _folderwrite.begin(
-            self.committer, name, step, metadata, overwrite, after=self._after_commit
+            self._committer, name, step, metadata, overwrite, after=self._after_commit
         )
 
     def join_folder(self, token: str) -> _folderwrite.FolderWrite:
         """Join the folder write a coordinator began (its ``token``), from any process that
         opened the same store. ConfigurationError for a malformed token or another store's."""
-        return _folderwrite.join(self.committer, token, after=self._after_commit)
+        return _folderwrite.join(self._committer, token, after=self._after_commit)
 
     def put_bytes(self, name: str, data: bytes | bytearray | memoryview, **kw: Any) -> Record:
         """Commit ``data`` as ``name`` (same protocol and binary outcome as :meth:`stage`);
         checks free space first. The record returned carries ``outcome``
         (:class:`~commitstore.CommitOutcome`)."""
-        return _write.put_bytes(self.committer, name, data, kw, after=self._after_commit)
+        return _write.put_bytes(self._committer, name, data, kw, after=self._after_commit)
 
     def put_file(
         self,
@@ -506,7 +585,7 @@ class CommitStore(StoreReads, StoreUpkeep):
                 (nothing published).
         """
         return _write.put_file(
-            self.committer, name, local_path, kw, after=self._after_commit, progress=progress
+            self._committer, name, local_path, kw, after=self._after_commit, progress=progress
         )
 
     def delete(self, name: str) -> None:
@@ -521,4 +600,19 @@ class CommitStore(StoreReads, StoreUpkeep):
             NameConflictError: a write in progress there, or committed artifacts below
                 ``name`` (nothing removed).
         """
-        self.committer.delete(name)
+        self._committer.delete(name)
+
+
+def _unpickle(
+    backend: Backend | None,
+    opened: tuple[str, dict[str, Any]] | None,
+    url: str,
+    retention: Retention | None,
+    async_inflight: int,
+) -> CommitStore:
+    """A pickled :class:`CommitStore` made again (``CommitStore.__reduce__``): over its own
+    backend, or over one resolved again from the URL and options it was opened from."""
+    if backend is None:
+        assert opened is not None
+        backend = resolve(*opened)
+    return CommitStore(backend, url=url, retention=retention, async_inflight=async_inflight)

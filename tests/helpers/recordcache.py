@@ -20,7 +20,7 @@ RECORDS_PARTS = (".commitstore", "records")
 def _count_fetches(store: CommitStore) -> list[int]:
     """Count record GETs (``read_small_tagged``) made by ``store`` from now on."""
     calls = [0]
-    backend: Any = store.backend
+    backend: Any = store._backend
     original = backend.read_small_tagged
 
     def counted(parts: tuple[str, ...]) -> Any:
@@ -94,7 +94,7 @@ def check_record_cache(t: Target) -> None:
     # entries that would lie: a valid record of the same name with another size, filed with a
     # stale tag in its shard, then with the right tag but in another shard
     key = record_path(names[7])[len(RECORDS) :]
-    tags = {"/".join(rel): info.tag for rel, info in t.store.backend.walk(RECORDS_PARTS)}
+    tags = {"/".join(rel): info.tag for rel, info in t.store._backend.walk(RECORDS_PARTS)}
     lie = json.loads(t.door.read(record_path(names[7])) or b"{}")
     lie["size"] += 1000
     # the other shard is one a scan reads (it holds another listed record)

@@ -6,7 +6,7 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 from commitstore import _newest
@@ -148,6 +148,7 @@ def sync_mirrors(
     repair: bool,
     transfers: int = TRANSFERS,
     staging_memory: int = STAGING_MEMORY,
+    progress: Callable[[int], None] | None = None,
 ) -> SyncReport:
     """Copy what each mirror lacks (or, with ``repair``, holds broken), ``transfers`` artifacts at
     a time per mirror, the next one staged meanwhile, holding at most ``staging_memory`` bytes
@@ -156,15 +157,18 @@ def sync_mirrors(
     copy: the copy itself checks the bytes against the primary's record (``copy_artifact``) and
     publishes nothing on a mismatch. Artifacts a mirror already holds are checked on both sides,
     so primary corruption is reported even when nothing needs copying; where either side
-    verifies as a pending version, the versions (not the record files) are compared."""
+    verifies as a pending version, the versions (not the record files) are compared.
+    ``progress``: called with the bytes copied so far (every mirror), after each copy, one
+    call at a time."""
     records = list_records(primary.backend)
+    copied = _Copied(progress)
     names = {r.name for r in records}
     checks = _PrimaryChecks(primary)
     memory = _Budget(max(1, staging_memory))  # shared: the bound is the process's
 
     def one(mirror: Committer) -> MirrorSync:
         ctx = _MirrorCtx(
-            mirror, _record_paths(mirror), threading.Semaphore(max(1, transfers)), memory
+            mirror, _record_paths(mirror), threading.Semaphore(max(1, transfers)), memory, copied
         )
         with concurrent.futures.ThreadPoolExecutor(max(1, transfers) + 1) as pool:
             outcomes = list(pool.map(lambda r: _sync_one(primary, ctx, r, checks, repair), records))
@@ -194,6 +198,23 @@ def sync_mirrors(
     return SyncReport(tuple(out), dict(sorted(checks.bad.items())))
 
 
+class _Copied:
+    """The bytes every mirror's copies published so far, reported to a progress callback one
+    call at a time."""
+
+    def __init__(self, progress: Callable[[int], None] | None) -> None:
+        self._progress = progress
+        self._done = 0
+        self._lock = threading.Lock()
+
+    def add(self, size: int) -> None:
+        if self._progress is None:
+            return
+        with self._lock:
+            self._done += size
+            self._progress(self._done)
+
+
 @dataclass(frozen=True, slots=True)
 class _MirrorCtx:
     store: Committer
@@ -202,6 +223,7 @@ class _MirrorCtx:
     publish_slots: threading.Semaphore
     memory: _Budget
     """Reservations of the copies' in-memory staging (one budget for every mirror)."""
+    copied: _Copied
 
 
 def _record_paths(store: Committer) -> set[Parts]:
@@ -258,6 +280,7 @@ def _sync_one(
             return "failed", str(exc) or repr(exc)
         return "skipped", ""
     checks.note(rec.name, copied)
+    ctx.copied.add(copied.size)
     return ("copied" if state == "missing" else "repaired"), ""
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def _cheap(target: Target) -> bool:
     """A target whose operations cost microseconds: local disk or memory, no mirrors."""
-    kind = type(target.store.backend).__name__
+    kind = type(target.store._backend).__name__
     return kind in ("LocalBackend", "MemoryBackend") and not target.store.mirrors
 
 

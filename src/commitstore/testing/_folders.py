@@ -37,7 +37,7 @@ class FolderConformance:
         assert staging_files(target.door) == []
 
     def test_folder_written_by_two_handles_commits_once(self, target: Target) -> None:
-        backend = target.store.backend
+        backend = target.store._backend
         if (
             backend.capabilities.staging_names
             and type(backend).publish_folder is Backend.publish_folder
@@ -66,7 +66,7 @@ class FolderConformance:
     def test_empty_folder_artifact(self, target: Target) -> None:
         with target.store.stage_dir("empty_7"):
             pass
-        visible = target.store.backend.capabilities.empty_folders
+        visible = target.store._backend.capabilities.empty_folders
         assert target.door.is_dir("empty_7") or not visible
         rec = target.store.record("empty_7")
         assert rec.kind == "dir"

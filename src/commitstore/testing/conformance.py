@@ -147,7 +147,7 @@ class StoreConformance(FolderConformance, FaultConformance):
         assert doc["digest"] == xxh(payloads[winner])  # and so is the record
         assert target.reopen().verify("race_1.bin").ok
         assert staging_files(target.door) == []
-        if target.store.backend.capabilities.exclusive_create:
+        if target.store._backend.capabilities.exclusive_create:
             assert sorted(outcomes.values()) == ["lost", "won"], outcomes
 
     # -- names ---------------------------------------------------------------------------
@@ -337,13 +337,13 @@ class StoreConformance(FolderConformance, FaultConformance):
         the backend declares (the ones the other tests hold it to)."""
         store = target.store
         info = store.describe()
-        assert info["strategy"] == store.backend.strategy
+        assert info["strategy"] == store._backend.strategy
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", info["strategy"]), info["strategy"]
-        if type(store.backend).__module__.startswith("commitstore."):
+        if type(store._backend).__module__.startswith("commitstore."):
             assert info["strategy"] in STRATEGIES, info["strategy"]
         assert isinstance(info["reason"], str) and len(info["reason"]) > 10
         assert info["url"] == store.url
-        caps = store.backend.capabilities
+        caps = store._backend.capabilities
         assert info["capabilities"] == {k: getattr(caps, k) for k in caps.__dataclass_fields__}
         numbers = ("mtime_resolution", "read_concurrency", "whole_max")
         flags = {k: v for k, v in info["capabilities"].items() if k not in numbers}

@@ -93,7 +93,7 @@ def _write(store: CommitStore, name: str, data: bytes) -> None:
 
 def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) -> None:
     """In the child: make the commit stop for good (until SIGKILL) at ``point``."""
-    backend: Any = store.committer.backend
+    backend: Any = store._committer.backend
     pending_written = [False]
     put_small = commit_module.put_small
 
@@ -330,7 +330,7 @@ def wait_dead_uploads(t: Target, name: str) -> None:
         return
     from commitstore.backends.object.s3.upload import STALE_BEATS
 
-    backend: Any = t.store.committer.backend
+    backend: Any = t.store._committer.backend
     limit = STALE_BEATS * float(backend.heartbeat) + float(backend.mtime_resolution)
     door.wait_dead(f"{door.prefix}/{name}" if door.prefix else name, limit)
 
@@ -399,7 +399,7 @@ def run_crash_machine(
         def new_source(self, seed: int) -> Path:
             if self._sources is None:
                 self._sources = Path(tempfile.mkdtemp(prefix="crashmachine-src-"))
-            size = source_size(self.store.committer.backend)
+            size = source_size(self.store._committer.backend)
             path = self._sources / f"src-{seed}-{len(list(self._sources.iterdir()))}.bin"
             path.write_bytes(random.Random(seed).randbytes(size))
             return path
@@ -423,7 +423,7 @@ def run_crash_machine(
             server holds is no longer the source's."""
             self.commit(name, old)
             source = self.new_source(seed)
-            backend = self.store.committer.backend
+            backend = self.store._committer.backend
             resumable = resumes(backend, source.stat().st_size)
             writer = Writer(self.t, name, b"", "mid-upload" if resumable else "before-data", source)
             try:
@@ -483,7 +483,7 @@ def run_crash_machine(
             return self.t.door.read(record_path(name)) is not None
 
         def no_publish_lock(self) -> bool:
-            return bool(self.store.committer.backend.writer_slots)
+            return bool(self.store._committer.backend.writer_slots)
 
         @precondition(lambda self: self.no_publish_lock())
         @rule(
@@ -562,7 +562,7 @@ def run_crash_machine(
             publishes exactly what it wrote, or fails typed and publishes nothing."""
             assert pause_min_age is not None
             name = file if how == "stage" else FOLDER
-            overwrite = how != "begin_folder" or bool(self.store.committer.backend.staging_names)
+            overwrite = how != "begin_folder" or bool(self.store._committer.backend.staging_names)
             if not overwrite and self.committed(name):
                 self.delete(name)  # object stores: a multi-writer folder takes new names only
             if not overwrite and any(f.startswith(name + "/") for f in self.t.door.files()):
@@ -575,7 +575,7 @@ def run_crash_machine(
                 staged = staged_state(self.t.door, name) - before
                 # what it staged is older than min_age now, as gc judges it (a store whose
                 # times are whole seconds makes gc count every entry that much younger)
-                lag = self.store.committer.backend.capabilities.mtime_resolution
+                lag = self.store._committer.backend.capabilities.mtime_resolution
                 time.sleep(pause_min_age + lag)
                 self.t.reopen().gc(min_age=pause_min_age)
                 left = staged_state(self.t.door, name)
@@ -723,7 +723,7 @@ def run_crash_machine(
             before = {n: read_version(self.store, n) for n in self.verifying()}
             with _scratch() as tmp:
                 mirror = open_store(tmp / "mirror")
-                sync_mirrors(self.store.committer, [mirror.committer], repair=True)
+                sync_mirrors(self.store._committer, [mirror._committer], repair=True)
                 mdoor = LocalBackdoor(tmp / "mirror")
                 if mdoor.read(record_path(name)) != self.t.door.read(record_path(name)):
                     return  # the store's copy is a pending version: the mirror's record differs
@@ -734,8 +734,8 @@ def run_crash_machine(
                     damaged[pos % len(damaged)] ^= 0x10
                     mdoor.write(name, bytes(damaged))
                 report = scrub(
-                    self.store.committer,
-                    [mirror.committer],
+                    self.store._committer,
+                    [mirror._committer],
                     budget_bytes=None,
                     budget_seconds=None,
                     repair=True,

@@ -8,10 +8,11 @@ base64), the length writer-unique IDs had, since the server refuses a blob's blo
 lengths.
 
 A sink offered a local file to send in blocks keeps at ``layout.resume_parts(name)`` on the
-target the state of its upload (:class:`AzureResumeState`): the name, the blob, the block size,
-the source's identity (``resume.source_identity``) and the ID of each block the server took. It
-is only a pointer: a state that does not parse, names another name, blob, block size or source,
-is dropped and the upload starts over; a block is reused only when the server lists it under the
+target the state of its upload (:class:`AzureResumeState`, read and checked as every store's:
+``resume.UploadState``): the name, the blob, the block size, the source's identity
+(``resume.source_identity``) and the ID of each block the server took. It is only a pointer: a
+state that does not parse, names another name, blob, block size or source, is dropped and the
+upload starts over; a block is reused only when the server lists it under the
 ID and with the size of the very bytes written this time (and the state gives that part no other
 ID). The ``Put Block List`` of the IDs of the bytes written stays the commit.
 """
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from commitstore.backends.object.resume import UploadState, numbered
 
 SCHEMA = "commitstore.resume.azure/1"
 MAX_BLOCKS = 50_000
@@ -53,52 +55,36 @@ def block_of(ident: str) -> tuple[int, bytes] | None:
 
 
 @dataclass
-class AzureResumeState:
-    """One upload's state, as stored (:meth:`to_bytes`) and as parsed (:func:`parse`)."""
+class AzureResumeState(UploadState):
+    """One upload's state, as stored (:meth:`to_bytes`: the key as ``blob``, the part size as
+    ``block_size``) and as parsed (:meth:`parse`: None when it is not a well-formed state:
+    garbage, another schema, a field of the wrong type, a block ID that is not one
+    :func:`block_id` makes for the part number it is listed under)."""
 
+    schema: ClassVar[str] = SCHEMA
+    key_field: ClassVar[str] = "blob"
+    size_field: ClassVar[str] = "block_size"
     name: str
-    blob: str
-    block_size: int
+    key: str
+    """The blob."""
+    part_size: int
+    """The block size."""
     source: dict[str, Any]
     blocks: dict[int, str] = field(default_factory=dict)
     """Part number -> ID (:func:`block_id`) of the block the server took."""
 
-    def to_bytes(self) -> bytes:
-        doc = {
-            "schema": SCHEMA,
-            "name": self.name,
-            "blob": self.blob,
-            "block_size": self.block_size,
-            "source": self.source,
-            "blocks": {str(n): ident for n, ident in sorted(self.blocks.items())},
-        }
-        return json.dumps(doc, sort_keys=True).encode("utf-8")
+    def fields(self) -> dict[str, Any]:
+        return {"blocks": {str(n): ident for n, ident in sorted(self.blocks.items())}}
+
+    @classmethod
+    def from_doc(
+        cls, doc: dict[str, Any], name: str, key: str, part_size: int, source: dict[str, Any]
+    ) -> AzureResumeState | None:
+        blocks = numbered(doc.get("blocks"), _names_block)
+        return None if blocks is None else cls(name, key, part_size, source, blocks)
 
 
-def parse(data: bytes) -> AzureResumeState | None:
-    """The state in ``data``, or None when it is not a well-formed state (garbage, another
-    schema, a field of the wrong type, a block ID that is not one :func:`block_id` makes for
-    the part number it is listed under)."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        return None
-    name, blob, size = doc.get("name"), doc.get("blob"), doc.get("block_size")
-    source, blocks = doc.get("source"), doc.get("blocks")
-    if not (isinstance(name, str) and name and isinstance(blob, str) and blob):
-        return None
-    if type(size) is not int or size <= 0 or not isinstance(source, dict):
-        return None
-    if not isinstance(blocks, dict):
-        return None
-    numbered: dict[int, str] = {}
-    for number, ident in blocks.items():
-        if not (isinstance(number, str) and number.isdigit() and isinstance(ident, str)):
-            return None
-        found = block_of(ident)
-        if found is None or found[0] != int(number):
-            return None
-        numbered[int(number)] = ident
-    return AzureResumeState(name, blob, size, source, numbered)
+def _names_block(number: int, ident: str) -> bool:
+    """Whether ``ident`` is an ID :func:`block_id` makes for part ``number``."""
+    found = block_of(ident)
+    return found is not None and found[0] == number

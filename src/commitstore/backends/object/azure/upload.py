@@ -10,7 +10,6 @@ bytes of the MD5 in that ID, which is what lets a later attempt reuse it (:meth:
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import hashlib
 import io
 import logging
@@ -18,19 +17,18 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from commitstore._recordrules import RecordFormatError
 from commitstore.backends.base import Rereadable
 from commitstore.backends.object.azure.resume import (
     MAX_BLOCKS,
     AzureResumeState,
     block_id,
     block_of,
-    parse,
 )
 from commitstore.backends.object.bodies import SourceWindow
+from commitstore.backends.object.resume import KeepsState, StateFile
 from commitstore.backends.object.session import Upload, Written
-from commitstore.errors import CommitStoreError, NotFoundError
-from commitstore.layout import Parts, resume_parts
+from commitstore.errors import NotFoundError
+from commitstore.layout import Parts
 
 T = TypeVar("T")
 log = logging.getLogger("commitstore")
@@ -54,7 +52,7 @@ class AzureCalls(Protocol):
     def read_small(self, parts: Parts) -> bytes: ...
 
 
-class AzureUpload(Upload):
+class AzureUpload(KeepsState[AzureResumeState], Upload):
     """Blocks staged concurrently, each with its ``Content-MD5``, under :func:`block_id` of its
     part number and MD5; ``commit_block_list`` of those IDs is the commit, with
     ``If-None-Match: *`` for create-only. Two writers of one blob never mix blocks: one ID is
@@ -73,6 +71,18 @@ class AzureUpload(Upload):
         # Resumable (the bytes come from a local file): the state kept on the target.
         self._lock = threading.Lock()
         self._state: AzureResumeState | None = None
+        self._file = StateFile(
+            parts,
+            store=backend,
+            write=lambda where, data: backend.call(
+                "saving the upload state of",
+                where,
+                lambda: backend.blob(where).upload_blob(data, overwrite=True),
+            ),
+            remove=lambda where: backend.call(
+                "removing", where, lambda: backend.blob(where).delete_blob()
+            ),
+        )
         self._saved = 0  # blocks in the state as last written (-1: never written)
         self._done: dict[int, str] = {}  # ID of each block the server took (or holds)
         self._stated: dict[int, str] = {}  # resumed: the IDs the state found gave
@@ -159,24 +169,13 @@ class AzureUpload(Upload):
         is taken. Otherwise the state is dropped and every block is sent; the new state is
         written before the first block is staged."""
         del source  # each block is checked against the bytes written (reuse)
-        where = resume_parts(self._parts)
-        name = "/".join(self._parts)
+        name = self._file.name
         self._state = AzureResumeState(name, self._key, self.part_size, identity)
         self._saved = -1
-        try:
-            data = self._b.read_small(where)
-        except NotFoundError:
+        there, found = self._file.find(AzureResumeState)
+        if not there:
             return
-        except RecordFormatError:
-            data = b""
-        found = parse(data)
-        if (
-            found is not None
-            and found.name == name
-            and found.blob == self._key
-            and found.block_size == self.part_size
-            and found.source == identity
-        ):
+        if found is not None and found.names(name, self._key, self.part_size, identity):
             self._held = self._uncommitted()
             self._stated = dict(found.blocks)
             self._saved = 0
@@ -186,8 +185,7 @@ class AzureUpload(Upload):
                 len(self._held),
             )
             return
-        with contextlib.suppress(CommitStoreError):
-            self._b.call("removing", where, lambda: self._b.blob(where).delete_blob())
+        self._file.start_over()
 
     def _uncommitted(self) -> dict[str, int]:
         """The blocks the server holds uncommitted for this blob, by ID (only IDs
@@ -226,26 +224,5 @@ class AzureUpload(Upload):
             if len(self._done) == self._saved:
                 return
             state.blocks = dict(self._done)
-        where = resume_parts(self._parts)
-        data = state.to_bytes()
-        try:
-            self._b.call(
-                "saving the upload state of",
-                where,
-                lambda: self._b.blob(where).upload_blob(data, overwrite=True),
-            )
+        if self._file.write(state.to_bytes()):
             self._saved = len(state.blocks)
-        except CommitStoreError as exc:
-            log.warning("%s", exc)
-
-    def _drop_state(self) -> None:
-        """Remove the state once the blob is committed or the upload given up (a failure is
-        logged: gc, or the next attempt, removes it)."""
-        if self._state is None:
-            return
-        self._state = None
-        where = resume_parts(self._parts)
-        try:
-            self._b.call("removing", where, lambda: self._b.blob(where).delete_blob())
-        except CommitStoreError as exc:
-            log.debug("%s", exc)

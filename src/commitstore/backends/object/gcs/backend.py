@@ -10,25 +10,17 @@ store (fake-gcs-server does not), never assumed.
 
 from __future__ import annotations
 
-import base64
-import concurrent.futures
 import contextlib
 import functools
-import io
-import json
-import logging
 import os
-import re
 import uuid
 from typing import Any, BinaryIO, cast
 from urllib.parse import quote, unquote, urlsplit
 
-import google_crc32c
 from fsspec.asyn import sync
 
-from commitstore._recordrules import RecordFormatError
 from commitstore._secrets import leaks, redact, secret_values, stand_in
-from commitstore.backends.base import MAX_SMALL_BYTES, Rereadable, take_options, too_large
+from commitstore.backends.base import MAX_SMALL_BYTES, take_options, too_large
 from commitstore.backends.object._transport import (
     ATTEMPTS,
     CONNECT_TIMEOUT,
@@ -37,10 +29,10 @@ from commitstore.backends.object._transport import (
     check_deadlines,
 )
 from commitstore.backends.object.base import ObjectBackend, with_heartbeat
-from commitstore.backends.object.bodies import ViewReader
 from commitstore.backends.object.gcs.errors import translate
-from commitstore.backends.object.gcs.resume import GcsState, parse_gcs, session_of
-from commitstore.backends.object.upload import ObjectStat, Upload, Written, done
+from commitstore.backends.object.gcs.resume import GcsState, session_of
+from commitstore.backends.object.gcs.upload import GcsUpload
+from commitstore.backends.object.upload import ObjectStat, Upload
 from commitstore.errors import (
     AlreadyExistsError,
     BackendUnavailableError,
@@ -49,19 +41,10 @@ from commitstore.errors import (
     ConfigurationError,
     NotFoundError,
 )
-from commitstore.layout import Parts, resume_parts
+from commitstore.layout import Parts
 
 MiB = 1024 * 1024
-CRC_PIECE = 1024 * 1024
-"""CRC32C is fed in pieces of this size, each a small copy of the part of the chunk it covers."""
 ALIGN = 256 * 1024
-
-log = logging.getLogger("commitstore")
-
-
-def crc32c_b64(value: int) -> str:
-    """GCS's encoding of a CRC32C: base64 of the 4 big-endian bytes."""
-    return base64.b64encode(value.to_bytes(4, "big")).decode()
 
 
 class GcsBackend(ObjectBackend):
@@ -71,7 +54,7 @@ class GcsBackend(ObjectBackend):
     scheme = "gs"
     resumes_uploads = True
     """A ``put_file`` sent in chunks resumes the session an earlier attempt left
-    (:meth:`GcsUpload.resume`)."""
+    (``gcs/upload.GcsUpload.resume``)."""
 
     def __init__(
         self,
@@ -186,7 +169,7 @@ class GcsBackend(ObjectBackend):
         """Cancel the resumable session a stale state names (gc), when it is a session of the
         key the state names on this endpoint and bucket (never a URL of another); errors are
         ignored (GCS expires an abandoned session after a week)."""
-        found = parse_gcs(state)
+        found = GcsState.parse(state)
         if found is None:
             return
         if not session_of(self.fs._location, self.bucket, found.key, found.session):
@@ -354,253 +337,6 @@ def _stat(doc: dict[str, Any]) -> ObjectStat:
     )
 
 
-class GcsUpload(Upload):
-    """A resumable upload: 256 KiB-aligned chunks, one at a time and in order, CRC32C-summed on
-    the way; the final one (never empty: the sink keeps a byte for it) carries the total size and
-    the CRC32C of every byte written (``x-goog-hash``: GCS documents that it refuses an upload
-    whose bytes do not match a checksum supplied with it) and is the commit. Create-only is
-    ``ifGenerationMatch=0`` on the session.
-
-    Offered a local source (:meth:`resume`), the session keeps its state on the target (the
-    session URI, each chunk's CRC32C: ``gcs/resume.py``), rewritten just before each chunk is
-    sent, so a later attempt from the same unchanged source sends only what the server lacks."""
-
-    max_inflight = 1
-
-    def __init__(self, backend: GcsBackend, parts: Parts, *, create_only: bool) -> None:
-        self._b, self._parts, self._key = backend, parts, backend.key(parts)
-        self._create_only = create_only
-        self.part_size = backend.chunk_size
-        self._crc = google_crc32c.Checksum()  # type: ignore[no-untyped-call]
-        self._location: str | None = None
-        self._offset = 0
-        self._state: GcsState | None = None  # resumable: the state kept on the target
-        self._held = 0  # resumed: the bytes the session holds (chunks not sent again)
-        self.reused_bytes = 0
-
-    def send_part(
-        self, number: int, body: io.BytesIO, length: int, *, final: bool
-    ) -> concurrent.futures.Future[Any]:
-        b = self._b
-        # CRC32C is fed in small copies, as google-crc32c wants read-only bytes; the chunk's
-        # own CRC32C too, when the state keeps it.
-        own = google_crc32c.Checksum()  # type: ignore[no-untyped-call]
-        with body.getbuffer() as view, view[:length] as chunk:
-            for i in range(0, length, CRC_PIECE):
-                piece = bytes(chunk[i : i + CRC_PIECE])
-                self._crc.update(piece)  # type: ignore[no-untyped-call]
-                if self._state is not None:
-                    own.update(piece)  # type: ignore[no-untyped-call]
-            crc = own.digest().hex()  # type: ignore[no-untyped-call]
-            skip = self._reused(number, crc, length)
-            if skip == length:
-                self._offset += length
-                return done(None)
-            if self._location is None:
-                self._location = b.initiate(self._parts, self._key, create_only=self._create_only)
-                if self._state is not None:
-                    self._state.session = self._location
-            start = self._offset + skip
-            total = str(self._offset + length) if final else "*"
-            headers = {
-                "Content-Range": f"bytes {start}-{self._offset + length - 1}/{total}",
-                "Content-Length": str(length - skip),
-            }
-            if final:
-                headers["x-goog-hash"] = f"crc32c={self.checksum()}"
-            else:  # listed before it is sent: whatever the server took, the state covers
-                self._save_state(number, crc)
-            # Sent straight from the part's buffer (no copy of the chunk).
-            _headers, txt = b.call(
-                "uploading",
-                self._parts,
-                "POST",
-                self._location,
-                headers=headers,
-                data=ViewReader(chunk[skip:]),
-            )
-        self._offset += length
-        if not final:
-            return done(None)
-        self._location = None  # finalised: nothing left to cancel
-        self._drop_state()
-        return done(json.loads(txt) if txt else {})
-
-    def _reused(self, number: int, crc: str, length: int) -> int:
-        """The bytes of chunk ``number`` (of CRC32C ``crc``, computed from the bytes written)
-        that the resumed session already holds: none past its offset; below it, the chunk
-        must be the one the state lists (checked up front against the source), else the
-        source changed since and the commit fails (nothing is finalised)."""
-        if self._offset >= self._held:
-            return 0
-        assert self._state is not None
-        if self._state.crc32c.get(number) != crc:
-            raise CommitError(
-                f"{self._b.shown(self._parts)}: chunk {number} is not the bytes the resumed "
-                "upload holds (the source changed while it was copied); nothing was published"
-            )
-        skip = min(length, self._held - self._offset)
-        self.reused_bytes += skip
-        return skip
-
-    def complete(self, receipts: list[Any]) -> Written:
-        return _written(receipts[-1] or {})  # the final chunk was the commit
-
-    def put_whole(self, body: io.BytesIO, length: int) -> Written:
-        data = body.getvalue()
-        self._crc.update(data)  # type: ignore[no-untyped-call]
-        return _written(
-            self._b.upload_small(self._parts, self._key, data, create_only=self._create_only)
-        )
-
-    def abort(self) -> None:
-        self._drop_state()
-        if self._location is not None:
-            location, self._location = self._location, None
-            # An unreachable endpoint leaves the session; GCS expires it after a week.
-            self._b.call("cancelling the upload of", self._parts, "DELETE", location)
-
-    def checksum(self) -> str | None:
-        return crc32c_b64(int.from_bytes(self._crc.digest(), "big"))  # type: ignore[no-untyped-call]
-
-    # -- resuming (``gcs/resume.py``) ------------------------------------------------------
-    def resume(self, identity: dict[str, Any], source: Rereadable) -> None:
-        """Find the state an earlier attempt at this name left and resume its session. It is
-        resumed only when the state parses, names this name, key, chunk size, session mode and
-        a source of this very ``identity``, and a session URI of this key on this endpoint; the
-        offset comes from the server's answer to a status query where the endpoint answers one
-        (GCS), else (fake-gcs-server, whose status query would finalise the object) from the
-        state, checked only by the finalisation (see ``docs/guarantees.md``); every chunk below
-        it must have the CRC32C the state lists for it over the same bytes of ``source`` read
-        now (and :meth:`send_part` checks each again against the bytes written). Otherwise the
-        state is dropped (its session cancelled when it is this key's: never another URL) and
-        the upload starts over; the state is written once the new session is started, just
-        before its first chunk is sent."""
-        where = resume_parts(self._parts)
-        name = "/".join(self._parts)
-        mine = GcsState(name, self._key, "", self.part_size, identity, self._create_only)
-        self._state = mine
-        size = int(identity["size"])
-        try:
-            data = self._b.read_small(where)
-        except NotFoundError:
-            return
-        except RecordFormatError:
-            data = b""
-        found = parse_gcs(data)
-        ours = found is not None and session_of(
-            self._b.fs._location, self._b.bucket, self._key, found.session
-        )
-        if (
-            found is not None
-            and ours
-            and found.name == name
-            and found.key == self._key
-            and found.chunk_size == self.part_size
-            and found.create_only == self._create_only
-            and found.source == identity
-        ):
-            held = self._held_by(found, size)
-            if 0 < held < size and self._all_match(found, held, source):
-                self._location, self._held = found.session, held
-                found.sent = held - held % self.part_size
-                # the chunks that hold a byte below the offset (one partly, where the server
-                # kept part of a chunk), each checked again in send_part
-                found.crc32c = {
-                    n: c for n, c in found.crc32c.items() if (n - 1) * self.part_size < held
-                }
-                self._state = found
-                log.info("%s: resuming upload at byte %d", self._b.shown(self._parts), held)
-                return
-        if found is not None and ours:  # another source, or a state not to trust: start over
-            with contextlib.suppress(CommitStoreError):
-                self._b.call("cancelling the upload of", self._parts, "DELETE", found.session)
-        with contextlib.suppress(CommitStoreError):
-            self._b.delete_key(where, self._b.key(where))
-
-    def _held_by(self, found: GcsState, size: int) -> int:
-        """The bytes the session holds: the server's answer to a status query where the
-        endpoint answers one as a query, else the state's acknowledged chunks; -1 when the
-        session is gone or finalised, or the server holds more than the state lists."""
-        try:
-            answers = self._b.probe_status_queries()
-        except CommitStoreError:  # not known: nothing is resumed on a guess
-            return -1
-        if not answers:
-            # the state's word is checked only by the finalisation, which replaces what stands
-            # under the name before its check can fail: taken only when nothing stands there
-            # (an overwrite of a committed object starts over instead, so it never loses it)
-            try:
-                standing = self._b.head(self._parts)
-            except CommitStoreError:
-                return -1
-            return found.sent if standing is None else -1
-        try:
-            status, headers = self._b.query(self._parts, found.session, size)
-        except CommitStoreError:
-            return -1
-        if status != 308:
-            return -1  # finalised (200/201) or cancelled (499)
-        held = 0
-        got = headers.get("Range")
-        if got is not None:
-            match = re.fullmatch(r"bytes=0-(\d+)", str(got).strip())
-            if match is None:
-                return -1
-            held = int(match.group(1)) + 1
-        # every byte held must lie in a chunk whose CRC32C the state lists (the chunk in
-        # flight at the kill is listed before it is sent)
-        return held if held <= len(found.crc32c) * self.part_size else -1
-
-    def _all_match(self, found: GcsState, held: int, source: Rereadable) -> bool:
-        """Whether each chunk that holds a byte below ``held`` has the CRC32C the state lists
-        over the same bytes of ``source`` read now; a failed or short read is no."""
-        chunks = -(-held // self.part_size)
-        for number in range(1, chunks + 1):
-            crc = google_crc32c.Checksum()  # type: ignore[no-untyped-call]
-            at, left = (number - 1) * self.part_size, self.part_size
-            try:
-                while left:
-                    piece = source.pread(at, min(left, 8 * MiB))
-                    if not piece:
-                        return False
-                    crc.update(piece)  # type: ignore[no-untyped-call]
-                    at, left = at + len(piece), left - len(piece)
-            except CommitStoreError:
-                return False
-            if crc.digest().hex() != found.crc32c.get(number):  # type: ignore[no-untyped-call]
-                return False
-        return True
-
-    def _save_state(self, number: int, crc: str) -> None:
-        """List chunk ``number`` (of CRC32C ``crc``) and rewrite the state, just before the
-        chunk is sent (from the writer's thread): ``sent``, the bytes acknowledged, is then
-        where the chunk starts. A failed write is logged: the upload goes on, and a later
-        resume finds fewer chunks (or none) to reuse."""
-        state = self._state
-        if state is None or not state.session:
-            return
-        state.crc32c[number] = crc
-        state.sent = self._offset
-        where = resume_parts(self._parts)
-        try:
-            self._b.upload_small(where, self._b.key(where), state.to_bytes(), create_only=False)
-        except CommitStoreError as exc:
-            log.warning("%s", exc)
-
-    def _drop_state(self) -> None:
-        """Remove the state once the upload finalised or aborted (a failure is logged: gc, or
-        the next attempt, removes it)."""
-        if self._state is None:
-            return
-        self._state = None
-        where = resume_parts(self._parts)
-        try:
-            self._b.delete_key(where, self._b.key(where))
-        except CommitStoreError as exc:
-            log.debug("%s", exc)
-
-
 def _redacted(err: CommitStoreError, secrets: tuple[str, ...]) -> CommitStoreError:
     """``err`` with its message redacted (the translated errors that quote the SDK's text)."""
     text = redact(str(err), secrets)
@@ -617,11 +353,6 @@ def _credential_error(exc: Exception, secrets: tuple[str, ...]) -> CommitStoreEr
             f"the GCS credentials given as token= could not be checked ({what[:300]})"
         )
     return ConfigurationError(f"token= is not a usable GCS credential ({what[:300]})")
-
-
-def _written(meta: dict[str, Any]) -> Written:
-    generation = meta.get("generation")
-    return Written(None if generation is None else str(generation), meta.get("crc32c"))
 
 
 def factory(url: str, options: dict[str, Any]) -> ObjectBackend:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
-import contextlib
 import hashlib
 import io
 import json
@@ -33,10 +32,10 @@ from typing import Any, Protocol
 from commitstore._recordrules import RecordFormatError
 from commitstore.backends.base import Rereadable
 from commitstore.backends.object.bodies import Body, SourceWindow
-from commitstore.backends.object.resume import ResumeState, parse
+from commitstore.backends.object.resume import KeepsState, ResumeState, StateFile
 from commitstore.backends.object.upload import Upload, Written
 from commitstore.errors import CommitError, CommitStoreError, NotFoundError
-from commitstore.layout import META_DIR, Parts, resume_parts
+from commitstore.layout import META_DIR, Parts
 
 MAX_PARTS = 10_000
 UPLOADS_DIR = "uploads"
@@ -170,7 +169,7 @@ class _Alive:
             log.debug("%s", exc)
 
 
-class S3Upload(Upload):
+class S3Upload(KeepsState[ResumeState], Upload):
     """A multipart upload, created by its first part; ``CompleteMultipartUpload`` (or one
     ``PutObject``) is the commit, with ``IfNoneMatch="*"`` for create-only. Parts go
     concurrently; part size doubles every 1,000 parts (under 10,000 parts up to ~16 TiB).
@@ -195,6 +194,16 @@ class S3Upload(Upload):
         self._alive: _Alive | None = None
         # Resumable (the bytes come from a local file): the state kept on the target.
         self._state: ResumeState | None = None
+        self._file = StateFile(
+            parts,
+            store=backend,
+            write=lambda where, data: backend.call(
+                "saving the upload state of", where, "put_object", Key=backend.key(where), Body=data
+            ),
+            remove=lambda where: backend.call(
+                "removing", where, "delete_object", Key=backend.key(where)
+            ),
+        )
         self._saved = 0  # parts in the state as last written
         self._done: dict[int, str] = {}  # MD5 (hex) of each part the server took
         self._held: dict[int, tuple[str, int]] = {}  # resumed: the server's parts (ETag, size)
@@ -349,16 +358,11 @@ class S3Upload(Upload):
         state replaces that one once it is created). Otherwise the state is dropped (its upload
         aborted when the server shows it is this key's: never another name's) and the upload
         starts over; the state is written once the new upload is created."""
-        where = resume_parts(self._parts)
-        name = "/".join(self._parts)
+        name = self._file.name
         self._state = ResumeState(name, self._key, "", self._base, identity)
-        try:
-            data = self._b.read_small(where)
-        except NotFoundError:
+        there, found = self._file.find(ResumeState)
+        if not there:
             return
-        except RecordFormatError:
-            data = b""
-        found = parse(data)
         listed = None
         if found is not None and found.key == self._key:
             listed = self._listed(found.upload_id)
@@ -372,11 +376,8 @@ class S3Upload(Upload):
                     found.upload_id,
                 )
                 return
-            if (
-                found.part_size == self._base
-                and found.source == identity
-                and found.name == name
-                and self._all_match(held, found.part_size, source)
+            if found.names(name, self._key, self._base, identity) and self._all_match(
+                held, found.part_size, source
             ):
                 self._upload_id = found.upload_id
                 self._alive = _Alive(self._b, found.upload_id)
@@ -391,17 +392,19 @@ class S3Upload(Upload):
                     len(held),
                 )
                 return
-        if found is not None and listed is not None:  # another source, or not to trust
-            with contextlib.suppress(CommitStoreError):
-                self._b.call(
-                    "aborting the upload of",
-                    self._parts,
-                    "abort_multipart_upload",
-                    Key=self._key,
-                    UploadId=found.upload_id,
-                )
-        with contextlib.suppress(CommitStoreError):
-            self._b.call("removing", where, "delete_object", Key=self._b.key(where))
+        if found is None or listed is None:  # no upload of this key to abort
+            self._file.start_over()
+            return
+        upload_id = found.upload_id  # another source, or not to trust: aborted
+        self._file.start_over(
+            lambda: self._b.call(
+                "aborting the upload of",
+                self._parts,
+                "abort_multipart_upload",
+                Key=self._key,
+                UploadId=upload_id,
+            )
+        )
 
     def _live(
         self,
@@ -535,30 +538,8 @@ class S3Upload(Upload):
         if state is None or not state.upload_id or len(self._done) == self._saved:
             return
         state.parts = dict(self._done)
-        where = resume_parts(self._parts)
-        try:
-            self._b.call(
-                "saving the upload state of",
-                where,
-                "put_object",
-                Key=self._b.key(where),
-                Body=state.to_bytes(),
-            )
+        if self._file.write(state.to_bytes()):
             self._saved = len(state.parts)
-        except CommitStoreError as exc:
-            log.warning("%s", exc)
-
-    def _drop_state(self) -> None:
-        """Remove the state once the upload completed or aborted (a failure is logged: gc, or
-        the next attempt, removes it)."""
-        if self._state is None:
-            return
-        self._state = None
-        where = resume_parts(self._parts)
-        try:
-            self._b.call("removing", where, "delete_object", Key=self._b.key(where))
-        except CommitStoreError as exc:
-            log.debug("%s", exc)
 
 
 def body_md5(body: io.BytesIO) -> bytes:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import io
 import logging
 import os
@@ -45,6 +44,7 @@ from commitstore.backends.rename.posix._localfs import (
 )
 from commitstore.backends.rename.posix._localwalk import files_below, folders_below, stats_below
 from commitstore.backends.rename.posix._maphash import ReadFile
+from commitstore.backends.rename.posix._waitlock import LOCK_TIMEOUT, flock_within
 from commitstore.backends.rename.sink import RenameBackend
 from commitstore.digest import READ_CHUNK
 from commitstore.errors import (
@@ -115,6 +115,9 @@ class LocalBackend(RenameBackend[int, Staging]):
         atomic_dir_publish=True,
         free_space=True,
     )
+    lock_timeout = LOCK_TIMEOUT
+    """Seconds a publish-lock waiter waits before it raises BackendUnavailableError (storage
+    option ``lock_timeout``; ``_waitlock``)."""
     direct_io = True
     """Large staging files are written with ``O_DIRECT`` (``_direct``); bridges turn it off."""
     rereads_locally = True
@@ -766,7 +769,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         if fd is None:
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            flock_within(fd, self.lock_timeout, self.path_of(parts))
         except BaseException:
             close_quietly(fd)
             raise
@@ -809,7 +812,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         finally:
             close_quietly(dirfd)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            flock_within(fd, self.lock_timeout, self.path_of(parts))
         except BaseException:
             close_quietly(fd)
             raise

@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import math
 import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from commitstore.backends.base import Backend, Capabilities, CommitInfo, PutMode, take_options
 from commitstore.backends.rename.ops import CommitPolicy
+from commitstore.backends.rename.posix._waitlock import LOCK_TIMEOUT
 from commitstore.backends.rename.posix.backend import LocalBackend
 from commitstore.backends.rename.posix.mounts import Mount, mount_of
 from commitstore.errors import ConfigurationError
@@ -106,9 +108,14 @@ class BridgeBackend(LocalBackend):
 def factory(url: str, options: dict[str, Any]) -> Backend:
     opts = take_options(
         options,
-        {"strategy": "auto", "readback": True},
+        {"strategy": "auto", "readback": True, "lock_timeout": LOCK_TIMEOUT},
         choices={"strategy": ("auto", "local", "bridge")},
     )
+    lock_timeout = float(opts["lock_timeout"])
+    if not math.isfinite(lock_timeout) or lock_timeout <= 0:
+        raise ConfigurationError(
+            f"lock_timeout must be a number of seconds > 0, not {lock_timeout!r}"
+        )
     if url.startswith("file://"):
         parsed = urlsplit(url)
         if parsed.netloc not in ("", "localhost"):
@@ -123,8 +130,12 @@ def factory(url: str, options: dict[str, Any]) -> Backend:
     where = f"on {mount.fstype} mounted at {mount.mount_point}" if mount else "mount unknown"
     if strategy == "bridge" or (strategy == "auto" and mount is not None and mount.is_bridge):
         why = "strategy='bridge' requested" if strategy == "bridge" else "network/FUSE mount"
-        return BridgeBackend(
+        backend: LocalBackend = BridgeBackend(
             path, reason=f"{how} {where} ({why})", mount=mount, readback=bool(opts["readback"])
         )
-    why = "strategy='local' requested" if strategy == "local" else "local filesystem"
-    return LocalBackend(path, reason=f"{how} {where} ({why})")
+    else:
+        why = "strategy='local' requested" if strategy == "local" else "local filesystem"
+        backend = LocalBackend(path, reason=f"{how} {where} ({why})")
+    if lock_timeout != LOCK_TIMEOUT:
+        backend.lock_timeout = lock_timeout
+    return backend
