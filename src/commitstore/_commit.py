@@ -13,12 +13,11 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 from commitstore import _recordcache, _slots, _stagedcopies
-from commitstore._delete import Deletes
+from commitstore._filecommit import FileCommits, PublishData
 from commitstore._hierarchy import committed_below, shown
 from commitstore._scan import read_record
 from commitstore._small import put_small as put_small  # noqa: PLC0414 (re-exported: a test seam)
@@ -91,7 +90,7 @@ def make_record(name: str, step: object, metadata: object, **kw: Any) -> Record:
     )
 
 
-class Committer(Deletes):
+class Committer(FileCommits):
     """One storage target (a primary or a mirror) and the one commit path into it.
 
     Guarantees: data is published before its record, both with the backend's one-step primitive;
@@ -153,7 +152,7 @@ class Committer(Deletes):
         self,
         parts: Parts,
         mode: PutMode,
-        publish_data: Callable[[], tuple[Record, CommitInfo | None]],
+        publish_data: PublishData,
         *,
         intent: Record | None = None,
         body: bytes | None = None,

@@ -30,8 +30,9 @@ from commitstore._read import (
     _record_changed,
     store_holding,
 )
+from commitstore._sinkwrite import write_sink
 from commitstore._verify import pending_versions, resolve, served_version
-from commitstore.backends import Backend, PutMode, local_error, local_folder
+from commitstore.backends import Backend, FileSink, PutMode, local_error, local_folder
 from commitstore.digest import copy_hashed, hash_stream
 from commitstore.errors import ConfigurationError, InsufficientSpaceError, IntegrityError
 from commitstore.records import Record
@@ -165,18 +166,18 @@ def _copy(
     only if the bytes are ``version``'s (``rec`` or a pending version of it); else nothing is
     published and the answer is the version the bytes are (``_verify.served_version``), or the
     IntegrityError when they are none."""
-    sink = target.open_sink((path.name,), mode=PutMode.REPLACE)
-    try:
+
+    def fill(sink: FileSink) -> tuple[int, str]:
         with _open_data(backend, rec) as src:
-            size, digest = copy_hashed(src, sink.write)
-        if (size, digest) != (version.size, version.digest):
-            sink.abort()
-            try:
-                return served_version(backend, rec, "full", size=size, digest=digest)
-            except IntegrityError as exc:
-                return exc
-        sink.publish(size=size, digest=digest)
-    except BaseException:
-        sink.abort()
-        raise
-    return path
+            return copy_hashed(src, sink.write)
+
+    def check(size: int, digest: str) -> bool:
+        return (size, digest) == (version.size, version.digest)
+
+    got = write_sink(target, (path.name,), PutMode.REPLACE, fill, check=check)
+    if got.info is not None:
+        return path
+    try:
+        return served_version(backend, rec, "full", size=got.size, digest=got.digest)
+    except IntegrityError as exc:
+        return exc

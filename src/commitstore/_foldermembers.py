@@ -14,18 +14,16 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from commitstore import _read
 from commitstore._commit import Committer
+from commitstore._sinkwrite import HashedWriter, aborting
 from commitstore._verify import compare
 from commitstore.backends import FileSink
-from commitstore.digest import Hasher, digest_bytes, hash_stream
+from commitstore.digest import digest_bytes, hash_stream
 from commitstore.errors import CommitError, IntegrityError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import FileRecord, Record
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
-
-WRITE_CHUNK = 4 * 1024 * 1024
-"""Small writes are gathered up to this size before they reach the storage."""
 
 
 class FolderFile(io.RawIOBase):
@@ -46,13 +44,13 @@ class FolderFile(io.RawIOBase):
         super().__init__()
         self.path = path
         self._sink: FileSink | None = sink
+        """Until finished or aborted."""
+        self._w = HashedWriter(sink)
         self._on_end = on_end
         """Called once when the file is finished or aborted (the writer's heartbeat stops)."""
         self._after_publish = after_publish
         """Called with the file's record once it is published, before :meth:`finish` returns
         it; what it raises, :meth:`finish` raises (object stores: the late-upload check)."""
-        self._hasher = Hasher()
-        self._buf = bytearray()
         self.record: FileRecord | None = None
         """After :meth:`finish`."""
 
@@ -60,25 +58,16 @@ class FolderFile(io.RawIOBase):
         return True
 
     def tell(self) -> int:
-        return self._hasher.count
+        return self._w.count
 
     def write(self, b: Buffer) -> int:
         if self._sink is None:
             raise ValueError(f"write to {self.path}, which is finished or aborted")
-        view = memoryview(b).cast("B")
-        self._hasher.update(view)
-        if len(self._buf) + view.nbytes < WRITE_CHUNK:
-            self._buf += view  # small writes are gathered
-            return view.nbytes
         try:
-            if self._buf:
-                self._sink.write(memoryview(self._buf))
-                self._buf = bytearray()
-            self._sink.write(view)  # large ones go straight through, never copied
+            return self._w.write(b)
         except BaseException:
             self.abort()
             raise
-        return view.nbytes
 
     def finish(self) -> FileRecord:
         """Publish the file into the staging area; its record (path, size, digest)."""
@@ -88,15 +77,10 @@ class FolderFile(io.RawIOBase):
             raise CommitError(f"{self.path}: aborted")
         sink, self._sink = self._sink, None
         try:
-            if self._buf:
-                sink.write(memoryview(self._buf))
-                self._buf = bytearray()
-            size, digest = self._hasher.count, self._hasher.digest()
-            if sink.bytes_written != size:
-                raise CommitError(f"{self.path}: {sink.bytes_written} bytes stored, {size} hashed")
-            sink.publish(size=size, digest=digest)
+            with aborting(sink):
+                size, digest = self._w.done(self.path)
+                sink.publish(size=size, digest=digest)
         except BaseException:
-            sink.abort()
             self._end()
             raise
         self._end()
@@ -120,6 +104,7 @@ class FolderFile(io.RawIOBase):
         """Discard the file. Idempotent."""
         if self._sink is not None:
             sink, self._sink = self._sink, None
+            self._w.discard()
             try:
                 sink.abort()
             finally:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from commitstore._scan import read_record
+from commitstore._sinkwrite import aborting, write_sink
 from commitstore._verify import compare, folder_problem, locate, record_of, served_version
-from commitstore.backends import Backend, PutMode, local_folder
+from commitstore.backends import Backend, FileSink, PutMode, local_folder
 from commitstore.digest import copy_hashed, digest_bytes, hash_stream
 from commitstore.errors import (
     CommitStoreError,
@@ -307,17 +308,18 @@ def _get_version(
     if rec.kind == "file":
         # over a file only where one is (a folder that appears meanwhile is never exchanged out)
         mode = PutMode.REPLACE if os.path.lexists(dest) else PutMode.CREATE
-        sink = target.open_sink((dest.name,), mode=mode)
-        try:
+
+        def fill(sink: FileSink) -> tuple[int, str]:
             with _open_data(backend, rec) as src:
-                size, digest = copy_hashed(src, sink.write, progress=progress)
+                return copy_hashed(src, sink.write, progress=progress)
+
+        def check(size: int, digest: str) -> bool:
             served = _served(backend, rec, level, size, digest)
             if isinstance(served, IntegrityError):
                 raise served
-            sink.publish(size=size, digest=digest)
-        except BaseException:
-            sink.abort()
-            raise
+            return True
+
+        write_sink(target, (dest.name,), mode, fill, check=check)
         return
     try:
         _get_dir(
@@ -353,7 +355,7 @@ def _get_dir(
             f"{'/'.join(root)}: {problem.detail}", name=rec.name, status=problem.status
         )
     dsink = target.open_dir_sink((dest.name,), mode=PutMode.CREATE)
-    try:
+    with aborting(dsink):
         done = 0
         for entry in rec.files:
             out = dsink.local_path.joinpath(*entry.path.split("/"))
@@ -368,6 +370,3 @@ def _get_dir(
             if found is not None:
                 raise found.error(rec.name, entry.path)
         dsink.publish()
-    except BaseException:
-        dsink.abort()
-        raise

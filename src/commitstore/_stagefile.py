@@ -1,4 +1,5 @@
-"""The writable side of a commit: every byte goes through the hasher on its way to the sink."""
+"""The writable side of a commit: every byte goes through the hasher on its way to the sink
+(``_sinkwrite.HashedWriter``); the commit itself is ``Committer.publish_file``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from commitstore.digest import Hasher
+from commitstore._sinkwrite import HashedWriter
 from commitstore.errors import CommitError
 
 if TYPE_CHECKING:
@@ -15,9 +16,6 @@ if TYPE_CHECKING:
 
     from commitstore.backends import FileSink, Rereadable
     from commitstore.records import Record
-
-WRITE_CHUNK = 4 * 1024 * 1024
-"""Small writes are gathered up to this size before they reach the storage."""
 
 
 class Stage(io.RawIOBase):
@@ -42,10 +40,10 @@ class Stage(io.RawIOBase):
         self.name = name
         self._precheck = precheck
         self._sink: FileSink | None = sink
+        """Until committed or aborted."""
+        self._w = HashedWriter(sink)
         self._finish = finish
         self._after = after
-        self._hasher = Hasher()
-        self._buf = bytearray()
         self.record: Record | None = None
         """The committed record, after :meth:`commit`."""
         self.durable: bool | None = None
@@ -57,7 +55,7 @@ class Stage(io.RawIOBase):
 
     def __repr__(self) -> str:
         state = "committed" if self.record else ("aborted" if self._sink is None else "open")
-        return f"<Stage {self.name!r} {state}, {self._hasher.count} bytes>"
+        return f"<Stage {self.name!r} {state}, {self._w.count} bytes>"
 
     def writable(self) -> bool:
         return True
@@ -69,43 +67,28 @@ class Stage(io.RawIOBase):
         return False
 
     def tell(self) -> int:
-        return self._hasher.count
+        return self._w.count
 
     def write(self, b: Buffer) -> int:
         if self._sink is None:
             raise ValueError(
                 f"write to a stage that is {'committed' if self.record else 'aborted'}"
             )
-        view = memoryview(b).cast("B")
-        n = view.nbytes
-        self._hasher.update(view)
-        if len(self._buf) + n < WRITE_CHUNK:
-            self._buf += view
-            return n
         try:
-            if self._buf:
-                self._drain()
-            self._sink.write(view)
+            return self._w.write(b)
         except BaseException:
             self.abort()
             raise
-        return n
-
-    def _drain(self) -> None:
-        assert self._sink is not None
-        with memoryview(self._buf) as pending:
-            self._sink.write(pending)
-        self._buf = bytearray()
 
     def offer_source(self, source: Rereadable, size: int) -> bool:
         """Before the first write: ``source`` holds the very bytes about to be written
         (``FileSink.reread_from``; an S3 or Azure upload then sends its parts from it and may
         resume an upload an earlier attempt left). True when the sink took it: the caller keeps
         ``source`` open until the commit returns or the stage aborts."""
-        if self._sink is None or self._hasher.count or self._buf:
+        if self._sink is None:
             return False
         try:
-            return self._sink.reread_from(source, size)
+            return self._w.offer(source, size)
         except BaseException:
             self.abort()
             raise
@@ -128,13 +111,7 @@ class Stage(io.RawIOBase):
             return
         if self._sink is None:
             raise CommitError(f"{self.name}: stage was aborted")
-        if self._buf:
-            self._drain()
-        if self._sink.bytes_written != self._hasher.count:
-            raise CommitError(
-                f"{self.name}: storage accepted {self._sink.bytes_written} bytes, "
-                f"{self._hasher.count} were hashed"
-            )
+        self._w.done(self.name)
         if self._precheck is not None:
             self._precheck()
 
@@ -154,17 +131,9 @@ class Stage(io.RawIOBase):
             return self.record
         if self._sink is None:
             raise CommitError(f"{self.name}: stage was aborted")
-        sink = self._sink
         try:
-            if self._buf:
-                self._drain()
-            if sink.bytes_written != self._hasher.count:
-                raise CommitError(
-                    f"{self.name}: storage accepted {sink.bytes_written} bytes, "
-                    f"{self._hasher.count} were hashed"
-                )
-            sink.prepare()  # e.g. the data's fsync, while the pending record is written
-            self.record = self._finish(sink, self._hasher.count, self._hasher.digest())
+            size, digest = self._w.done(self.name)
+            self.record = self._finish(self._sink, size, digest)
             if self.record.outcome is not None:
                 self.durable, self.notes = self.record.outcome.durable, self.record.outcome.notes
         except BaseException:
@@ -180,7 +149,7 @@ class Stage(io.RawIOBase):
         """Discard everything written; publish nothing. Idempotent."""
         if self._sink is not None:
             sink, self._sink = self._sink, None
-            self._buf = bytearray()
+            self._w.discard()
             sink.abort()
         if not self.closed:
             super().close()

@@ -1,9 +1,11 @@
-"""Writes through the one commit path: a staged file (:class:`Stage`) and a staged folder.
+"""Writes through the one commit path: a staged file (:class:`Stage`), a put and a staged folder.
 
-Both validate name, step and metadata before any I/O (``check_new``), hash every byte on its way
-to the sink, and publish through ``Committer.commit`` with the new record as the pending record
-(the versioned commit: old or new, never neither). ``after`` runs once the artifact is committed
-(replication, automatic retention); it never turns a commit into a failure.
+Each validates name, step and metadata before any I/O (``check_new``), hashes every byte on its
+way to the sink, and says only how its bytes are produced: the lifecycle after that (abort on any
+failure, the new record as the pending record, data, record: the versioned commit, old or new,
+never neither) is ``Committer.publish_file``, ``write_file`` or ``publish_dir`` (``_filecommit``).
+``after`` runs once the artifact is committed (replication, automatic retention); it never turns
+a commit into a failure.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from commitstore._commit import Committer, check_flag, check_new, make_record, mode_of
+from commitstore._filecommit import Version
+from commitstore._sinkwrite import HashedWriter, aborting, write_bytes
 from commitstore._stagefile import Stage
-from commitstore.backends import CommitInfo, FileSink, PutMode, hash_and_sync_tree
+from commitstore.backends import FileSink, PutMode, hash_and_sync_tree
 from commitstore.digest import copy_chunks, manifest_digest
 from commitstore.errors import (
     CommitError,
@@ -27,14 +32,14 @@ from commitstore.errors import (
     NotFoundError,
     StorageError,
 )
+from commitstore.layout import Parts
 from commitstore.records import FileRecord, Record
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 After = Callable[[Record], None]
-StageFn = Callable[..., Stage]
-"""``CommitStore.stage``: the puts go through it, so replication and retention follow."""
+"""Run once an artifact is committed (replication, automatic retention)."""
 
 
 def open_stage(
@@ -48,19 +53,13 @@ def open_stage(
     after: After,
 ) -> Stage:
     """A :class:`Stage` of ``name`` (see ``CommitStore.stage``)."""
-    parts, step, meta = check_new(name, step, metadata)
-    check_flag(alias, "alias")
-    mode = mode_of(overwrite)
+    opts = _PutOptions(step=step, metadata=metadata, overwrite=overwrite, alias=alias)
+    parts, mode, version = _check_put(name, opts)
     started = time.monotonic()
     sink = committer.open_file(parts, mode)
 
     def finish(s: FileSink, size: int, digest: str) -> Record:
-        record = make_record(name, step, meta, size=size, digest=digest, alias=alias)
-
-        def publish_data() -> tuple[Record, CommitInfo]:
-            return record, s.publish(size=size, digest=digest)
-
-        return committer.commit(parts, mode, publish_data, intent=record, started=started)
+        return committer.publish_file(parts, mode, s, (size, digest), version, started=started)
 
     def precheck() -> None:
         committer.check_place(parts)
@@ -85,11 +84,8 @@ def stage_dir(
     mode = mode_of(overwrite)
     started = time.monotonic()
     sink = committer.open_dir(parts, mode)
-    try:
+    with aborting(sink):
         yield sink.local_path
-    except BaseException:
-        sink.abort()
-        raise
 
     def dir_record(files: list[tuple[str, int, str]]) -> Record:
         entries = tuple(FileRecord(p, size, d) for p, size, d in files)
@@ -103,28 +99,20 @@ def stage_dir(
             kind="dir",
         )
 
-    try:
+    with aborting(sink):
         # Hashed once before anything is published, so the record is known first (the
         # commit's pending record); the sink hashes again as it publishes.
         intent = dir_record(hash_and_sync_tree(sink.local_path))
-
-        def publish_data() -> tuple[Record, CommitInfo]:
-            info = sink.publish()
-            same = sorted(info.files) == sorted((f.path, f.size, f.digest) for f in intent.files)
-            return (intent if same else dir_record(info.files)), info
-
-        record = committer.commit(parts, mode, publish_data, intent=intent, started=started)
-    except BaseException:
-        sink.abort()
-        raise
+    record = committer.publish_dir(parts, mode, sink, intent, dir_record, started=started)
     after(record)
 
 
 def put_bytes(
-    committer: Committer, stage: StageFn, name: str, data: Buffer, kw: dict[str, Any]
+    committer: Committer, name: str, data: Buffer, kw: dict[str, Any], *, after: After
 ) -> Record:
-    """Commit ``data`` as ``name`` through ``stage``, after checking the free space."""
-    parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
+    """Commit ``data`` as ``name`` (``kw``: ``CommitStore.stage``'s options), after checking the
+    free space; ``after`` as :func:`open_stage`'s. Bad options and data: before any I/O."""
+    parts, mode, version = _check_put(name, _PutOptions(**kw))
     try:
         size = memoryview(data).nbytes
     except TypeError:
@@ -133,35 +121,67 @@ def put_bytes(
             f"{name}: data must be bytes-like, not {type(data).__name__}{hint}"
         ) from None
     committer.check_free(parts, size)
-    with stage(name, **kw) as st:
-        st.write(data)
-    assert st.record is not None
-    return st.record
+    record = committer.write_file(parts, mode, write_bytes(data), version, started=time.monotonic())
+    after(record)
+    return record
 
 
 def put_file(
     committer: Committer,
-    stage: StageFn,
     name: str,
     local_path: str | os.PathLike[str],
     kw: dict[str, Any],
     *,
+    after: After,
     progress: Callable[[int], None] | None,
 ) -> Record:
     """Commit a local file as ``name``, streamed with constant memory; the source must keep its
     size while it is copied (CommitError otherwise: nothing published)."""
-    parts, _, _ = check_new(name, kw.get("step"), kw.get("metadata"))
+    parts, mode, version = _check_put(name, _PutOptions(**kw))
     src = open_source(local_path)
     with src:
         size = os.fstat(src.fileno()).st_size
         committer.check_free(parts, size)
-        with stage(name, **kw) as st:
-            st.offer_source(PreadSource(src.fileno(), os.fspath(local_path)), size)
-            copy_chunks(src, st.write, progress=progress)
-            if st.tell() != size:
+
+        def fill(sink: FileSink) -> tuple[int, str]:
+            writer = HashedWriter(sink)
+            writer.offer(PreadSource(src.fileno(), os.fspath(local_path)), size)
+            copy_chunks(src, writer.write, progress=progress)
+            if writer.count != size:
                 raise CommitError(f"{local_path}: changed size while it was copied")
-    assert st.record is not None
-    return st.record
+            return writer.done(name)
+
+        record = committer.write_file(parts, mode, fill, version, started=time.monotonic())
+    after(record)
+    return record
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _PutOptions:
+    """``CommitStore.stage``'s options (the puts take them as ``**kw``: any other name is a
+    TypeError, as ``stage`` raises it)."""
+
+    step: int | None = None
+    """The record's step (None: inferred from the name)."""
+    metadata: Mapping[str, Any] | None = None
+    """The record's metadata."""
+    overwrite: bool = False
+    """Replace a committed version (``PutMode.REPLACE``)."""
+    alias: bool = False
+    """A moving name (``Record.alias``)."""
+
+
+def _check_put(name: str, opts: _PutOptions) -> tuple[Parts, PutMode, Version]:
+    """A write's name parts, mode and record maker, all checked before any I/O
+    (InvalidNameError, ConfigurationError)."""
+    parts, step, meta = check_new(name, opts.step, opts.metadata)
+    check_flag(opts.alias, "alias")
+    mode = mode_of(opts.overwrite)
+
+    def version(size: int, digest: str) -> Record:
+        return make_record(name, step, meta, size=size, digest=digest, alias=opts.alias)
+
+    return parts, mode, version
 
 
 class PreadSource:

@@ -562,7 +562,7 @@ class CommitStore(StoreReads, StoreUpkeep):
         """Commit ``data`` as ``name`` (same protocol and binary outcome as :meth:`stage`);
         checks free space first. The record returned carries ``outcome``
         (:class:`~commitstore.CommitOutcome`)."""
-        return _write.put_bytes(self._committer, self.stage, name, data, kw)
+        return _write.put_bytes(self._committer, name, data, kw, after=self._after_commit)
 
     def put_file(
         self,
@@ -584,7 +584,9 @@ class CommitStore(StoreReads, StoreUpkeep):
             CommitError: the source changed size (on S3: or content) while it was copied
                 (nothing published).
         """
-        return _write.put_file(self._committer, self.stage, name, local_path, kw, progress=progress)
+        return _write.put_file(
+            self._committer, name, local_path, kw, after=self._after_commit, progress=progress
+        )
 
     def delete(self, name: str) -> None:
         """Remove the record first, then the data: a crash between leaves nothing claiming to be

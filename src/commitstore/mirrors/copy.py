@@ -23,6 +23,7 @@ from typing import BinaryIO, cast
 
 from commitstore._commit import Committer
 from commitstore._scan import StoredRecord, read_intent, read_record
+from commitstore._sinkwrite import aborting
 from commitstore._slots import read_slots
 from commitstore._verify import (
     check_exact,
@@ -34,7 +35,7 @@ from commitstore._verify import (
     served_version,
     stored_version,
 )
-from commitstore.backends import CommitInfo, DirSink, PutMode, Rereadable
+from commitstore.backends import DirSink, FileSink, PutMode, Rereadable
 from commitstore.digest import copy_hashed
 from commitstore.errors import (
     AlreadyExistsError,
@@ -231,62 +232,44 @@ def _copy(
     bytes are hashed on the way, ``_verify.locate`` for a folder whose files do not match the
     record). The target gets that version's record bytes, as its record."""
     parts, rec = validate_name(name), stored.record
-    publish_data: Callable[[], tuple[Record, CommitInfo]]
-    if rec.kind == "file":
-        sink = dst.open_file(parts, PutMode.REPLACE)
-        try:
-            with contextlib.ExitStack() as reading:
-                f = reading.enter_context(src.backend.open_read(parts))
-                source = _rereadable(src, f)
-                if source is not None and sink.reread_from(source, _size_of(source, rec.size)):
-                    keep.push(reading.pop_all())  # the sink reads it again until it is done
-                # A local file is read straight into the copy's buffer (not through the
-                # reader's own, which is then never filled).
-                reader = cast(BinaryIO, source) if source is not None else f
-                size, digest = copy_hashed(reader, sink.write, chunk_size=COPY_CHUNK)
-            try:
-                version = served_version(src.backend, rec, "full", size=size, digest=digest)
-            except IntegrityError:
-                _check_source(src, rec, "", (size, digest), (rec.size, rec.digest))
-                raise
-        except BaseException:
-            sink.abort()
-            raise
-        abort = sink.abort
-
-        def publish_file() -> tuple[Record, CommitInfo]:
-            return version, sink.publish(size=version.size, digest=version.digest)
-
-        publish_data = publish_file
-    else:
+    held = slots if slots is not None else contextlib.nullcontext()
+    if rec.kind != "file":
         dsink, version = _stage_dir(src, dst, parts, rec)
-        abort = dsink.abort
+        with aborting(dsink):
+            body = stored_version(src.backend, stored, version).raw
 
-        def publish_dir() -> tuple[Record, CommitInfo]:
-            info = dsink.publish()
-            sent = sorted((f.path, f.size, f.digest) for f in version.files)
-            if sorted(info.files) != sent:
-                raise IntegrityError(f"{name}: folder changed while copied", name=name)
-            return version, info
+        def changed(files: list[tuple[str, int, str]]) -> Record:
+            del files  # a copy publishes the version it read, or nothing
+            raise IntegrityError(f"{name}: folder changed while copied", name=name)
 
-        publish_data = publish_dir
-    body = stored_version(src.backend, stored, version)
-    started = False
+        return dst.publish_dir(
+            parts, PutMode.REPLACE, dsink, version, changed, body=body, guard=guard, slots=held
+        )
 
-    def publish() -> tuple[Record, CommitInfo]:
-        nonlocal started
-        if guard is not None:
-            guard()
-        started = True  # from here the sink cleans up after itself
-        return publish_data()
+    def fill(sink: FileSink) -> tuple[int, str]:
+        with contextlib.ExitStack() as reading:
+            f = reading.enter_context(src.backend.open_read(parts))
+            source = _rereadable(src, f)
+            if source is not None and sink.reread_from(source, _size_of(source, rec.size)):
+                keep.push(reading.pop_all())  # the sink reads it again until it is done
+            # A local file is read straight into the copy's buffer (not through the reader's
+            # own, which is then never filled).
+            reader = cast(BinaryIO, source) if source is not None else f
+            return copy_hashed(reader, sink.write, chunk_size=COPY_CHUNK)
 
-    try:
-        with slots if slots is not None else contextlib.nullcontext():
-            return dst.commit(parts, PutMode.REPLACE, publish, intent=version, body=body.raw)
-    except BaseException:
-        if not started:  # the publish lock (or the wait for a slot) failed: nothing published
-            abort()
-        raise
+    def version_of(size: int, digest: str) -> Record:
+        try:
+            return served_version(src.backend, rec, "full", size=size, digest=digest)
+        except IntegrityError:
+            _check_source(src, rec, "", (size, digest), (rec.size, rec.digest))
+            raise
+
+    def body_of(version: Record) -> bytes:
+        return stored_version(src.backend, stored, version).raw
+
+    return dst.write_file(
+        parts, PutMode.REPLACE, fill, version_of, body=body_of, guard=guard, slots=held
+    )
 
 
 def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tuple[DirSink, Record]:
@@ -299,7 +282,7 @@ def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tup
         SourceMismatch, NotFoundError: the files are no version of the name (nothing staged).
     """
     dsink = dst.open_dir(parts, PutMode.REPLACE)
-    try:
+    with aborting(dsink):
         try:
             _fill_dir(src, dsink, rec, parts)
             return dsink, rec
@@ -308,12 +291,10 @@ def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tup
             if result.status != "ok" or (version, where) == (rec, parts) or version.kind != "dir":
                 raise
         dsink.abort()
-        dsink = dst.open_dir(parts, PutMode.REPLACE)
+    dsink = dst.open_dir(parts, PutMode.REPLACE)
+    with aborting(dsink):
         _fill_dir(src, dsink, version, where)
-        return dsink, version
-    except BaseException:
-        dsink.abort()
-        raise
+    return dsink, version
 
 
 def _fill_dir(src: Committer, dsink: DirSink, rec: Record, root: Parts) -> None:
