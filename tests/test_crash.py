@@ -23,7 +23,10 @@ from commitstore.testing import LocalBackdoor, record_path, xxh
 from .helpers.payload import digest
 
 SIZE = 112 * 1024 * 1024
-TRIALS = 32
+TRIALS = 16
+"""Kills in the default run (each aimed by the last outcomes, so both sides of the commit point
+come up); the soak run makes :data:`SOAK_TRIALS`."""
+SOAK_TRIALS = 64
 ROOT_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -41,6 +44,18 @@ def _spawn(root: Path, name: str, seed: int) -> subprocess.Popen[str]:
 
 @pytest.mark.crash
 def test_sigkill_during_commit_never_leaves_partial(tmp_path: Path) -> None:
+    run_trials(tmp_path, TRIALS)
+
+
+@pytest.mark.crash
+@pytest.mark.soak
+def test_sigkill_during_commit_never_leaves_partial_soak(tmp_path: Path) -> None:
+    run_trials(tmp_path, SOAK_TRIALS)
+
+
+def run_trials(tmp_path: Path, trials: int) -> None:
+    """``trials`` writers SIGKILLed at drawn moments of a commit; after each, nothing partial
+    under a final name, ``latest()`` the newest whole step, only staging names left over."""
     root = tmp_path / "store"
     store = open_store(root)
     door = LocalBackdoor(root)
@@ -56,7 +71,7 @@ def test_sigkill_during_commit_never_leaves_partial(tmp_path: Path) -> None:
 
     rng = random.Random(20261129)
     outcomes = {"published": 0, "nothing": 0, "data_without_record": 0}
-    for trial in range(1, TRIALS + 1):
+    for trial in range(1, trials + 1):
         name = f"step_{trial:04d}.bin"
         expected = digest(trial, SIZE)
         proc = _spawn(root, name, trial)

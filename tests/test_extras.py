@@ -8,8 +8,9 @@ server, wsgidav), described to it in
 environment variables: StoreConformance less its two slowest tests (the stateful model, 100 s or
 more per object store, and the truncation property, 35 s; the main suite runs both on every
 server): commit, overwrite, abort, racing writers, folders, names, list, verify, latest, reads,
-bit flips, delete and gc stay; plus a request refused with 403, whose error must translate with
-this extra alone (a GCS-only install once failed there, importing botocore).
+bit flips (5 of the property's 25 examples), delete and gc stay; plus a request refused with
+403, whose error must translate with this extra alone (a GCS-only install once failed there,
+importing botocore).
 
 The venvs get no pip of their own: this interpreter's pip installs into each (``--python``,
 ``--no-compile``), first the extra's requirements and the build backend (all venvs at once),
@@ -79,7 +80,8 @@ NO_COMPILE = ("--no-compile",)
 modules never imported); the child's imports compile what they use, as a fresh install would."""
 SUBSET = "not state_machine and not truncation"
 """The two slowest conformance tests (about 100 s and 35 s per object store, with four runs
-sharing two cores) are left to the main suite; the bit-flip property test stays."""
+sharing two cores) are left to the main suite; the bit-flip property test stays, with 5
+examples instead of 25 (``tests/extras/conformance_child.py``)."""
 
 
 @dataclass

@@ -143,8 +143,9 @@ def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> No
     server, t = s3
     t.store.put_bytes("step_0001.pt", b"whole")
     slow = FaultProxy(server.port)
-    # each of the (up to 4) connections ~1.3 MiB/s: the first parts land after ~6 s, the
-    # second round of parts needs as long again, which is the window for the kill
+    # each of the (up to 4) connections ~1.3 MiB/s: the first parts (5 MiB, the smallest S3
+    # takes) land after ~4 s, the second round of parts needs as long again, which is the
+    # window for the kill
     slow.set(delay=0.05, faulty=None)
     try:
         proc = subprocess.Popen(
@@ -165,7 +166,7 @@ def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> No
                 **server.env(),
                 "AWS_ENDPOINT_URL": slow.endpoint,
                 "WRITER_STORE_OPTIONS": json.dumps(
-                    {"single_put_max": 5 * MiB, "endpoint_url": slow.endpoint}
+                    {"single_put_max": 5 * MiB, "part_size": 5 * MiB, "endpoint_url": slow.endpoint}
                 ),
             },
         )
@@ -184,7 +185,7 @@ def test_sigkill_mid_upload_publishes_nothing(s3: tuple[S3Server, Target]) -> No
 
         proc.wait(30)
     finally:
-        slow.stop()
+        slow.stop(cut=True)  # the dead writer's bytes queued in the proxy go nowhere
     assert t.door.read("step_0002.pt") is None
     assert t.door.read(record_path("step_0002.pt")) is None
     assert len(pending(t)) == 1  # left for gc / the bucket lifecycle rule

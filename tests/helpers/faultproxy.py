@@ -56,6 +56,9 @@ class FaultProxy:
         self._sock.bind(("127.0.0.1", self.port))
         self._sock.listen(64)
         self._stop = threading.Event()
+        self._cut = threading.Event()
+        self._open: set[socket.socket] = set()
+        """The sockets of the connections being forwarded (both ends)."""
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -127,10 +130,12 @@ class FaultProxy:
         except OSError:
             client.close()
             return
+        with self._lock:
+            self._open.update((client, server))
         sent = 0
         idle = 0.0
         try:
-            while True:
+            while not self._cut.is_set():
                 if self.frozen.is_set():
                     if self._stop.wait(0.05):
                         return
@@ -170,17 +175,28 @@ class FaultProxy:
         except OSError:
             return
         finally:
+            with self._lock:
+                self._open.difference_update((client, server))
             for s in (client, server):
                 with contextlib.suppress(OSError):
                     s.close()
 
-    def stop(self) -> None:
-        """Stop accepting (the port is free once this returns) and end every connection."""
+    def stop(self, *, cut: bool = False) -> None:
+        """Stop accepting (the port is free once this returns); open connections forward what
+        is left of their traffic, or with ``cut`` end at once (a killed client's bytes still
+        queued here never reach the server)."""
+        if cut:
+            self._cut.set()
         self._stop.set()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept, which holds the socket
         with contextlib.suppress(OSError):
             self._sock.close()
+        with self._lock:
+            open_now = list(self._open) if cut else []
+        for s in open_now:  # wakes a forwarder blocked in a send or a receive
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
         self._thread.join(5)
 
 

@@ -75,6 +75,16 @@ class S3Server:
             "AWS_ENDPOINT_URL": self.endpoint,
         }
 
+    def alive(self) -> bool:
+        """The server process is running and accepts connections."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2):
+                return True
+        except OSError:
+            return False
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
