@@ -1,8 +1,9 @@
 """The multi-process state machine (``commitstore.testing.crashmachine``) on local disk, a FUSE
-bridge (the project's fault filesystem), Samba and S3 (moto and ``rclone serve s3``): writers
-forked from the test process and SIGKILLed mid-commit, two writers of one name at once (S3),
-writers pausing past gc's ``min_age`` while gc runs, deletes, prunes, gc and bit flips, checked
-against a model. A few examples per target in the default run, many more under soak."""
+bridge (the project's fault filesystem), Samba, S3 (moto and ``rclone serve s3``) and GCS
+(fake-gcs-server): writers forked from the test process and SIGKILLed mid-commit or
+mid-upload (then resumed), two writers of one name at once (S3), writers pausing past gc's
+``min_age`` while gc runs, deletes, prunes, gc and bit flips, checked against a model. A few
+examples per target in the default run, many more under soak."""
 
 from __future__ import annotations
 
@@ -214,16 +215,26 @@ def test_focused_machines_soak(
 
 RESUMED = ("killed_put_file", "resume_put_file", "gc")
 
+GCS_CHUNK = 256 * 1024
+"""The GCS stores' chunk size in the resumed-uploads run (the smallest GCS takes): a
+``put_file`` of 13 chunks is about 3 MiB."""
+
 
 def run_resumed(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """The run of rules :data:`RESUMED`; the first failing example is reported as found (each
     shrink step sends megabytes)."""
-    make = (
-        s3_targets(request.getfixturevalue("moto" if kind == "s3" else kind), small_parts=True)
-        if kind in ("s3", "rclone")
-        else factory(kind, request, tmp_path)
-    )
-    examples, steps = (4, 3) if "soak" not in request.keywords else (12, 6)
+    if kind in ("s3", "rclone"):
+        make = s3_targets(
+            request.getfixturevalue("moto" if kind == "s3" else kind), small_parts=True
+        )
+    elif kind == "gcs":
+        make = gcs_targets(request.getfixturevalue("gcs"), chunk_size=GCS_CHUNK)
+    else:
+        make = factory(kind, request, tmp_path)
+    if "soak" in request.keywords:
+        examples, steps = 12, 6
+    else:  # on GCS: the fewest that reach a resume reusing chunks, and one that must not
+        examples, steps = (3, 5) if kind == "gcs" else (4, 3)
     run_crash_machine(
         make, max_examples=examples, steps=steps, folder=False, only=RESUMED, shrink=False
     )
@@ -234,6 +245,7 @@ def run_resumed(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> No
     [
         "s3",
         "rclone",
+        "gcs",
         "local",
     ],
 )
@@ -244,7 +256,19 @@ def test_resumed_uploads_in_the_machine(
     5 MiB-sized parts killed once a part landed (S3: the backdoor shows it) leaves the old
     version; the same ``put_file`` again (at once, after gc of the dead writer's state, or
     later; of the source as it was or rewritten in its middle with its mtime kept) commits the
-    source's exact bytes. On local disk the killed put_file only leaves the old version."""
+    source's exact bytes. On GCS (fake-gcs-server, 256 KiB chunks) a ``put_file`` of 13
+    chunks is killed once the resume state says 5 or 6 were acknowledged, or with a chunk in
+    flight (which starts over), over an old version or a deleted name, with the same checks.
+    On local disk the killed put_file only leaves the old version."""
+    run_resumed(kind, request, tmp_path)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("kind", ["s3", "rclone", "gcs", "local"])
+def test_resumed_uploads_in_the_machine_soak(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``test_resumed_uploads_in_the_machine`` with more and longer examples."""
     run_resumed(kind, request, tmp_path)
 
 
@@ -270,6 +294,34 @@ def test_the_resumed_uploads_machine_catches_a_wrong_part_reused(
     monkeypatch.setattr(S3Upload, "_all_match", staticmethod(lambda *_args: True))
     with pytest.raises((AssertionError, CommitError)):
         run_resumed("s3", request, tmp_path)
+
+
+@pytest.mark.parametrize("bug", ["crc-list-trusted", "never-resumed"])
+def test_the_resumed_uploads_machine_catches_a_gcs_resume_bug(
+    bug: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The run of ``test_resumed_uploads_in_the_machine[gcs]`` (same sizes, derandomized) fails
+    when (planted in this process, where the machine resumes) a resumed GCS upload trusts the
+    CRC32C list of its state: the chunks below the offset neither checked against the source
+    when the resume starts nor compared with the bytes written now (the source rewritten in
+    its middle, mtime kept, makes a held chunk no longer the source's); or when no upload is
+    ever resumed (every chunk is sent again)."""
+    from commitstore.backends.object.gcs.upload import GcsUpload
+
+    def trusting(self: Any, number: int, crc: str, length: int) -> int:
+        if self._offset >= self._held:
+            return 0
+        skip = min(length, self._held - self._offset)
+        self.reused_bytes += skip
+        return int(skip)
+
+    if bug == "crc-list-trusted":
+        monkeypatch.setattr(GcsUpload, "_reused", trusting)
+        monkeypatch.setattr(GcsUpload, "_all_match", lambda *_args: True)
+    else:
+        monkeypatch.setattr(GcsUpload, "_held_by", lambda *_args: -1)
+    with pytest.raises((AssertionError, CommitError)):
+        run_resumed("gcs", request, tmp_path)
 
 
 def test_folder_overwrite_on_a_fuse_bridge(mount: FaultMount) -> None:
@@ -437,14 +489,18 @@ def test_a_pending_record_is_not_replaced_while_it_is_what_verifies(
     assert t.reopen().verify("s_1", level="full").ok
 
 
-def gcs_targets(server: FakeGcs) -> Factory:
+def gcs_targets(server: FakeGcs, *, chunk_size: int | None = None) -> Factory:
+    """Fresh GCS stores on fake-gcs-server; ``chunk_size``: their chunk size (the default
+    when None)."""
+    opts = {**server.options(), **({} if chunk_size is None else {"chunk_size": chunk_size})}
+
     def make() -> Target:
         sub = f"m{time.monotonic_ns()}"
         url = server.url(sub)
         return Target(
-            open_store(url, **server.options()),
+            open_store(url, **opts),
             GcsBackdoor(server.endpoint, GCS_BUCKET, sub),
-            lambda: open_store(url, **server.options()),
+            lambda: open_store(url, **opts),
         )
 
     return make

@@ -165,6 +165,8 @@ def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) 
             signal_parent()
 
         ObjectFileSink._reap = stopping_reap  # type: ignore[method-assign]
+    if point.startswith(("gcs-acked:", "gcs-in-flight:")):
+        _stop_gcs(point, backend, signal_parent)
     if point == "mid-copy" and hasattr(backend, "server_copy"):
         copy = backend.server_copy
 
@@ -174,6 +176,41 @@ def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) 
             return got
 
         backend.server_copy = stopping_copy
+
+
+def _stop_gcs(point: str, backend: Any, signal_parent: Callable[[], None]) -> None:
+    """In the child, a GCS ``put_file`` in chunks: ``gcs-acked:N`` stops right after the
+    resume state was written saying N chunks were acknowledged and none is in flight;
+    ``gcs-in-flight:N`` right after chunk request N was answered, before anything else (the
+    state still lists chunk N as in flight)."""
+    what, _, at = point.partition(":")
+    n = int(at)
+    if what == "gcs-acked":
+        upload_small = backend.upload_small
+
+        def uploading(parts: Any, key: str, data: bytes, *, create_only: bool) -> Any:
+            got = upload_small(parts, key, data, create_only=create_only)
+            if tuple(parts[:2]) == (".commitstore", "resume"):
+                state = json.loads(data)
+                acked = state["gcs"]["sent"] // state["part_size"]
+                if acked == len(state["gcs"]["crc32c"]) == n:
+                    signal_parent()
+            return got
+
+        backend.upload_small = uploading
+        return
+    call, chunks = backend.call, [0]
+
+    def calling(what_: str, parts: Any, method: str, path: str, *a: Any, **kw: Any) -> Any:
+        crange = str((kw.get("headers") or {}).get("Content-Range", ""))
+        got = call(what_, parts, method, path, *a, **kw)
+        if method == "POST" and crange.startswith("bytes ") and not crange.startswith("bytes */"):
+            chunks[0] += 1
+            if chunks[0] == n:
+                signal_parent()
+        return got
+
+    backend.call = calling
 
 
 class Writer:
@@ -313,7 +350,10 @@ MiB = 1024 * 1024
 
 def source_size(backend: Any) -> int:
     """The size of the source rule ``killed_put_file`` sends: three parts (the last one MiB) on
-    a store that sends a file of that size in parts, else 2 MiB."""
+    a store that sends a file of that size in parts; on GCS, its first and last MiB (the
+    source's identity hashes them) with four and a half chunks between; else 2 MiB."""
+    if getattr(backend, "resumes_uploads", False):
+        return 2 * MiB + 4 * int(backend.chunk_size) + int(backend.chunk_size) // 2
     part = getattr(backend, "part_size", None)
     if not isinstance(part, int):
         return 2 * MiB
@@ -337,8 +377,53 @@ def wait_dead_uploads(t: Target, name: str) -> None:
 
 def resumes(backend: Any, size: int) -> bool:
     """A ``put_file`` of ``size`` bytes on ``backend`` is sent in parts a later attempt may
-    resume (S3: ``reread_bodies``, above ``whole_max``)."""
-    return bool(getattr(backend, "reread_bodies", False)) and size > int(backend.whole_max)
+    resume (S3: ``reread_bodies``, GCS: ``resumes_uploads``; above ``whole_max``)."""
+    return bool(
+        getattr(backend, "reread_bodies", False) or getattr(backend, "resumes_uploads", False)
+    ) and size > int(backend.whole_max)
+
+
+def gcs_kill_point(seed: int, chunk: int) -> str:
+    """Where rule ``killed_put_file`` stops a GCS writer of chunks of ``chunk`` bytes, drawn
+    from its ``seed``: once the resume state says the chunks up to the first or second past
+    the source's first MiB (:func:`gcs_changed_at` is in the first of them) were acknowledged
+    (none in flight), or (one seed in three) right after the answer to that chunk came, the
+    state still listing it in flight (fake-gcs-server cannot be asked what it holds: a resume
+    starts over)."""
+    n = MiB // chunk + 1 + seed % 2
+    return f"gcs-in-flight:{n}" if (seed // 2) % 3 == 0 else f"gcs-acked:{n}"
+
+
+def count_chunk_bytes(store: CommitStore) -> list[int]:
+    """On a GCS store: count the bytes its chunk requests send (a resumed upload's, by the
+    request it makes, not by what it says it reused) in the list returned, from now on."""
+    backend: Any = store._committer.backend
+    sent = [0]
+    if not getattr(backend, "resumes_uploads", False):
+        return sent
+    call = backend.call
+
+    def calling(what: str, parts: Any, method: str, path: str, *a: Any, **kw: Any) -> Any:
+        headers = kw.get("headers") or {}
+        if method == "POST" and str(headers.get("Content-Range", "")).startswith("bytes "):
+            sent[0] += int(headers.get("Content-Length", 0))
+        return call(what, parts, method, path, *a, **kw)
+
+    backend.call = calling
+    return sent
+
+
+def gcs_changed_at(chunk: int) -> int:
+    """Where rule ``killed_put_file`` rewrites a GCS source (``change``): in the middle of the
+    first chunk past its first MiB (outside the MiB its identity hashes at either end)."""
+    return MiB + chunk // 2
+
+
+def gcs_fresh(seed: int) -> bool:
+    """Whether rule ``killed_put_file`` on GCS sends its source to a name with nothing
+    committed (deleted first: the state's word is resumed on fake-gcs-server only when no
+    object stands under the name) rather than over an old version (which starts over)."""
+    return (seed // 6) % 3 != 0
 
 
 def _not_a_rule(method: Callable[..., None]) -> Callable[..., None]:
@@ -390,6 +475,8 @@ def run_crash_machine(
             self.model: dict[str, set[Version]] = {n: {None} for n in (*FILES, FOLDER)}
             self.damaged: set[str] = set()
             self.killed_puts: dict[str, Path] = {}  # name -> source of a put_file killed
+            # name -> the bytes its GCS put_file again must send (a resume that reuses chunks)
+            self.to_send: dict[str, int] = {}
             self._sources: Path | None = None
 
         def teardown(self) -> None:
@@ -416,19 +503,35 @@ def run_crash_machine(
         ) -> None:
             """A writer ``put_file``s a source of a few parts over ``name`` and is SIGKILLed
             mid-upload: where the store resumes uploads (S3), once the backdoor shows a part of
-            its upload landed and its resume state written; elsewhere before its data is
-            published. The old version stands. Then (``then``) rule ``resume_put_file`` runs
+            its upload landed and its resume state written; on GCS (chunks of ``chunk_size``)
+            at :func:`gcs_kill_point` (chunks acknowledged, or one in flight), the backdoor
+            showing the state says so, over an old version or (:func:`gcs_fresh`) a name
+            deleted first; elsewhere before its data is published. The old version (or
+            nothing) stands. Then (``then``) rule ``resume_put_file`` runs
             now, after gc, or later (other rules between); ``change``: the source is rewritten
             in its middle first, its mtime kept (the state still matches it), so a part the
             server holds is no longer the source's."""
-            self.commit(name, old)
+            backend: Any = self.store._committer.backend
+            gcs = bool(getattr(backend, "resumes_uploads", False))
+            before: bytes | None = old
+            if gcs and gcs_fresh(seed):
+                with contextlib.suppress(NotFoundError):
+                    self.store.delete(name)
+                self.model[name] = {None}
+                self.damaged.discard(name)
+                before = None
+            else:
+                self.commit(name, old)
             source = self.new_source(seed)
-            backend = self.store._committer.backend
             resumable = resumes(backend, source.stat().st_size)
-            writer = Writer(self.t, name, b"", "mid-upload" if resumable else "before-data", source)
+            point = "mid-upload" if resumable else "before-data"
+            point = gcs_kill_point(seed, int(backend.chunk_size)) if gcs else point
+            writer = Writer(self.t, name, b"", point, source)
             try:
                 assert writer.state == "stopped", f"the put_file writer: {writer.state}"
-                if resumable:
+                if gcs:
+                    self.check_gcs_state(name, point)
+                elif resumable:
                     door: Any = self.t.door
                     key = f"{door.prefix}/{name}" if door.prefix else name
                     ups = [u for u in door.pending_uploads() if u["Key"] == key]
@@ -438,12 +541,18 @@ def run_crash_machine(
                     assert door.read("/".join(resume_parts(tuple(name.split("/"))))) is not None
             finally:
                 writer.kill()
-            assert self.t.door.read(name) == old, f"{name}: a killed put_file published"
+            assert self.t.door.read(name) == before, f"{name}: a killed put_file published"
             self.killed_puts[name] = source
+            self.to_send.pop(name, None)
+            if gcs and before is None and not change and point.startswith("gcs-acked:"):
+                acked = int(point.partition(":")[2]) * int(backend.chunk_size)
+                self.to_send[name] = source.stat().st_size - acked
             if change:
                 stat = source.stat()
+                # in the first part (GCS: in a chunk held), not its first or last MiB
+                at = gcs_changed_at(int(backend.chunk_size)) if gcs else stat.st_size // 2 - MiB
                 with source.open("r+b") as f:
-                    f.seek(stat.st_size // 2 - MiB)  # in the first part: not its head or tail
+                    f.seek(at)
                     byte = f.read(1)
                     f.seek(-1, os.SEEK_CUR)
                     f.write(bytes([byte[0] ^ 0x5A]))
@@ -454,6 +563,19 @@ def run_crash_machine(
                 assert self.t.door.read(state) is None, "gc left a dead writer's resume state"
             if then != "later":
                 self.put_again(name)
+
+        def check_gcs_state(self, name: str, point: str) -> None:
+            """The stopped GCS writer's resume state, by the backdoor: ``gcs-acked:N``: N
+            chunks acknowledged, none in flight; ``gcs-in-flight:N``: chunk N listed (in
+            flight), N - 1 acknowledged."""
+            what, _, at = point.partition(":")
+            n = int(at)
+            raw = self.t.door.read("/".join(resume_parts(tuple(name.split("/")))))
+            assert raw is not None, f"{point}: no resume state"
+            state = json.loads(raw)
+            listed, acked = len(state["gcs"]["crc32c"]), state["gcs"]["sent"] // state["part_size"]
+            want = (n, n) if what == "gcs-acked" else (n, n - 1)
+            assert (listed, acked) == want, f"{point}: the state lists {listed}, acked {acked}"
 
         @precondition(lambda self: bool(self.killed_puts))
         @rule(pick=st.integers(0, 2))
@@ -467,11 +589,18 @@ def run_crash_machine(
             killed writer's upload looks dead (:func:`wait_dead_uploads`): it commits
             the source's exact bytes (the parts the server holds reused only when they are
             exactly those), and only now is that the model's version; no resume state is left
-            for the name."""
+            for the name. On GCS, a writer killed over a deleted name once chunks were
+            acknowledged, its source unchanged and its state not gc'd, is resumed: its chunk
+            requests send only the bytes past those chunks."""
             source = self.killed_puts.pop(name)
             data = source.read_bytes()
             wait_dead_uploads(self.t, name)
-            self.t.reopen().put_file(name, source, overwrite=True)
+            store = self.t.reopen()
+            sent = count_chunk_bytes(store)
+            store.put_file(name, source, overwrite=True)
+            if name in self.to_send:
+                want = self.to_send.pop(name)
+                assert sent[0] == want, f"{name}: {sent[0]} bytes sent again, not {want}"
             self.model[name] = {data}
             self.damaged.discard(name)
             assert self.t.door.read(name) == data, f"{name}: committed bytes are not the source"
@@ -771,6 +900,7 @@ def run_crash_machine(
         def gc(self) -> None:
             before = self.verifying()
             self.store.gc(min_age=0)
+            self.to_send.clear()  # the dead writers' resume states are gone: none resumes
             self.check_latest(before)
             listed = {r.name for r in self.store.list()}
             for name in self.model:  # gc settled every commit it could: collapse the model
