@@ -188,6 +188,10 @@ class FolderWrite:
         files): a path is never both."""
         self._held: object | None = None
         """Local stores: this writer's liveness lock on the staging folder (:meth:`_hold`)."""
+        self._unhold: weakref.finalize[Any, Any] | None = None
+        """Releases :attr:`_held` once: at :meth:`commit` or :meth:`abort`, or when this writer
+        is dropped without either (garbage-collected), so a forgotten write's folder is left
+        to gc's age rule instead of being kept until the process ends."""
         self._marker_lock = threading.Lock()
         self._beat: _slots.Beat | None = None
         if _in_place(committer.backend):
@@ -336,7 +340,7 @@ class FolderWrite:
             return
         for _attempt in range(_TAKEN_ATTEMPTS):
             try:
-                self._held = backend.hold_folder(area)  # never via a symlink
+                self._keep(backend.hold_folder(area))  # never via a symlink
                 return
             except StagingTaken:
                 continue  # gc removed it (no writer held it) before this lock: made again
@@ -347,10 +351,17 @@ class FolderWrite:
             "writer could lock it; nothing was written"
         )
 
-    def _release(self) -> None:
-        held, self._held = self._held, None
+    def _keep(self, held: object | None) -> None:
+        """Hold ``held`` (from ``Backend.hold_folder``) until :meth:`_release`, or until this
+        writer is garbage-collected."""
+        self._held = held
         if held is not None:
-            self._c.backend.release_folder(held)
+            self._unhold = weakref.finalize(self, self._c.backend.release_folder, held)
+
+    def _release(self) -> None:
+        unhold, self._unhold, self._held = self._unhold, None, None
+        if unhold is not None:
+            unhold()  # at most once, whoever asks first
 
     def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> FileRecord:
         """Write the whole file ``path`` at once; its record."""
@@ -375,7 +386,7 @@ class FolderWrite:
         except (OSError, StagingTaken):
             return None  # a file is there already, or gc claims an entry beside it now
         self._release()  # the lock on the empty folder the move replaced
-        self._held = held
+        self._keep(held)
         try:
             files = hash_and_sync_tree(area)
         except BaseException:
