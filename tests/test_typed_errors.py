@@ -75,6 +75,28 @@ def test_enospc_creating_the_stores_own_folder_is_insufficient_space(inode_fs: P
     assert LocalBackdoor(root).read("a.bin") == b"old data, no record"
 
 
+def test_enospc_filling_a_folder_copy_is_insufficient_space(inode_fs: Path, tmp_path: Path) -> None:
+    """A folder artifact restored from a mirror into a primary whose disk runs out of inodes
+    mid-folder: InsufficientSpaceError (not a raw OSError), nothing published, no staging
+    left behind by the failed copy's abort."""
+    mirror = tmp_path / "m"
+    with open_store(mirror).stage_dir("fold") as d:
+        for i in range(80):
+            (d / f"d{i}").mkdir()
+            (d / f"d{i}" / "f").write_bytes(b"x" * 100)
+    root = inode_fs / "p"
+    with open_store(root, mirrors=[str(mirror)]) as store:
+        store.put_bytes("seed", b"s")
+        with pytest.raises(InsufficientSpaceError) as info:
+            store.restore("fold")
+        assert info.value.errno == errno.ENOSPC
+    door = LocalBackdoor(root)
+    assert door.read("seed") == b"s"
+    assert door.read(record_path("fold")) is None
+    assert not (root / "fold").exists()
+    assert [f for f in door.files() if ".commitstore.tmp" in f] == []
+
+
 @pytest.fixture
 def readonly(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """(writable folder, the same folder through a read-only bind mount)."""

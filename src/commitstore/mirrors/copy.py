@@ -35,7 +35,7 @@ from commitstore._verify import (
     served_version,
     stored_version,
 )
-from commitstore.backends import DirSink, FileSink, PutMode, Rereadable
+from commitstore.backends import DirSink, FileSink, PutMode, Rereadable, local_error
 from commitstore.digest import copy_hashed
 from commitstore.errors import (
     AlreadyExistsError,
@@ -311,12 +311,15 @@ def _fill_dir(src: Committer, dsink: DirSink, rec: Record, root: Parts) -> None:
         )
     for entry in rec.files:
         out = dsink.local_path.joinpath(*entry.path.split("/"))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with (
-            src.backend.open_read((*root, *entry.path.split("/"))) as f,
-            open(out, "wb") as o,
-        ):
-            size, digest = copy_hashed(f, o.write, chunk_size=COPY_CHUNK)
+        with src.backend.open_read((*root, *entry.path.split("/"))) as f:
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with open(out, "wb") as o:
+                    size, digest = copy_hashed(f, o.write, chunk_size=COPY_CHUNK)
+            except CommitStoreError:
+                raise  # the source's read, typed already
+            except OSError as exc:  # the staging folder's disk: typed as its commits type it
+                raise local_error(exc, "writing the folder copy's file", str(out)) from exc
         _check_source(src, rec, entry.path, (size, digest), (entry.size, entry.digest))
 
 
