@@ -19,9 +19,11 @@ Targets (time ratios ours/baseline, lower is better):
 - s3resume: resume of the newest of four checkpoints from moto and ``rclone serve s3``
   (``latest(level="size")`` + hash-verified ``get_file``) vs one ``s3fs.get_file`` of it: time
   ratio <= 1.05, bytes the server sent (counted at a proxy) <= 1.05x one download.
-- uploadresume: a ``put_file`` to moto, to ``rclone serve s3`` and to fake-gcs-server whose
-  writer is SIGKILLed at ~80% of its parts (GCS: chunks), put again: bytes sent <= the share
-  of parts missing + 0.02 of one whole ``put_file`` (256 MiB, counted at a proxy).
+- uploadresume: a ``put_file`` to moto, to ``rclone serve s3``, to fake-gcs-server and to
+  Azurite whose writer is SIGKILLed at ~80% of its parts (GCS: chunks, Azure: blocks), put
+  again: bytes sent <= the share of parts missing + 0.02 of one whole ``put_file`` (256 MiB,
+  counted at a proxy); the same for a background S3 (moto) mirror's copy, killed with its
+  process and completed from the owed journal by a restarted process, vs one whole copy.
 - scale: a dry-run prune plan and ``latest(level="size")`` over 10,000 artifacts, first scan
   (no record cache) on moto < 5 s each; warm and local reported.
 - gcs: the same against fake-gcs-server vs ``gcsfs.put_file`` (its default chunk size, and its

@@ -57,7 +57,13 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "s3": (*_CORE, *_WORKER, *_OBJECT, "benchmarks/s3.py"),
     "s3resume": (*_CORE, *_WORKER, *_OBJECT, "benchmarks/s3resume.py"),
     "s3resume-bytes": (*_CORE, *_WORKER, *_OBJECT, "benchmarks/s3resume.py"),
-    "uploadresume": (*_CORE, *_OBJECT, "benchmarks/uploadresume.py", "benchmarks/s3.py"),
+    "uploadresume": (
+        *_CORE,
+        *_OBJECT,
+        "src/commitstore/mirrors",
+        "benchmarks/uploadresume.py",
+        "benchmarks/s3.py",
+    ),
     "gcs": (*_CORE, *_WORKER, *_OBJECT, "benchmarks/gcs.py"),
     "mirrors": (
         *_CORE,

@@ -16,6 +16,20 @@ URIs, so every chunk goes through the proxy; the writer stops right after its re
 ``KILL_AT`` of the chunks were acknowledged and none is in flight (``WRITER_GCS_AT``: a chunk in
 flight at the kill makes the resume start over there, as fake-gcs-server cannot be asked what
 it holds), is SIGKILLed, and the proxy is closed before a new one takes its port.
+
+Azure (Azurite): the same as S3, 8 MiB blocks staged one at a time; the blocks landed are the
+blob's uncommitted block list (the server's own client). The connection string names the
+proxy's port as the blob endpoint, so every request goes through it (the whole put's count,
+at least the file's size, shows it). A resume needs no wait (an Azure upload has no owner to
+be taken for live).
+
+Mirror queue (moto): a process with a local primary and a background S3 mirror commits the file
+and is SIGKILLed once ``KILL_AT`` of the mirror copy's parts landed (its copy was journaled as
+owed when it was queued, docs/mirrors.md). Once that upload looks dead, a new process opens the
+same primary with the same mirror (through a counting proxy) and lets its queue finish
+(``flush()``): the journal's owed copy is made, resuming the upload from the primary's file.
+Baseline: the bytes a process sends to the mirror for one whole background copy of the same
+file under another name. The owed journal must be empty afterwards and both mirror copies verify.
 """
 
 from __future__ import annotations
@@ -32,15 +46,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.azurite import ACCOUNT, KEY, Azurite, azure_backdoor
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.gcsserver import BUCKET as GCS_BUCKET
 from tests.helpers.gcsserver import FakeGcs
-from tests.helpers.s3servers import BUCKET, S3Server
+from tests.helpers.s3servers import BUCKET, MotoServer, S3Server
 from tests.helpers.samba import free_port
 
 from commitstore import open_store
 from commitstore.backends.object.s3.upload import STALE_BEATS
-from commitstore.testing import GcsBackdoor, S3Backdoor
+from commitstore.testing import AzureBackdoor, GcsBackdoor, S3Backdoor
 
 from ._harness import MiB, verdict, write_results
 from .s3 import SERVERS, running, write_source
@@ -148,6 +163,7 @@ def _measured(
     """The measurement of one server: the bytes (and seconds) of the resumed put against one
     whole put, judged against the share of parts that had not landed at the kill."""
     (resumed_b, resumed_s), (full_b, full_s) = resumed, full
+    _through_proxy(label, full, size)
     missing = 1 - landed / total
     ratio = resumed_b / full_b
     target = round(missing + SLACK, 4)
@@ -289,6 +305,177 @@ def _gcs_case(base: Path, source: Path, size: int, total: int) -> dict[str, Any]
     )
 
 
+def _via(port: int) -> str:
+    """The connection string of Azurite's account, its blob endpoint 127.0.0.1:``port``."""
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+        f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};"
+    )
+
+
+def _staged(door: AzureBackdoor, name: str) -> int:
+    """How many uncommitted blocks of ``name`` the server holds."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    blob = door.container.get_blob_client(f"{door.prefix}/{name}")
+    try:
+        _committed, uncommitted = blob.get_block_list("uncommitted")
+    except ResourceNotFoundError:  # no block staged yet
+        return 0
+    return len(uncommitted)
+
+
+def _azure_case(base: Path, source: Path, size: int, total: int) -> dict[str, Any]:
+    """Kill an Azure ``put_file`` at ``KILL_AT`` of its blocks on Azurite, resume it, put it
+    whole: the measurement (see the module docstring)."""
+    base.mkdir()
+    server = Azurite(base)
+    try:
+        url = server.url(PREFIX)
+        door = azure_backdoor(server, PREFIX)
+        slow = FaultProxy(server.port)
+        slow.set(delay=0.005, faulty=None)  # one block at a time, slowed
+        options = {"connection_string": _via(slow.port), "block_size": PART, "max_inflight": 1}
+        proc = _writer(url, "ckpt.pt", source, options)
+        _kill_when("azure", proc, slow, lambda: _staged(door, "ckpt.pt"), KILL_AT * total)
+        landed = _staged(door, "ckpt.pt")
+        if landed >= total:
+            raise RuntimeError("azure: every block landed before the kill")
+        if door.read("ckpt.pt") is not None:
+            raise RuntimeError("azure: the killed put published its blob")
+
+        def put(name: str, proxy: FaultProxy) -> subprocess.Popen[str]:
+            return _writer(url, name, source, {**options, "connection_string": _via(proxy.port)})
+
+        counted = {n: _counted("azure", n, FaultProxy(server.port), put) for n in NAMES}
+        store = open_store(url, **server.options())
+        for name in NAMES:
+            if door.read(name) != source.read_bytes() or not store.verify(name).ok:
+                raise RuntimeError(f"azure: {name} is not the source's bytes")
+    finally:
+        server.stop()
+    resumed, full = (counted[n] for n in NAMES)
+    return _measured(
+        "azure", "blocks staged", size=size, total=total, landed=landed, resumed=resumed, full=full
+    )
+
+
+def _through_proxy(label: str, full: tuple[int, float], size: int) -> None:
+    """The whole put's bytes counted at the proxy are at least the file's: every request went
+    through it."""
+    if full[0] < size:
+        raise RuntimeError(f"{label}: only {full[0]} of {size} bytes went through the proxy")
+
+
+MIRROR_PREFIX = "uploadresume-mirror"
+MIRROR_CHILD = """
+import json, os, sys, threading
+from commitstore import open_store
+
+mode, root, url, source = sys.argv[1:5]
+mirror = open_store(url, **json.loads(os.environ["MIRROR_OPTIONS"]))
+store = open_store(root, mirrors=[mirror], mirror_mode="background")
+print("ready", flush=True)
+if mode == "kill":  # commit, and wait for the SIGKILL while the mirror copy runs
+    store.put_file("ckpt.pt", source)
+    threading.Event().wait()
+if mode == "whole":
+    store.put_file("full.pt", source)
+store.flush()  # "resume": the copy owed from the killed run, found in the journal at open
+state = store.mirror_status()[0]
+store.close()
+print("done" if not (state.owed or state.failed) else f"owed {state.owed} {state.failed}",
+      flush=True)
+"""
+
+
+def _mirror_process(
+    mode: str, server: S3Server, root: Path, source: Path, endpoint: str, **more: Any
+) -> subprocess.Popen[str]:
+    """A process of ``MIRROR_CHILD``: a local primary at ``root`` with a background S3 mirror
+    reached at ``endpoint``."""
+    options = {
+        **server.options(),
+        "endpoint_url": endpoint,
+        "part_size": PART,
+        "single_put_max": PART,
+        "heartbeat": HEARTBEAT,
+        **more,
+    }
+    url = f"s3://{BUCKET}/{MIRROR_PREFIX}"
+    return subprocess.Popen(
+        [sys.executable, "-c", MIRROR_CHILD, mode, str(root), url, str(source)],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={
+            **os.environ,
+            **server.env(),
+            "AWS_ENDPOINT_URL": endpoint,
+            "MIRROR_OPTIONS": json.dumps(options),
+        },
+    )
+
+
+def _mirror_case(tmp: Path, source: Path, size: int, total: int) -> dict[str, Any]:
+    """Kill a process whose background S3 mirror (moto) is copying a committed file at
+    ``KILL_AT`` of its parts; a restarted process completes the owed copy: the measurement
+    (see the module docstring)."""
+    root = tmp / "mirror-primary"
+    base = tmp / "mirror-moto"
+    base.mkdir()
+    server = MotoServer(base)
+    try:
+        client = server.client()
+        slow = FaultProxy(server.port)
+        slow.set(delay=0.005, faulty=None)
+        proc = _mirror_process("kill", server, root, source, slow.endpoint, max_inflight=1)
+        _kill_when(
+            "mirror", proc, slow, lambda: _landed(client, f"{MIRROR_PREFIX}/"), KILL_AT * total
+        )
+        landed = _landed(client, f"{MIRROR_PREFIX}/")
+        if landed >= total:
+            raise RuntimeError("mirror: every part landed before the kill")
+        owed = list((root / ".commitstore" / "owed").rglob("*.json"))
+        if len(owed) != 1:
+            raise RuntimeError(f"mirror: {len(owed)} journal entries after the kill, not 1")
+        S3Backdoor(client, BUCKET, MIRROR_PREFIX).wait_dead(
+            "ckpt.pt", STALE_BEATS * HEARTBEAT + 1.0
+        )
+
+        def run(mode: str, proxy: FaultProxy) -> subprocess.Popen[str]:
+            return _mirror_process(mode, server, root, source, proxy.endpoint)
+
+        counted = {
+            mode: _counted(f"mirror {mode}", mode, FaultProxy(server.port), run)
+            for mode in ("resume", "whole")
+        }
+        if list((root / ".commitstore" / "owed").rglob("*.json")):
+            raise RuntimeError("mirror: the owed journal is not empty after the restart")
+        mirror = open_store(f"s3://{BUCKET}/{MIRROR_PREFIX}", **server.options())
+        for name in ("ckpt.pt", "full.pt"):
+            if not mirror.verify(name).ok:
+                raise RuntimeError(f"mirror: {name} does not verify on the mirror")
+    finally:
+        server.stop()
+    resumed, full = counted["resume"], counted["whole"]
+    result = _measured(
+        "moto mirror queue",
+        "parts landed",
+        size=size,
+        total=total,
+        landed=landed,
+        resumed=resumed,
+        full=full,
+    )
+    return {
+        **result,
+        "ours": "owed copy resumed by a restarted process",
+        "baseline": "one whole copy",
+    }
+
+
 def main(args: argparse.Namespace) -> None:
     size = (args.size_mib or 256) * MiB
     total = -(-size // PART)
@@ -302,10 +489,16 @@ def main(args: argparse.Namespace) -> None:
         results["gcs: bytes sent to resume vs one whole put_file"] = _gcs_case(
             Path(tmp) / "gcs", source, size, total
         )
+        results["azure: bytes sent to resume vs one whole put_file"] = _azure_case(
+            Path(tmp) / "azure", source, size, total
+        )
+        results["moto mirror: bytes a restarted process sends to finish the owed copy"] = (
+            _mirror_case(Path(tmp), source, size, total)
+        )
     write_results(
         "uploadresume",
         f"put_file resumed after a SIGKILL at ~{KILL_AT:.0%} of the parts, {size // MiB} MiB, "
-        f"{PART // MiB} MiB parts (GCS: chunks): bytes sent (counted at a proxy) vs one whole "
-        "put_file",
+        f"{PART // MiB} MiB parts (GCS: chunks, Azure: blocks): bytes sent (counted at a proxy) "
+        "vs one whole put_file; a restarted process's owed mirror copy vs one whole copy",
         results,
     )
