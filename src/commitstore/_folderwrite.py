@@ -371,9 +371,43 @@ class FolderWrite:
 
     def move_in(self, src: Path) -> list[FileRecord] | None:
         """Move the local folder ``src`` (written by another tool) into the staging area with
-        one rename, when the store is a local folder on the same filesystem and nothing was
-        written yet; then hash and sync its files and return their records. None (``src``
-        untouched) where that is not possible: copy the files instead."""
+        one rename, when the store is a local folder on the same filesystem, nothing was
+        written yet and no other writer of this write holds the staging folder (a joiner's
+        lock would stay on the replaced folder); then hash and sync its files and return their
+        records. None (``src`` untouched) where that is not possible: copy the files instead.
+
+        Raises:
+            NameConflictError: ``src`` (symlinks resolved) is the store's own folder, lies
+                inside it or holds it, before any I/O: a committed artifact's folder or the
+                store's records moved in would leave their names (and ``abort`` would delete
+                them); nothing is moved.
+        """
+        self._check_outside(src)
+        return self._move_in(src)
+
+    def _check_outside(self, src: Path) -> None:
+        """:meth:`move_in`'s refusal of a ``src`` in, at or above the store's own folder
+        (``Backend.local_root``), for the entry the rename would move (its folder's symlinks
+        resolved) and for what it points to. Only resolves paths."""
+        root = self._c.backend.local_root()
+        if root is None:
+            return
+        path = os.path.abspath(os.fspath(src))
+        entry = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        for where in (entry, os.path.realpath(path)):
+            common = os.path.commonpath((root, where))
+            if common in (root, where):
+                raise NameConflictError(
+                    f"{src} is {'inside' if common == root else 'a folder holding'} the "
+                    f"store's own folder ({root}): moving it into {self.name}'s staging area "
+                    "would take committed artifacts or the store's records with it, so it is "
+                    "refused and nothing was moved; pass a folder outside the store",
+                    name=self.name,
+                )
+
+    def _move_in(self, src: Path) -> list[FileRecord] | None:
+        """:meth:`move_in` without its check of where ``src`` is (``commitstore.hf`` commits a
+        folder the Trainer wrote inside the store's root, not committed, in place)."""
         area, backend = self.local_area(), self._c.backend
         if area is None:
             return None
@@ -381,10 +415,13 @@ class FolderWrite:
             backend.make_folders(self._area()[:-1])  # never via a symlink
             if os.stat(src).st_dev != os.stat(area.parent).st_dev:
                 return None
-            # renamed onto the (empty) staging folder and held, as _hold makes and holds it
-            held = backend.hold_folder(self._area(), move_from=os.fspath(src))
+            # renamed onto the (empty) staging folder only while no other writer holds it,
+            # and held, as _hold makes and holds it
+            held = backend.hold_folder(self._area(), move_from=os.fspath(src), own=self._held)
         except (OSError, StagingTaken):
-            return None  # a file is there already, or gc claims an entry beside it now
+            # a file is there already, another writer holds the folder, or gc claims an
+            # entry beside it now: src untouched
+            return None
         self._release()  # the lock on the empty folder the move replaced
         self._keep(held)
         try:

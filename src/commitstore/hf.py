@@ -112,7 +112,7 @@ def commit_folder(
         folder = store.begin_folder(
             name, step=step, metadata=metadata, overwrite=overwrite or in_place
         )
-        files = folder.move_in(src)
+        files = folder._move_in(src)  # src may be inside the store's root (in place)
         if files is not None:
             try:
                 return folder.commit(files)

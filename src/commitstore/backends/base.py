@@ -348,9 +348,12 @@ class Backend(abc.ABC):
         Default: None."""
         return None
 
-    def hold_folder(self, parts: Parts, *, move_from: str | None = None) -> object | None:
+    def hold_folder(
+        self, parts: Parts, *, move_from: str | None = None, own: object | None = None
+    ) -> object | None:
         """Take this process's liveness lock on the staging folder ``parts``, made if missing
-        (or, with ``move_from``, that local folder renamed onto it, missing or empty), kept
+        (or, with ``move_from``, that local folder renamed onto it, missing or empty, and only
+        while no writer but the one holding ``own``, its earlier lock on it, holds it), kept
         until :meth:`release_folder`; the kernel drops it if the process dies: while it is
         held, gc never removes the folder, whatever its age, and gc never finds it made and
         not yet locked. None where the store has no such lock or the folder cannot be locked.
@@ -358,7 +361,8 @@ class Backend(abc.ABC):
 
         Raises:
             StagingTaken: gc held the folder (removing it) before this lock: make it again.
-            OSError: the folder cannot be made, or (``move_from``) nothing could be moved.
+            OSError: the folder cannot be made, or (``move_from``) nothing could be moved
+                (another writer holds the folder, a file is there, gc claims beside it).
         """
         return None
 

@@ -132,21 +132,24 @@ def _lock_shared(folder: int) -> bool | None:
     return True
 
 
-def hold_shared_folder(folder: int, name: str, *, move_from: str | None = None) -> Held | None:
+def hold_shared_folder(
+    folder: int, name: str, *, move_from: str | None = None, own: object | None = None
+) -> Held | None:
     """The staging folder ``name`` of ``folder`` that several writers share (a
     ``begin_folder`` staging area: its name is the write's, never a new one), made if missing
-    (or, with ``move_from``, that local folder renamed onto it: ``name`` must then be missing
-    or an empty folder), then held (:func:`hold`), all under :func:`creating`'s lock on
-    ``folder``: gc never finds the folder made (or moved in) and not yet locked. A folder that
-    already exists (another writer of the same write made it) is held as it is. None where
-    ``flock`` is not supported here.
+    (or, with ``move_from``, that local folder renamed onto it: ``name`` must then be an empty
+    folder no other writer holds, :func:`_move_onto`), then held (:func:`hold`), all under
+    :func:`creating`'s lock on ``folder``: gc never finds the folder made (or moved in) and
+    not yet locked. A folder that already exists (another writer of the same write made it)
+    is held as it is. None where ``flock`` is not supported here.
 
     Raises:
         StagingTaken: gc holds the folder (it is removing it: no writer held it) or removed it
             before the lock (only without the folder's lock); the caller makes it again.
         OSError: the folder cannot be made or opened; with ``move_from``, also when the
             folder's lock is refused (nothing is moved: gc could take the moved folder before
-            its lock) or ``name`` holds files (nothing is moved).
+            its lock), ``name`` holds files, or another writer holds ``name``
+            (:class:`HeldByOther`; nothing is moved).
     """
     locked = _lock_shared(folder)
     try:
@@ -156,12 +159,51 @@ def hold_shared_folder(folder: int, name: str, *, move_from: str | None = None) 
         elif locked is False:
             raise BlockingIOError(f"{name}: gc is claiming an entry beside it; nothing moved")
         else:
-            os.rename(move_from, name, dst_dir_fd=folder)
+            _move_onto(folder, name, move_from, own)
         return hold(folder, name)
     finally:
         if locked:
             with contextlib.suppress(OSError):
                 fcntl.flock(folder, fcntl.LOCK_UN)
+
+
+class HeldByOther(BlockingIOError):
+    """Another writer holds the shared staging folder a ``move_in`` would replace: nothing was
+    moved (that writer's lock would stay on the replaced folder, and gc could take the moved
+    one from under it once the mover is gone)."""
+
+
+def _move_onto(folder: int, name: str, src: str, own: object | None) -> None:
+    """Rename the local folder ``src`` onto the staging folder ``name`` of ``folder`` (empty:
+    the rename refuses one with files) only if no writer but the caller holds it. Called under
+    :func:`creating`'s shared lock on ``folder``, which the caller keeps until the moved
+    folder is held: gc, which needs that folder's exclusive lock to claim an entry, claims
+    nothing there meanwhile.
+
+    ``own`` is the caller's shared lock on ``name`` (:func:`hold`). It is converted to an
+    exclusive, non-blocking one: refused means another writer holds ``name`` too
+    (:class:`HeldByOther`, nothing moved). ``flock`` converts a lock by dropping it and then
+    taking the new one, so a refused conversion may leave the caller without its lock: it is
+    taken back, shared, before this returns (gc cannot claim the folder in between: the
+    folder's lock is held). Granted, no other writer can lock the folder until it has been
+    replaced (their lock is refused, and a lock taken on the replaced folder after that fails
+    :func:`hold`'s identity check): the rename follows. The caller keeps ``own`` exclusive on
+    the replaced folder until it releases it. Without ``own`` (nothing held: ``flock`` not
+    supported here) the folder is renamed onto as it is (no writer holds anything to orphan).
+    """
+    if isinstance(own, Held):
+        try:
+            fcntl.flock(own.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            fcntl.flock(own.fd, fcntl.LOCK_SH)  # taken back (only brief holders can delay it)
+            raise HeldByOther(f"{name}: another writer holds it; nothing moved") from exc
+    try:
+        os.rename(src, name, dst_dir_fd=folder)
+    except BaseException:
+        if isinstance(own, Held):
+            with contextlib.suppress(OSError):
+                fcntl.flock(own.fd, fcntl.LOCK_SH)  # nothing moved: shared again
+        raise
 
 
 HELD = "held by a live writer"

@@ -182,13 +182,16 @@ class LocalBackend(RenameBackend[int, Staging]):
         """The path of ``parts`` below the root (:meth:`path_of`)."""
         return Path(self.path_of(parts))
 
-    def hold_folder(self, parts: Parts, *, move_from: str | None = None) -> object | None:
+    def hold_folder(
+        self, parts: Parts, *, move_from: str | None = None, own: object | None = None
+    ) -> object | None:
         """A shared ``flock`` on the staging folder itself, made if missing (its parents
-        too), or with ``move_from`` that local folder renamed onto it, under the folder's
-        creation lock (``_liveness.hold_shared_folder``)."""
+        too), or with ``move_from`` that local folder renamed onto it (only while no writer
+        but the holder of ``own`` holds it), under the folder's creation lock
+        (``_liveness.hold_shared_folder``)."""
         dirfd = self.open_dir(parts[:-1], create=True)
         try:
-            return _liveness.hold_shared_folder(dirfd, parts[-1], move_from=move_from)
+            return _liveness.hold_shared_folder(dirfd, parts[-1], move_from=move_from, own=own)
         finally:
             os.close(dirfd)
 

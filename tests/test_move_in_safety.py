@@ -1,0 +1,267 @@
+"""``FolderWrite.move_in`` on a local store never takes what is not the caller's to give:
+
+- a ``src`` inside the store's own folder (a committed artifact's folder, the records), the
+  root itself or a folder holding it, also reached through symlinks, is refused with
+  ``NameConflictError`` before any I/O: every byte of the store and ``src`` stay as they were,
+  and ``abort`` afterwards removes nothing committed;
+- a staging folder another writer (a joiner, in another process) holds is never replaced: the
+  joiner's lock would stay on the replaced folder and gc (another process, ``min_age=0``)
+  could take the moved one from the live joiner once the coordinator is gone. ``move_in``
+  returns None (``src`` untouched, the caller copies), the coordinator keeps its own lock, and
+  the joiner commits what it wrote.
+
+Every check of storage reads the raw files (``LocalBackdoor``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import commitstore
+from commitstore import open_store
+from commitstore.errors import NameConflictError
+from commitstore.layout import STAGING_PREFIX
+from commitstore.testing import LocalBackdoor
+
+SRC = Path(commitstore.__file__).resolve().parent.parent
+_ENV = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
+_HELD = "held by a live writer"
+
+
+def _snapshot(door: LocalBackdoor) -> dict[str, bytes | None]:
+    return {f: door.read(f) for f in door.files()}
+
+
+def _committed_store(root: Path) -> LocalBackdoor:
+    store = open_store(root)
+    with store.stage_dir("ckpt/step_1") as d:
+        (d / "model.bin").write_bytes(b"weights" * 1000)
+        (d / "sub").mkdir()
+        (d / "sub" / "opt.bin").write_bytes(b"opt")
+    store.put_bytes("other.pt", b"o")
+    return LocalBackdoor(root)
+
+
+def _srcs(tmp_path: Path, root: Path) -> dict[str, Callable[[], Path]]:
+    def via_symlink() -> Path:
+        link = tmp_path / "link"
+        link.symlink_to(root / "ckpt" / "step_1")
+        return link
+
+    def via_symlinked_parent() -> Path:
+        link = tmp_path / "parent_link"
+        link.symlink_to(root / "ckpt")
+        return link / "step_1"
+
+    return {
+        "artifact_folder": lambda: root / "ckpt" / "step_1",
+        "folder_holding_artifacts": lambda: root / "ckpt",
+        "records": lambda: root / ".commitstore" / "records",
+        "meta": lambda: root / ".commitstore",
+        "root": lambda: root,
+        "holds_root": lambda: tmp_path,
+        "symlink_to_artifact": via_symlink,
+        "through_symlinked_parent": via_symlinked_parent,
+        "relative": lambda: Path(os.path.relpath(root / "ckpt" / "step_1")),
+    }
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "artifact_folder",
+        "folder_holding_artifacts",
+        "records",
+        "meta",
+        "root",
+        "holds_root",
+        "symlink_to_artifact",
+        "through_symlinked_parent",
+        "relative",
+    ],
+)
+def test_move_in_refuses_a_folder_of_the_store(tmp_path: Path, where: str) -> None:
+    root = tmp_path / "s"
+    door = _committed_store(root)
+    src = _srcs(tmp_path, root)[where]()
+    store = open_store(root)
+    fw = store.begin_folder("ckpt/step_2")
+    before = _snapshot(door)
+    with pytest.raises(NameConflictError, match="store's own folder"):
+        fw.move_in(src)
+    assert src.exists()
+    fw.abort()
+    after = _snapshot(door)
+    assert after == before
+    assert door.read("ckpt/step_1/model.bin") == b"weights" * 1000
+    assert door.read("ckpt/step_1/sub/opt.bin") == b"opt"
+    assert [r.status for r in store.verify().results] == ["ok", "ok"]
+
+
+def test_move_in_of_a_folder_beside_the_store_still_moves(tmp_path: Path) -> None:
+    """A folder next to the store (its name starts like the root's) is not inside it."""
+    root = tmp_path / "s"
+    _committed_store(root)
+    src = tmp_path / "s2"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"w")
+    fw = open_store(root).begin_folder("ckpt/step_2")
+    files = fw.move_in(src)
+    assert files is not None and not src.exists()
+    fw.commit(files)
+    assert LocalBackdoor(root).read("ckpt/step_2/w.bin") == b"w"
+
+
+_COORDINATOR = """
+import sys
+from pathlib import Path
+import commitstore
+fw = commitstore.open_store(sys.argv[1]).begin_folder("shared")
+print(fw.token, flush=True)
+sys.stdin.readline()  # the joiner joined
+print(repr(fw.move_in(Path(sys.argv[2]))), flush=True)
+sys.stdin.readline()  # killed here
+"""
+
+_JOINER = """
+import sys
+import commitstore
+fw = commitstore.open_store(sys.argv[1]).join_folder(sys.stdin.readline().strip())
+print("joined", flush=True)
+sys.stdin.readline()  # killed here
+"""
+
+
+def _started(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_ENV,
+    )
+
+
+def _line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline().strip()
+
+
+def _send(proc: subprocess.Popen[str], text: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(text + "\n")
+    proc.stdin.flush()
+
+
+def _killed(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait()
+    for f in (proc.stdin, proc.stdout):
+        if f is not None:
+            f.close()
+
+
+def _gc_report_elsewhere(root: Path) -> dict[str, Any]:
+    """``gc(min_age=0)`` of the store at ``root`` in a separate process."""
+    code = (
+        "import json, commitstore; "
+        f"r = commitstore.open_store({str(root)!r}).gc(min_age=0); "
+        "print(json.dumps({'removed': sorted(i.path for i in r.removed), "
+        "'kept': sorted([i.path, i.reason] for i in r.kept)}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_ENV
+    )
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def _staging(door: LocalBackdoor) -> list[str]:
+    return sorted({f.split("/")[0] for f in door.files() if f.startswith(STAGING_PREFIX)})
+
+
+def test_move_in_never_replaces_a_folder_a_joiner_holds(tmp_path: Path) -> None:
+    """The coordinator (another process) moves a folder in while this process, a joiner,
+    holds the staging folder; the coordinator is SIGKILLed, gc runs in a third process: the
+    joiner's folder is kept and its commit publishes what it wrote."""
+    root = tmp_path / "s"
+    open_store(root).put_bytes("seed", b"1")
+    door = LocalBackdoor(root)
+    src = tmp_path / "trainer_out"
+    src.mkdir()
+    (src / "part0").write_bytes(b"P0")
+    coordinator = _started(_COORDINATOR, str(root), str(src))
+    try:
+        joiner = open_store(root).join_folder(_line(coordinator))
+        _send(coordinator, "joined")
+        assert _line(coordinator) == "None"  # refused: the caller copies
+        assert (src / "part0").read_bytes() == b"P0"  # src untouched
+    finally:
+        _killed(coordinator)
+    part1 = joiner.write_bytes("part1", b"P1")
+    report = _gc_report_elsewhere(root)
+    assert report["removed"] == []
+    assert [reason for _path, reason in report["kept"]] == [_HELD]
+    record = joiner.commit([part1])
+    assert [f.path for f in record.files] == ["part1"]
+    assert door.read("shared/part1") == b"P1"
+    assert _staging(door) == []
+
+
+def test_a_refused_move_in_keeps_the_coordinators_lock(tmp_path: Path) -> None:
+    """The coordinator (this process) is refused because a joiner (another process) holds the
+    staging folder; once the joiner is SIGKILLed, the coordinator still holds the folder: gc
+    in another process keeps it, and the coordinator's file in it commits."""
+    root = tmp_path / "s"
+    door = LocalBackdoor(root)
+    store = open_store(root)
+    fw = store.begin_folder("shared")
+    joiner = _started(_JOINER, str(root))
+    try:
+        _send(joiner, fw.token)
+        assert _line(joiner) == "joined"
+        src = tmp_path / "trainer_out"
+        src.mkdir()
+        (src / "part0").write_bytes(b"P0")
+        assert fw.move_in(src) is None
+        assert (src / "part0").read_bytes() == b"P0"
+    finally:
+        _killed(joiner)
+    staging = [e for e in os.listdir(root) if e.startswith(STAGING_PREFIX)]  # empty: no files
+    assert len(staging) == 1
+    report = _gc_report_elsewhere(root)
+    assert report["removed"] == []
+    assert report["kept"] == [[staging[0], _HELD]]
+    rec = fw.write_bytes("part0", b"P0")
+    fw.commit([rec])
+    assert door.read("shared/part0") == b"P0"
+    assert _staging(door) == []
+
+
+def test_move_in_after_the_joiner_left_moves(tmp_path: Path) -> None:
+    """Once no other writer holds the staging folder (the joiner exited), the coordinator's
+    move_in moves the folder with one rename and holds it: gc keeps it."""
+    root = tmp_path / "s"
+    door = LocalBackdoor(root)
+    fw = open_store(root).begin_folder("shared")
+    joiner = _started(_JOINER, str(root))
+    _send(joiner, fw.token)
+    assert _line(joiner) == "joined"
+    _killed(joiner)
+    src = tmp_path / "trainer_out"
+    src.mkdir()
+    (src / "part0").write_bytes(b"P0")
+    files = fw.move_in(src)
+    assert files is not None and not src.exists()
+    report = _gc_report_elsewhere(root)
+    assert report["removed"] == []
+    assert [reason for _path, reason in report["kept"]] == [_HELD]
+    fw.commit(files)
+    assert door.read("shared/part0") == b"P0"
