@@ -22,13 +22,13 @@ import re
 import stat
 from pathlib import Path
 
+from commitstore._destination import store_holding
 from commitstore._read import (
     ATTEMPTS,
     _attempt,
     _file_record,
     _open_data,
-    _record_changed,
-    store_holding,
+    _retry,
 )
 from commitstore._sinkwrite import write_sink
 from commitstore._verify import pending_versions, resolve, served_version
@@ -56,12 +56,14 @@ def check_cache_dir(cache_dir: object) -> Path:
     """``cache_dir`` as a Path (None: :func:`default_cache_dir`), before any I/O.
 
     Raises:
-        ConfigurationError: not a str or path-like, or empty.
+        ConfigurationError: not a str or path-like, empty, or holding a NUL.
     """
     if cache_dir is None:
         return default_cache_dir()
     if not isinstance(cache_dir, (str, os.PathLike)) or not os.fspath(cache_dir):
         raise ConfigurationError(f"cache_dir must be a local folder path, not {cache_dir!r}")
+    if "\0" in str(os.fspath(cache_dir)):
+        raise ConfigurationError(f"cache_dir {cache_dir!r} contains a NUL, which no path can")
     return Path(os.fspath(cache_dir))
 
 
@@ -126,15 +128,14 @@ def fetch(
                 needed=version.size,
                 available=free,
             )
-        with _attempt(backend, attempt):
+        with _attempt(backend, attempt) as unheld:
             got = _copy(backend, rec, version, target, path)
         if isinstance(got, Path):
             return got, version
         if isinstance(got, Record):  # the bytes are another version of the name (resolved)
             version = got
-        elif attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
-            raise got
         else:
+            _retry(backend, rec, attempt, unheld, got)  # raises unless the record moved on
             rec = _file_record(backend, url, name)
             version = version_of(backend, rec)
         path = cache_path(cache_dir, version)

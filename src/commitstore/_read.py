@@ -4,26 +4,33 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
-import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from commitstore._destination import check_destination, local_destination, placed
 from commitstore._scan import read_record
 from commitstore._sinkwrite import aborting, write_sink
-from commitstore._verify import compare, folder_problem, locate, record_of, served_version
+from commitstore._verify import (
+    compare,
+    folder_problem,
+    locate,
+    pending_versions,
+    record_of,
+    served_version,
+)
 from commitstore.backends import Backend, FileSink, PutMode, local_folder
 from commitstore.digest import copy_hashed, digest_bytes, hash_stream
 from commitstore.errors import (
+    BackendUnavailableError,
     CommitStoreError,
     ConfigurationError,
     InsufficientSpaceError,
     IntegrityError,
     InvalidNameError,
-    NameConflictError,
     NotFoundError,
-    StorageError,
 )
 from commitstore.layout import aside_parts, validate_name
 from commitstore.records import Record, RecordFormatError
@@ -31,16 +38,45 @@ from commitstore.records import Record, RecordFormatError
 VerifiedFile = BinaryIO
 """What :meth:`CommitStore.open` returns: a readable, seekable binary file."""
 
+log = logging.getLogger("commitstore")
+
 ATTEMPTS = 3
 """A check that fails while the record is being replaced (``overwrite=True``) is retried; the
 last attempt reads under the publish lock, so a reader that keeps losing the race to a busy writer
-still gets old or new bytes (where the storage has a lock: local disks, bridges, ``memory://``)."""
+still gets old or new bytes (where the storage has a lock: local disks, bridges, ``memory://``).
+
+A failed check waits for the publish lock only when a publish of that name may be in flight
+(:func:`_retry`): a mismatch against a record that is still the name's record, with no pending
+record of the name, is the answer at once, whoever holds the lock (a writer of another name
+stopped inside its publish never delays it). Where the lock is not free within the store's
+``lock_timeout``, the record as read again decides: unchanged, the IntegrityError; moved on (only
+on the last attempt), the lock's BackendUnavailableError, since the name is being replaced."""
 
 
-def _attempt(backend: Backend, attempt: int) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def _attempt(backend: Backend, attempt: int) -> Iterator[BackendUnavailableError | None]:
+    """The hold of one attempt: nothing before the last; the last takes the publish lock
+    (``Backend.read_lock``) to wait out a publish in flight. Yields None, or the
+    BackendUnavailableError of a lock not free within ``lock_timeout``: the attempt then runs
+    without it (a check that passes is an answer with or without the lock)."""
     if attempt + 1 < ATTEMPTS:
-        return contextlib.nullcontext()
-    return backend.read_lock()
+        yield None
+        return
+    with contextlib.ExitStack() as held:
+        unheld = _take(held, backend)
+        yield unheld
+
+
+def _take(held: contextlib.ExitStack, backend: Backend) -> BackendUnavailableError | None:
+    """Enter ``backend.read_lock()`` on ``held``; the BackendUnavailableError if it was not
+    free within ``lock_timeout`` (or the storage is unreachable: the reads that follow raise
+    that again), else None."""
+    try:
+        held.enter_context(backend.read_lock())
+    except BackendUnavailableError as exc:
+        log.debug("checking without the publish lock: %s", exc)
+        return exc
+    return None
 
 
 def _file_record(backend: Backend, url: str, name: str) -> Record:
@@ -50,15 +86,55 @@ def _file_record(backend: Backend, url: str, name: str) -> Record:
     return rec
 
 
-def _record_changed(backend: Backend, rec: Record) -> bool:
-    """After a failed check: wait out any publish in flight, then see if the record moved on."""
-    with backend.read_lock():
-        pass
+def _moved(backend: Backend, rec: Record) -> bool:
+    """True if the name's record, read again now (no lock), is no longer ``rec`` (another
+    version, or none). An unreadable record counts as unchanged: the mismatch stands."""
     try:
         found = read_record(backend, tuple(rec.name.split("/")))
     except RecordFormatError:
         return False
     return found is None or found.record != rec
+
+
+def _record_changed(backend: Backend, rec: Record) -> bool:
+    """After a failed check against ``rec`` (not the last attempt): True if the check is worth
+    repeating because the name is being replaced. The record and the pending records are read
+    again without the lock. The record moved on: True. Unchanged with no pending record of the
+    name: False at once (a commit publishes its pending record before its data and removes it
+    only after its record, so bytes that match neither were not left by a publish in flight;
+    the lock, which a writer of another name may hold for long, is never waited for). Unchanged
+    while a pending record is there (a commit of the name may be publishing, or one stopped
+    after writing it): the publish lock is waited for, within ``lock_timeout``, then the record
+    read again decides, whether the lock was taken or not."""
+    if _moved(backend, rec):
+        return True
+    if not pending_versions(backend, rec):
+        return False
+    with contextlib.ExitStack() as held:
+        _take(held, backend)
+    return _moved(backend, rec)
+
+
+def _retry(
+    backend: Backend,
+    rec: Record,
+    attempt: int,
+    unheld: BackendUnavailableError | None,
+    problem: IntegrityError,
+) -> None:
+    """After attempt ``attempt`` failed its check against ``rec`` with ``problem``: return to
+    try again (:func:`_record_changed`), or raise. The last attempt raises ``problem``, except
+    when it ran without the lock (``unheld``: not free within ``lock_timeout``) and the record
+    moved on meanwhile: then the name is being replaced by a publish that does not end, and
+    ``unheld`` is raised (BackendUnavailableError), never an IntegrityError for bytes that may
+    be a replace's."""
+    if attempt + 1 < ATTEMPTS:
+        if _record_changed(backend, rec):
+            return
+        raise problem
+    if unheld is not None and _moved(backend, rec):
+        raise unheld from problem
+    raise problem
 
 
 def _served(
@@ -122,7 +198,7 @@ def _rehash(f: BinaryIO) -> str:
 def open_verified(backend: Backend, url: str, name: str, level: str) -> VerifiedFile:
     """Open, check at ``level`` (reading the file once for ``"full"``), rewind and return."""
     for attempt in range(ATTEMPTS):
-        with _attempt(backend, attempt):
+        with _attempt(backend, attempt) as unheld:
             rec = _file_record(backend, url, name)
             f = _open_data(backend, rec)
             try:
@@ -140,8 +216,7 @@ def open_verified(backend: Backend, url: str, name: str, level: str) -> Verified
             f.seek(0)
             return f
         f.close()
-        if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
-            raise served
+        _retry(backend, rec, attempt, unheld, served)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -155,7 +230,7 @@ def read_with_record(backend: Backend, url: str, name: str, level: str) -> tuple
     or the pending version they match (a commit stopped after its data step), with its step
     and metadata."""
     for attempt in range(ATTEMPTS):
-        with _attempt(backend, attempt):
+        with _attempt(backend, attempt) as unheld:
             rec = _file_record(backend, url, name)
             with _open_data(backend, rec) as f:
                 data = f.read()
@@ -164,68 +239,8 @@ def read_with_record(backend: Backend, url: str, name: str, level: str) -> tuple
         served = _served(backend, rec, level, len(data), digest, rehash=rehash)
         if isinstance(served, Record):
             return data, served
-        if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
-            raise served
+        _retry(backend, rec, attempt, unheld, served)
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def store_holding(backend: Backend, path: Path) -> str | None:
-    """The store's local root when the local ``path`` is that root or lies inside it (both with
-    symlinks resolved; ``path`` need not exist), else None. A copy out of the store written
-    there would land among the store's own names (another artifact's data, its records). Only
-    resolves paths: nothing is created or written."""
-    root = backend.local_root()
-    if root is None:
-        return None
-    where = os.path.realpath(os.fspath(path))
-    return root if os.path.commonpath((root, where)) == root else None
-
-
-def check_destination(backend: Backend, dest: Path, name: str) -> None:
-    """Raise NameConflictError when ``dest`` lies inside the store's own folder (before any
-    I/O): ``get_file`` there would replace another artifact's data or the store's records."""
-    root = store_holding(backend, dest)
-    if root is not None:
-        raise NameConflictError(
-            f"{dest} is inside the store's own folder ({root}): a copy of {name} there could "
-            "replace another artifact's data or the store's records, so it is refused and "
-            "nothing was changed; choose a path outside the store",
-            name=name,
-        )
-
-
-def local_destination(dest: Path, name: str, kind: str) -> Path:
-    """Where ``get_file`` publishes artifact ``name`` (``kind``: ``"file"`` or ``"dir"``) for
-    the local path ``dest``, as ``cp`` does: an existing folder ``dest`` receives it inside,
-    under its base name. A local folder is never replaced (nothing in it is removed), nor a
-    local file by a folder; a local file by a file is, in one step (``cp`` over a file).
-
-    Raises:
-        NameConflictError: the place is a local folder, or a file and the artifact a folder.
-    """
-    if dest.is_dir():
-        dest = dest / name.rsplit("/", 1)[-1]
-    try:
-        st = os.lstat(dest)
-    except FileNotFoundError:
-        return dest
-    except OSError as exc:
-        raise StorageError(
-            exc.errno or 0, f"{dest}: cannot stat: {exc.strerror}", path=str(dest)
-        ) from exc
-    if stat.S_ISDIR(st.st_mode):
-        raise NameConflictError(
-            f"{dest} is an existing local folder: get_file never replaces a folder (nothing "
-            f"was changed); choose a new path for {name}",
-            name=name,
-        )
-    if kind == "dir":
-        raise NameConflictError(
-            f"{dest} is an existing local file: the folder artifact {name} does not replace a "
-            "file (nothing was changed); choose a new path",
-            name=name,
-        )
-    return dest
 
 
 def get_verified(
@@ -247,7 +262,7 @@ def get_verified(
     check_destination(backend, dest, name)
     rec = record_of(backend, url, name).record
     for attempt in range(ATTEMPTS):
-        with _attempt(backend, attempt):
+        with _attempt(backend, attempt) as unheld:
             if attempt:
                 rec = record_of(backend, url, name).record
             try:
@@ -257,8 +272,7 @@ def get_verified(
                 problem = exc
                 if rec.kind == "file" and _get_folder_over(backend, rec, dest, level, progress):
                     return
-        if attempt + 1 == ATTEMPTS or not _record_changed(backend, rec):
-            raise problem
+        _retry(backend, rec, attempt, unheld, problem)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -295,7 +309,7 @@ def _get_version(
     Raises:
         IntegrityError: the bytes read are not ``rec``'s (nothing published locally).
     """
-    dest = local_destination(dest, rec.name, rec.kind)
+    dest, there = placed(dest, rec.name, rec.kind)
     target = local_folder(dest.parent, reason="get_file destination")
     free = target.free_space(())
     if free is not None and free < rec.size:
@@ -306,8 +320,9 @@ def _get_version(
             available=free,
         )
     if rec.kind == "file":
-        # over a file only where one is (a folder that appears meanwhile is never exchanged out)
-        mode = PutMode.REPLACE if os.path.lexists(dest) else PutMode.CREATE
+        # over a file only where one was when placed (a folder or FIFO that appears meanwhile
+        # where nothing was is never replaced: create-only, AlreadyExistsError)
+        mode = PutMode.REPLACE if there else PutMode.CREATE
 
         def fill(sink: FileSink) -> tuple[int, str]:
             with _open_data(backend, rec) as src:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from commitstore import _fetch, _foldermembers, _newest, _read, _scan, _verify
+from commitstore import _destination, _fetch, _foldermembers, _newest, _read, _scan, _verify
 from commitstore._commit import check_flag
 from commitstore._order import arrange_records
 from commitstore._storebase import Progress, StoreBase
@@ -153,13 +153,19 @@ class StoreReads(StoreBase):
         only if the bytes matched the record (folder artifacts: the whole folder).
 
         Raises:
+            InvalidNameError: a bad name, before any I/O.
+            ConfigurationError: ``local_path`` is empty, holds a NUL or is not a path, before
+                any I/O.
             NameConflictError: ``local_path`` lies inside this store's own folder (a local
                 store; checked before any I/O), is an existing local folder's name for the
-                copy, or a file a folder artifact would replace: nothing was changed.
+                copy, a FIFO, socket or device (never replaced nor written into), or a file a
+                folder artifact would replace: nothing was changed.
         """
+        validate_name(name)
+        dest = _destination.local_path_argument(local_path)
         _verify.check_level(verify, allow_none=True)
         _read.get_verified(
-            self._backend, self.url, name, dest=Path(local_path), level=verify, progress=progress
+            self._backend, self.url, name, dest=dest, level=verify, progress=progress
         )
 
     def fetch(
