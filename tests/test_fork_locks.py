@@ -3,7 +3,8 @@ method) while its parent holds one of a local store's ``flock`` locks never keep
 
 - forked while a thread of the parent is inside a commit, under the publish lock: the lock
   stays the parent's until its commit ends, then is free, so the parent's next commit does not
-  wait for the child (which lives on, asleep);
+  wait for the child (which lives on, stopped with SIGSTOP at once, whether or not it ran its
+  fork handler by then);
 - forked by a writer whose staging entry (``stage``, ``stage_dir``, ``begin_folder``) it holds:
   gc in another process keeps the entry while the writer lives, and removes it once the writer
   is dead (SIGKILL) although the child lives on.
@@ -142,6 +143,7 @@ def test_a_child_forked_inside_a_commit_does_not_keep_the_publish_lock(
         try:
             assert inside.wait(120)
             child = _sleeping_child(wake_r, wake_w)
+            os.kill(child, signal.SIGSTOP)  # a stopped worker, maybe before its fork handler ran
             assert not _lock_free(lock)  # still the parent's: the commit goes on under it
             go.set()
             writer.join(120)

@@ -13,21 +13,26 @@ descriptor is made to point at ``/dev/null`` (``dup2``): the child's reference t
 open file description is dropped at once, so the lock is the parent's alone, and the
 descriptor number stays valid, so a close of it by a stale object in the child closes nothing
 that matters. The child never unlocks anything (an unlock would release the parent's lock).
+Between the fork and the child's handler (a child stopped or not yet scheduled) the child still
+shares the description, so the parent unlocks explicitly before it closes (:func:`close`):
+its lock is free once it lets go, whatever state its children are in.
 
 Thread safety: the registry is guarded by one lock, and a fork waits for it (taken before the
 fork, released after it in both processes), so no fork falls between a lock file's open and its
 tracking, nor between an untrack and the close that frees the number for another open. The
 guard is held only for those few calls (never while a lock is waited for, never around another
 lock), so a fork waits at most for the calls opening or closing one lock's descriptor. A fork
-that bypasses Python's handlers (C code calling ``fork()`` directly) is not covered;
-``subprocess`` children exec at once and inherit none of these descriptors (all
-``O_CLOEXEC``).
+that bypasses Python's handlers (C code calling ``fork()`` directly) runs no handler: only the
+parent's explicit unlock covers it; ``subprocess`` children exec at once and inherit none of
+these descriptors (all ``O_CLOEXEC``). A writer killed between a fork and its child's handler
+keeps its lock until that child runs (or ends).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import threading
@@ -66,11 +71,15 @@ def untrack(fd: int) -> None:
 
 
 def close(fd: int) -> None:
-    """Untrack ``fd`` and close it (which drops its lock), with no fork in between. As
-    ``close_quietly``: a close error is logged (outside the guard: no other lock is ever taken
-    under it), never raised, except EBADF (a descriptor that was not open: a bug)."""
+    """Unlock ``fd`` explicitly, untrack it and close it, with no fork in between. The explicit
+    unlock frees the lock even if a child forked a moment ago still shares the descriptor (it
+    has not run its fork handler yet: stopped, or not yet scheduled). As ``close_quietly``: a
+    close error is logged (outside the guard: no other lock is ever taken under it), never
+    raised, except EBADF (a descriptor that was not open: a bug)."""
     with _GUARD:
         _TRACKED.discard(fd)
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
         try:
             os.close(fd)
             return
