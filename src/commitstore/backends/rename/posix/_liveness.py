@@ -21,6 +21,10 @@ a writer that exited left there while the coordinator lives.
 
 Where ``flock`` is not supported (some network filesystems) nothing is held: the entry is aged
 by its modification times as before.
+
+Every descriptor that holds one of these locks is tracked (``_forkheld``) from its open to its
+close, and a folder's descriptor while it is locked, so a child forked meanwhile never keeps a
+lock: a writer's staging is free for gc once the writer is dead, whatever it forked.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from commitstore.backends.base import StagingTaken
+from commitstore.backends.rename.posix import _forkheld
 
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -54,7 +59,7 @@ def hold(folder: int, name: str) -> Held | None:
             entry is not its own any more and the caller makes a new one.
     """
     try:
-        fd = os.open(name, _FLAGS, dir_fd=folder)
+        fd = _open_tracked(folder, name)
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise StagingTaken(name) from exc
     except OSError:
@@ -63,24 +68,31 @@ def hold(folder: int, name: str) -> Held | None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         st = os.fstat(fd)
     except BlockingIOError as exc:  # gc's exclusive lock: it is removing this entry
-        os.close(fd)
+        _forkheld.close(fd)
         raise StagingTaken(name) from exc
     except OSError:
-        os.close(fd)
+        _forkheld.close(fd)
         return None
     token = Held(fd, st.st_dev, st.st_ino)
     try:
         here = same_entry(folder, name, token)
     except OSError:  # the storage's error on the check: nothing held (aged, as without flock)
-        os.close(fd)
+        _forkheld.close(fd)
         return None
     except BaseException:
-        os.close(fd)
+        _forkheld.close(fd)
         raise
     if not here:  # removed (by gc) between the open and the lock
-        os.close(fd)
+        _forkheld.close(fd)
         raise StagingTaken(name)
     return token
+
+
+def _open_tracked(folder: int, name: str) -> int:
+    """Entry ``name`` of ``folder`` opened (``_FLAGS``) and tracked with no fork in between
+    (``_forkheld``), before anything locks it; close it with ``_forkheld.close``."""
+    with _forkheld.no_fork():
+        return _forkheld.track(os.open(name, _FLAGS, dir_fd=folder))
 
 
 def same_entry(folder: int, name: str, token: object) -> bool:
@@ -100,7 +112,7 @@ def release(token: object) -> None:
     """Close the fd of ``token`` (which drops its lock)."""
     if isinstance(token, Held):
         with contextlib.suppress(OSError):
-            os.close(token.fd)
+            _forkheld.close(token.fd)
 
 
 @contextlib.contextmanager
@@ -116,20 +128,34 @@ def creating(folder: int) -> Iterator[None]:
         yield
     finally:
         if locked:
-            with contextlib.suppress(OSError):
-                fcntl.flock(folder, fcntl.LOCK_UN)
+            _unlock_shared(folder)
 
 
 def _lock_shared(folder: int) -> bool | None:
     """:func:`creating`'s lock: True taken, False refused (gc claims an entry there right
-    now), None where ``flock`` is not supported."""
+    now), None where ``flock`` is not supported. ``folder`` is tracked while it is locked
+    (``_forkheld``: a child forked meanwhile does not keep the lock); :func:`_unlock_shared`
+    ends both."""
+    _forkheld.track(folder)
     try:
         fcntl.flock(folder, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
+        _forkheld.untrack(folder)
         return False
     except OSError:
+        _forkheld.untrack(folder)
         return None
+    except BaseException:
+        _forkheld.untrack(folder)
+        raise
     return True
+
+
+def _unlock_shared(folder: int) -> None:
+    """Drop :func:`_lock_shared`'s lock and stop tracking ``folder`` (its caller closes it)."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(folder, fcntl.LOCK_UN)
+    _forkheld.untrack(folder)
 
 
 def hold_shared_folder(
@@ -163,8 +189,7 @@ def hold_shared_folder(
         return hold(folder, name)
     finally:
         if locked:
-            with contextlib.suppress(OSError):
-                fcntl.flock(folder, fcntl.LOCK_UN)
+            _unlock_shared(folder)
 
 
 class HeldByOther(BlockingIOError):
@@ -222,20 +247,21 @@ def claimed(open_folder: Callable[[], int], name: str) -> Iterator[str | None]:
     writer holds it) or :data:`CREATING` (a writer is making an entry in that folder right now,
     :func:`creating`). Remove the entry only inside the block."""
     try:
-        folder = open_folder()
+        with _forkheld.no_fork():
+            folder = _forkheld.track(open_folder())
     except OSError:
         yield None
         return
     try:
         fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:  # a writer between its create and its lock, here
-        os.close(folder)
+        _forkheld.close(folder)
         yield CREATING
         return
     except OSError:
         pass  # no flock here: aged by its times
     try:
-        fd = os.open(name, _FLAGS, dir_fd=folder)
+        fd = _open_tracked(folder, name)
     except OSError:
         _unlock_close(folder)
         yield None
@@ -252,7 +278,7 @@ def claimed(open_folder: Callable[[], int], name: str) -> Iterator[str | None]:
         folder = -1
         yield kept
     finally:
-        os.close(fd)  # closing drops gc's lock
+        _forkheld.close(fd)  # closing drops gc's lock
         if folder >= 0:
             _unlock_close(folder)
 
@@ -262,14 +288,14 @@ def _unlock_close(folder: int) -> None:
     and close it."""
     with contextlib.suppress(OSError):
         fcntl.flock(folder, fcntl.LOCK_UN)
-    os.close(folder)
+    _forkheld.close(folder)
 
 
 def is_held(folder: int, name: str) -> bool:
     """True if a live writer holds entry ``name`` of ``folder`` (an exclusive, non-blocking
     ``flock`` is refused). False if it is free, gone, or cannot be locked here."""
     try:
-        fd = os.open(name, _FLAGS, dir_fd=folder)
+        fd = _open_tracked(folder, name)
     except OSError:
         return False
     try:
@@ -279,5 +305,5 @@ def is_held(folder: int, name: str) -> bool:
     except OSError:
         return False
     finally:
-        os.close(fd)  # closing drops the lock gc may have taken
+        _forkheld.close(fd)  # closing drops the lock gc may have taken
     return False

@@ -28,7 +28,7 @@ from commitstore.backends.base import Capabilities, CommitInfo, FileInfo, PutMod
 from commitstore.backends.localtree import close_quietly, fsync_dir
 from commitstore.backends.rename import _earlysync
 from commitstore.backends.rename.ops import CommitPolicy
-from commitstore.backends.rename.posix import _liveness, _syscalls
+from commitstore.backends.rename.posix import _forkheld, _liveness, _syscalls
 from commitstore.backends.rename.posix._direct import ALIGN, DirectWriter, set_direct
 from commitstore.backends.rename.posix._dirreads import DIR_FLAGS, FolderReader, open_regular
 from commitstore.backends.rename.posix._heldfolders import HeldFolders
@@ -700,7 +700,8 @@ class LocalBackend(RenameBackend[int, Staging]):
 
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:
-        """``flock`` on ``<root>/.commitstore/lock`` (released by the kernel if the holder dies).
+        """``flock`` on ``<root>/.commitstore/lock`` (released by the kernel if the holder dies;
+        a child forked while it is held does not keep it: ``_forkheld``).
 
         Raises:
             InsufficientSpaceError, StorageError, BackendUnavailableError: the lock file could not
@@ -718,7 +719,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         finally:
             self._held = None
             held.forget()
-            close_quietly(fd)
+            _forkheld.close(fd)
 
     @contextlib.contextmanager
     def folders_kept(self) -> Iterator[None]:
@@ -759,7 +760,7 @@ class LocalBackend(RenameBackend[int, Staging]):
             yield
         finally:
             if fd is not None:
-                close_quietly(fd)
+                _forkheld.close(fd)
 
     @translated("locking")
     def _read_lock_fd(self, parts: Parts) -> int | None:
@@ -768,7 +769,10 @@ class LocalBackend(RenameBackend[int, Staging]):
         except (FileNotFoundError, NotADirectoryError, InvalidNameError):
             return None
         try:
-            fd = self._open_lock_file(dirfd, parts)
+            with _forkheld.no_fork():  # tracked before it is locked (``_forkheld``)
+                fd = self._open_lock_file(dirfd, parts)
+                if fd is not None:
+                    _forkheld.track(fd)
         finally:
             close_quietly(dirfd)
         if fd is None:
@@ -776,7 +780,7 @@ class LocalBackend(RenameBackend[int, Staging]):
         try:
             flock_within(fd, self.lock_timeout, self.path_of(parts))
         except BaseException:
-            close_quietly(fd)
+            _forkheld.close(fd)
             raise
         return fd
 
@@ -808,18 +812,21 @@ class LocalBackend(RenameBackend[int, Staging]):
     def _lock_fd(self, parts: Parts, held: HeldFolders | None = None) -> int:
         dirfd = self._walk(parts[:-1], True, held)
         try:
-            fd = os.open(
-                parts[-1],
-                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o666,
-                dir_fd=dirfd,
-            )
+            with _forkheld.no_fork():  # tracked before it is locked (``_forkheld``)
+                fd = _forkheld.track(
+                    os.open(
+                        parts[-1],
+                        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o666,
+                        dir_fd=dirfd,
+                    )
+                )
         finally:
             close_quietly(dirfd)
         try:
             flock_within(fd, self.lock_timeout, self.path_of(parts))
         except BaseException:
-            close_quietly(fd)
+            _forkheld.close(fd)
             raise
         return fd
 
