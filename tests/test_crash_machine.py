@@ -374,7 +374,7 @@ def _record_before_data(monkeypatch: pytest.MonkeyPatch) -> None:
     def record_first(
         self: Any, parts: Any, mode: Any, publish_data: Any, *, intent: Any = None, **kw: Any
     ) -> Any:
-        if intent is None or set(kw) - {"started"}:
+        if intent is None or {k for k, v in kw.items() if v is not None} - {"started"}:
             return commit(self, parts, mode, publish_data, intent=intent, **kw)
         with self.backend.publish_lock():
             _commit.put_small(

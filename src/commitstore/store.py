@@ -52,6 +52,21 @@ log = logging.getLogger("commitstore")
 S = TypeVar("S")
 
 
+def _unpickle(
+    backend: Backend | None,
+    opened: tuple[str, dict[str, Any]] | None,
+    url: str,
+    retention: Retention | None,
+    async_inflight: int,
+) -> CommitStore:
+    """A pickled :class:`CommitStore` made again (``CommitStore.__reduce__``): over its own
+    backend, or over one resolved again from the URL and options it was opened from."""
+    if backend is None:
+        assert opened is not None
+        backend = resolve(*opened)
+    return CommitStore(backend, url=url, retention=retention, async_inflight=async_inflight)
+
+
 @final
 class CommitStore(StoreReads, StoreUpkeep):
     """Staged writes, commits, verification and reads of artifacts under one root.
@@ -601,18 +616,3 @@ class CommitStore(StoreReads, StoreUpkeep):
                 ``name`` (nothing removed).
         """
         self._committer.delete(name)
-
-
-def _unpickle(
-    backend: Backend | None,
-    opened: tuple[str, dict[str, Any]] | None,
-    url: str,
-    retention: Retention | None,
-    async_inflight: int,
-) -> CommitStore:
-    """A pickled :class:`CommitStore` made again (``CommitStore.__reduce__``): over its own
-    backend, or over one resolved again from the URL and options it was opened from."""
-    if backend is None:
-        assert opened is not None
-        backend = resolve(*opened)
-    return CommitStore(backend, url=url, retention=retention, async_inflight=async_inflight)
