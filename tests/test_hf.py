@@ -19,8 +19,9 @@ import torch
 import transformers
 
 import commitstore.torch as cs_torch
-from commitstore import AlreadyExistsError, ConfigurationError, open_store
+from commitstore import AlreadyExistsError, ConfigurationError, NameConflictError, open_store
 from commitstore.hf import CommitStoreCallback, commit_folder, latest_checkpoint
+from commitstore.testing import LocalBackdoor
 
 from .helpers.gate import Gate
 
@@ -222,3 +223,26 @@ def test_a_folder_set_aside_by_a_killed_run_is_put_back_and_committed(tmp_path: 
     assert [r.name for r in store.list()] == ["checkpoint-2"]
     assert sorted(f.path for f in store.record("checkpoint-2").files) == files
     assert store.verify("checkpoint-2", level="full").ok
+
+
+def test_commit_folder_never_moves_another_committed_artifact(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    door = _committed_store_for_hf(root)
+    before = _snapshot(door)
+    store = open_store(root)
+    with pytest.raises(NameConflictError, match="committed artifact 'ckpt/step_1'"):
+        commit_folder(store, root / "ckpt" / "step_1", "stolen")
+    assert _snapshot(door) == before
+    assert [r.status for r in store.verify(level="full").results] == ["ok", "ok"]
+
+
+def _committed_store_for_hf(root: Path) -> LocalBackdoor:
+    store = open_store(root)
+    with store.stage_dir("ckpt/step_1") as d:
+        (d / "model.bin").write_bytes(b"weights" * 1000)
+    store.put_bytes("other.pt", b"o")
+    return LocalBackdoor(root)
+
+
+def _snapshot(door: LocalBackdoor) -> dict[str, bytes | None]:
+    return {f: door.read(f) for f in door.files()}

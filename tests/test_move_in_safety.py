@@ -265,3 +265,76 @@ def test_move_in_after_the_joiner_left_moves(tmp_path: Path) -> None:
     assert [reason for _path, reason in report["kept"]] == [_HELD]
     fw.commit(files)
     assert door.read("shared/part0") == b"P0"
+
+
+# -- adopt: a folder written inside the store's own folder ---------------------------------------
+@pytest.mark.parametrize(
+    "where",
+    [
+        "artifact_folder",
+        "folder_holding_artifacts",
+        "records",
+        "meta",
+        "root",
+        "holds_root",
+        "symlink_to_artifact",
+        "through_symlinked_parent",
+        "relative",
+        "staging_entry",
+        "outside",
+    ],
+)
+def test_adopt_refuses_what_is_not_its_own_to_take(tmp_path: Path, where: str) -> None:
+    root = tmp_path / "s"
+    door = _committed_store(root)
+    staging = root / f"{STAGING_PREFIX}x.y"
+    staging.mkdir()
+    (staging / "f").write_bytes(b"another writer's")
+    outside = tmp_path / "out"
+    outside.mkdir()
+    srcs: dict[str, Callable[[], Path]] = {
+        **_srcs(tmp_path, root),
+        "staging_entry": lambda: staging,
+        "outside": lambda: outside,
+    }
+    src = srcs[where]()
+    store = open_store(root)
+    fw = store.begin_folder("ckpt/step_2")
+    before = _snapshot(door)
+    with pytest.raises(NameConflictError, match="nothing was moved"):
+        fw.adopt(src)
+    assert src.exists()
+    fw.abort()
+    assert _snapshot(door) == before
+    assert door.read("ckpt/step_1/model.bin") == b"weights" * 1000
+    assert [r.status for r in store.verify().results] == ["ok", "ok"]
+
+
+def test_adopt_takes_a_folder_inside_the_store_that_is_no_artifact(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    door = _committed_store(root)
+    src = root / ".commitstore-pending.checkpoint-4.ab12"  # the hf callback's hidden name
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"w" * 10)
+    store = open_store(root)
+    fw = store.begin_folder("ckpt/step_2")
+    files = fw.adopt(src)
+    assert files is not None and not src.exists()
+    fw.commit(files)
+    assert door.read("ckpt/step_2/w.bin") == b"w" * 10
+    assert door.read("ckpt/step_1/model.bin") == b"weights" * 1000
+    assert [r.status for r in store.verify(level="full").results] == ["ok", "ok", "ok"]
+
+
+def test_adopt_commits_the_writes_own_name_in_place(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    door = _committed_store(root)
+    (root / "ckpt" / "step_1" / "model.bin").write_bytes(b"newer" * 10)  # rewritten in place
+    store = open_store(root)
+    fw = store.begin_folder("ckpt/step_1", overwrite=True)
+    files = fw.adopt(root / "ckpt" / "step_1")
+    assert files is not None
+    record = fw.commit(files)
+    assert door.read("ckpt/step_1/model.bin") == b"newer" * 10
+    assert record.size == 50 + 3
+    assert [r.status for r in store.verify(level="full").results] == ["ok", "ok"]

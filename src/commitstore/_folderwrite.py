@@ -64,6 +64,7 @@ from typing import Any
 from commitstore import _slots
 from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._foldermembers import FolderFile
+from commitstore._movein import check_adoptable, check_outside
 from commitstore._small import put_small
 from commitstore.backends import Backend, CommitInfo, PutMode, StagingTaken, hash_and_sync_tree
 from commitstore.digest import hash_stream, manifest_digest
@@ -382,32 +383,26 @@ class FolderWrite:
                 store's records moved in would leave their names (and ``abort`` would delete
                 them); nothing is moved.
         """
-        self._check_outside(src)
+        check_outside(self._c.backend, src, self.name)
         return self._move_in(src)
 
-    def _check_outside(self, src: Path) -> None:
-        """:meth:`move_in`'s refusal of a ``src`` in, at or above the store's own folder
-        (``Backend.local_root``), for the entry the rename would move (its folder's symlinks
-        resolved) and for what it points to. Only resolves paths."""
-        root = self._c.backend.local_root()
-        if root is None:
-            return
-        path = os.path.abspath(os.fspath(src))
-        entry = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-        for where in (entry, os.path.realpath(path)):
-            common = os.path.commonpath((root, where))
-            if common in (root, where):
-                raise NameConflictError(
-                    f"{src} is {'inside' if common == root else 'a folder holding'} the "
-                    f"store's own folder ({root}): moving it into {self.name}'s staging area "
-                    "would take committed artifacts or the store's records with it, so it is "
-                    "refused and nothing was moved; pass a folder outside the store",
-                    name=self.name,
-                )
+    def adopt(self, src: Path) -> list[FileRecord] | None:
+        """:meth:`move_in` for a folder another tool wrote inside the store's own folder (a
+        Hugging Face Trainer whose ``output_dir`` is the store's root): the write's own name
+        (committed in place: the commit replaces it) or a folder that is no artifact.
+
+        Raises:
+            NameConflictError: before any I/O but one scan of the records, when ``src`` is not
+                inside the store's own folder (use :meth:`move_in`), is its root, is or lies in
+                its metadata or staging entries, or is, lies inside or holds a committed
+                artifact other than this write's name (``_movein.check_adoptable``); nothing
+                is moved.
+        """
+        check_adoptable(self._c.backend, src, self.name)
+        return self._move_in(src)
 
     def _move_in(self, src: Path) -> list[FileRecord] | None:
-        """:meth:`move_in` without its check of where ``src`` is (``commitstore.hf`` commits a
-        folder the Trainer wrote inside the store's root, not committed, in place)."""
+        """:meth:`move_in` and :meth:`adopt` after their check of where ``src`` is."""
         area, backend = self.local_area(), self._c.backend
         if area is None:
             return None

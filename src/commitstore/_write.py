@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from commitstore._commit import Committer, check_flag, check_new, make_record, mode_of
-from commitstore._filecommit import Version
+from commitstore._filecommit import Options, Version
 from commitstore._sinkwrite import HashedWriter, aborting, write_bytes
 from commitstore._stagefile import Stage
 from commitstore.backends import FileSink, PutMode, hash_and_sync_tree
@@ -59,7 +59,9 @@ def open_stage(
     sink = committer.open_file(parts, mode)
 
     def finish(s: FileSink, size: int, digest: str) -> Record:
-        return committer.publish_file(parts, mode, s, (size, digest), version, started=started)
+        return committer.publish_file(
+            parts, mode, s, (size, digest), version, options=Options(started=started)
+        )
 
     def precheck() -> None:
         committer.check_place(parts)
@@ -103,7 +105,9 @@ def stage_dir(
         # Hashed once before anything is published, so the record is known first (the
         # commit's pending record); the sink hashes again as it publishes.
         intent = dir_record(hash_and_sync_tree(sink.local_path))
-    record = committer.publish_dir(parts, mode, sink, intent, dir_record, started=started)
+    record = committer.publish_dir(
+        parts, mode, sink, intent, dir_record, options=Options(started=started)
+    )
     after(record)
 
 
@@ -121,7 +125,9 @@ def put_bytes(
             f"{name}: data must be bytes-like, not {type(data).__name__}{hint}"
         ) from None
     committer.check_free(parts, size)
-    record = committer.write_file(parts, mode, write_bytes(data), version, started=time.monotonic())
+    record = committer.write_file(
+        parts, mode, write_bytes(data), version, options=Options(started=time.monotonic())
+    )
     after(record)
     return record
 
@@ -151,7 +157,9 @@ def put_file(
                 raise CommitError(f"{local_path}: changed size while it was copied")
             return writer.done(name)
 
-        record = committer.write_file(parts, mode, fill, version, started=time.monotonic())
+        record = committer.write_file(
+            parts, mode, fill, version, options=Options(started=time.monotonic())
+        )
     after(record)
     return record
 

@@ -85,6 +85,12 @@ def _store_path(store: CommitStore, name: str) -> Path | None:
     return store.local_path(name)
 
 
+def _inside(store: CommitStore, src: Path) -> bool:
+    """Whether ``src`` (symlinks resolved) lies inside the store's own (local) folder."""
+    root = store.local_path()
+    return root is not None and root.resolve() in src.resolve().parents
+
+
 def commit_folder(
     store: CommitStore,
     src: str | Path,
@@ -100,8 +106,11 @@ def commit_folder(
     Same filesystem as a local store: ``src`` is renamed into the staging area and committed
     (no copy; ``src`` is gone afterwards). A ``src`` that already is the artifact's own path
     (the Trainer writing straight into the store's root) is replaced by itself: committed in
-    place. Otherwise the files are copied through ``stage_dir`` and ``src`` is removed after the
-    commit unless ``keep_local``. A failure publishes nothing and leaves ``src`` where it was.
+    place; another folder inside the store's root is adopted when it is no artifact
+    (``FolderWrite.adopt``; a committed artifact's folder, or one holding it, raises
+    NameConflictError, nothing moved). Otherwise the files are copied through ``stage_dir``
+    and ``src`` is removed after the commit unless ``keep_local``. A failure publishes nothing
+    and leaves ``src`` where it was.
     """
     src = Path(src)
     if not src.is_dir():
@@ -112,7 +121,12 @@ def commit_folder(
         folder = store.begin_folder(
             name, step=step, metadata=metadata, overwrite=overwrite or in_place
         )
-        files = folder._move_in(src)  # src may be inside the store's root (in place)
+        try:
+            # a Trainer writing into the store's root: adopt (its own name or no artifact)
+            files = folder.adopt(src) if _inside(store, src) else folder.move_in(src)
+        except BaseException:
+            folder.abort()
+            raise
         if files is not None:
             try:
                 return folder.commit(files)

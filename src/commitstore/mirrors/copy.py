@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import BinaryIO, cast
 
 from commitstore._commit import Committer
+from commitstore._filecommit import Options
 from commitstore._scan import StoredRecord, read_intent, read_record
 from commitstore._sinkwrite import aborting
 from commitstore._slots import read_slots
@@ -243,7 +244,13 @@ def _copy(
             raise IntegrityError(f"{name}: folder changed while copied", name=name)
 
         return dst.publish_dir(
-            parts, PutMode.REPLACE, dsink, version, changed, body=body, guard=guard, slots=held
+            parts,
+            PutMode.REPLACE,
+            dsink,
+            version,
+            changed,
+            body=body,
+            options=Options(guard=guard, slots=held),
         )
 
     def fill(sink: FileSink) -> tuple[int, str]:
@@ -268,7 +275,12 @@ def _copy(
         return stored_version(src.backend, stored, version).raw
 
     return dst.write_file(
-        parts, PutMode.REPLACE, fill, version_of, body=body_of, guard=guard, slots=held
+        parts,
+        PutMode.REPLACE,
+        fill,
+        version_of,
+        body=body_of,
+        options=Options(guard=guard, slots=held),
     )
 
 
