@@ -73,7 +73,22 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "src/commitstore/mirrors",
         "benchmarks/mirrors.py",
     ),
-    "scale": (*_CORE, *_RENAME, *_OBJECT, "src/commitstore/maintenance", "benchmarks/scale.py"),
+    "scale": (
+        *_CORE,
+        *_RENAME,
+        *_OBJECT,
+        "src/commitstore/maintenance",
+        "benchmarks/scale.py",
+        "benchmarks/scalefolder.py",
+    ),
+    "scale-folder": (
+        *_CORE,
+        *_RENAME,
+        *_OBJECT,
+        "src/commitstore/mirrors",
+        "benchmarks/scale.py",
+        "benchmarks/scalefolder.py",
+    ),
     "scrub": (
         *_CORE,
         *_RENAME,
@@ -94,6 +109,7 @@ RERUN = {
     "s3resume-bytes": "./dev.sh bench s3resume",
     "torch-s3": "./dev.sh bench torch",
     "dcp_local": "./dev.sh bench dcp",
+    "scale-folder": "./dev.sh bench scale",
     "async_integrations": "python -m benchmarks.integrations",
 }
 """The command that writes a result file, where it is not ``./dev.sh bench <file's name>``."""

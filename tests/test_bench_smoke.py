@@ -44,7 +44,7 @@ SUITES: dict[str, tuple[Any, int, int, tuple[str, ...]]] = {
     "s3resume": (s3resume, 4, 1, ("s3resume", "s3resume-bytes")),
     "gcs": (gcs, 4, 1, ("gcs",)),
     "mirrors": (mirrors, 20, 1, ("mirrors",)),
-    "scale": (scale, 20, 1, ("scale",)),
+    "scale": (scale, 20, 1, ("scale", "scale-folder")),
     "dcp": (dcp, 16, 2, ("dcp_local",)),
     "torch": (torchio, 4, 2, ("torch", "torch-s3")),
     "asyncsave": (asyncsave, 4, 2, ("asyncsave",)),

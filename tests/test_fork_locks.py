@@ -18,25 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import commitstore
 from commitstore import CommitStore, open_store
 from commitstore.backends.rename.posix import backend as posix_backend
 from commitstore.testing import LocalBackdoor
 from commitstore.testing.pausing import staged_state
 
-SRC = Path(commitstore.__file__).resolve().parent.parent
+from .helpers.gcelsewhere import gc_elsewhere
+
 HELD = "held by a live writer"
 
 
@@ -66,27 +62,6 @@ def _sleeping_child(wake: int, unused: int | None = None) -> int:
         finally:
             os._exit(0)
     return pid
-
-
-def _gc_elsewhere(root: Path) -> dict[str, Any]:
-    """``gc(min_age=0)`` of the store at ``root`` in a separate process: what it removed and
-    what it kept, with the reasons."""
-    code = (
-        "import json, commitstore; "
-        f"r = commitstore.open_store({str(root)!r}).gc(min_age=0); "
-        "print(json.dumps({'removed': sorted(i.path for i in r.removed), "
-        "'kept': sorted([i.path, i.reason] for i in r.kept)}))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
-    )
-    doc: dict[str, Any] = json.loads(out.stdout)
-    return doc
 
 
 @contextlib.contextmanager
@@ -221,13 +196,13 @@ def test_gc_removes_a_dead_writers_staging_while_its_forked_child_lives(
         try:
             staged = staged_state(door, "ck")
             assert staged
-            report = _gc_elsewhere(root)  # the writer lives: its staging is kept
+            report = gc_elsewhere(root)  # the writer lives: its staging is kept
             assert report["removed"] == []
             assert any(reason == HELD for _, reason in report["kept"]), report
             assert staged_state(door, "ck") == staged
             _kill(writer, reap=True)  # dead, without releasing anything itself
             os.kill(sleeper, 0)  # its child lives on
-            report = _gc_elsewhere(root)
+            report = gc_elsewhere(root)
             assert not any(reason == HELD for _, reason in report["kept"]), report
             assert staged_state(door, "ck") == set()
             os.kill(sleeper, 0)  # it lived through gc

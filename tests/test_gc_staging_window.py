@@ -38,58 +38,7 @@ from commitstore.layout import STAGING_PREFIX
 from commitstore.records import Record
 from commitstore.testing import LocalBackdoor
 
-SRC = Path(commitstore.__file__).resolve().parent.parent
-
-
-def _gc_elsewhere(root: Path) -> str:
-    """``gc(min_age=0)`` of the store at ``root`` in a separate process; what it removed."""
-    code = (
-        f"import commitstore; r = commitstore.open_store({str(root)!r}).gc(min_age=0); "
-        "print(sorted(i.path for i in r.removed))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
-    )
-    return out.stdout.strip()
-
-
-def _gc_report_elsewhere(root: Path) -> dict[str, Any]:
-    """``gc(min_age=0)`` of the store at ``root`` in a separate process: what it removed, and
-    what it kept with its reasons."""
-    code = (
-        "import json, commitstore; "
-        f"r = commitstore.open_store({str(root)!r}).gc(min_age=0); "
-        "print(json.dumps({'removed': sorted(i.path for i in r.removed), "
-        "'kept': sorted([i.path, i.reason] for i in r.kept)}))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
-    )
-    doc: dict[str, Any] = json.loads(out.stdout)
-    return doc
-
-
-def _gc_started(root: Path) -> subprocess.Popen[str]:
-    """:func:`_gc_elsewhere`, started and not waited for."""
-    code = (
-        f"import commitstore; r = commitstore.open_store({str(root)!r}).gc(min_age=0); "
-        "print(sorted(i.path for i in r.removed))"
-    )
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
-    )
+from .helpers.gcelsewhere import ENV, GcReport, gc_elsewhere, gc_result, gc_started
 
 
 def _pause_before_lock(monkeypatch: pytest.MonkeyPatch, at_pause: Callable[[], None]) -> list[str]:
@@ -121,13 +70,13 @@ def test_gc_between_stage_dir_create_and_lock(
     if overwrite:
         with store.stage_dir("hf/ck") as d:
             (d / "w.bin").write_bytes(b"old")
-    removed: list[str] = []
-    _pause_before_lock(monkeypatch, lambda: removed.append(_gc_elsewhere(root)))
+    removed: list[list[str]] = []
+    _pause_before_lock(monkeypatch, lambda: removed.append(gc_elsewhere(root)["removed"]))
     got: list[Record] = []
     with store.stage_dir("hf/ck", overwrite=overwrite, records=got) as d:
         assert d.is_dir()  # handed over only once held
         (d / "w.bin").write_bytes(b"new")
-    assert removed == ["[]"]
+    assert removed == [[]]
     assert door.read("hf/ck/w.bin") == b"new"
     assert got[0].outcome is not None and got[0].outcome.durable
     assert _staging_left(door) == []
@@ -143,13 +92,13 @@ def test_stage_dir_makes_a_new_entry_when_gc_took_its_first(
     with store.stage_dir("ck") as d:
         (d / "w.bin").write_bytes(b"old")
     monkeypatch.setattr(posix_backend.LocalBackend, "creating", lambda self, folder: _null())
-    removed: list[str] = []
-    seen = _pause_before_lock(monkeypatch, lambda: removed.append(_gc_elsewhere(root)))
+    removed: list[list[str]] = []
+    seen = _pause_before_lock(monkeypatch, lambda: removed.append(gc_elsewhere(root)["removed"]))
     with store.stage_dir("ck", overwrite=True) as d:
         assert d.is_dir()
         (d / "w.bin").write_bytes(b"new")
     assert len(seen) == 2 and seen[0] != seen[1]
-    assert removed == [f"[{seen[0]!r}]"]
+    assert removed == [[seen[0]]]
     assert door.read("ck/w.bin") == b"new"
     assert _staging_left(door) == []
 
@@ -160,10 +109,10 @@ def test_gc_between_staging_file_create_and_lock(
     root = tmp_path / "s"
     store, door = open_store(root), LocalBackdoor(root)
     store.put_bytes("a.bin", b"old")
-    removed: list[str] = []
-    _pause_before_lock(monkeypatch, lambda: removed.append(_gc_elsewhere(root)))
+    removed: list[list[str]] = []
+    _pause_before_lock(monkeypatch, lambda: removed.append(gc_elsewhere(root)["removed"]))
     rec = store.put_bytes("a.bin", b"new" * 1000, overwrite=True)
-    assert removed == ["[]"]
+    assert removed == [[]]
     assert door.read("a.bin") == b"new" * 1000
     assert rec.outcome is not None and rec.outcome.durable
     assert _staging_left(door) == []
@@ -184,7 +133,7 @@ def test_gc_removing_the_old_folder_a_replace_exchanged_out(
 
     def rmtree_at(dirfd: int, name: str) -> None:
         if not gcs:  # gc starts; the writer resumes once gc has removed the old folder
-            gcs.append(_gc_started(root))
+            gcs.append(gc_started(root))
             while (root / "hf" / name).exists() and gcs[0].poll() is None:
                 time.sleep(0.01)
         real(dirfd, name)
@@ -193,9 +142,8 @@ def test_gc_removing_the_old_folder_a_replace_exchanged_out(
     got: list[Record] = []
     with store.stage_dir("hf/ck", overwrite=True, records=got) as d:
         (d / "w.bin").write_bytes(b"new")
-    out, err = gcs[0].communicate(timeout=120)  # its pending-record pass waited for the lock
-    assert gcs[0].returncode == 0, err[-2000:]
-    assert STAGING_PREFIX in out  # gc took the old folder
+    report = gc_result(gcs[0], timeout=120)  # its pending-record pass waited for the lock
+    assert any(STAGING_PREFIX in p for p in report["removed"])  # gc took the old folder
     assert door.read("hf/ck/w.bin") == b"new"
     outcome = got[0].outcome
     assert outcome is not None and outcome.durable and outcome.notes == ()
@@ -234,7 +182,7 @@ def test_gc_skips_what_another_remover_takes_while_it_removes(tmp_path: Path) ->
         check=False,
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+        env=ENV,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "2 ['staging']"
@@ -259,11 +207,11 @@ def test_gc_says_why_it_keeps_entries_beside_a_writer_creating_one(
     root = tmp_path / "s"
     store, door = open_store(root), LocalBackdoor(root)
     door.write(_DEAD, b"dead")
-    reports: list[dict[str, Any]] = []
-    seen = _pause_before_lock(monkeypatch, lambda: reports.append(_gc_report_elsewhere(root)))
+    reports: list[GcReport] = []
+    seen = _pause_before_lock(monkeypatch, lambda: reports.append(gc_elsewhere(root)))
     store.put_bytes("a.bin", b"new")
-    assert reports == [{"removed": [], "kept": [[_DEAD, _CREATING], [seen[0], _CREATING]]}]
-    assert _gc_report_elsewhere(root) == {"removed": [_DEAD], "kept": []}
+    assert reports == [GcReport(removed=[], kept=[[_DEAD, _CREATING], [seen[0], _CREATING]])]
+    assert gc_elsewhere(root) == GcReport(removed=[_DEAD], kept=[])
     assert door.read("a.bin") == b"new"
 
 
@@ -276,15 +224,15 @@ def test_gc_between_begin_folder_create_and_lock(
     root = tmp_path / "s"
     store, door = open_store(root), LocalBackdoor(root)
     door.write(_DEAD, b"dead")
-    reports: list[dict[str, Any]] = []
-    seen = _pause_before_lock(monkeypatch, lambda: reports.append(_gc_report_elsewhere(root)))
+    reports: list[GcReport] = []
+    seen = _pause_before_lock(monkeypatch, lambda: reports.append(gc_elsewhere(root)))
     fw = store.begin_folder("ck")
     area = seen[0]
     assert door.is_dir(area)  # made by begin_folder itself
     creating = _CREATING
-    assert reports == [{"removed": [], "kept": [[_DEAD, creating], [area, creating]]}]
+    assert reports == [GcReport(removed=[], kept=[[_DEAD, creating], [area, creating]])]
     a = fw.write_bytes("a.bin", b"a" * 100)
-    again = _gc_report_elsewhere(root)  # the writer holds its folder: only the dead entry goes
+    again = gc_elsewhere(root)  # the writer holds its folder: only the dead entry goes
     assert again == {"removed": [_DEAD], "kept": [[area, _HELD]]}
     fw.commit([a])
     assert door.read("ck/a.bin") == b"a" * 100
@@ -311,10 +259,10 @@ def test_gc_keeps_a_joiners_file_while_the_coordinator_lives(tmp_path: Path) -> 
         capture_output=True,
         text=True,
         check=True,
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+        env=ENV,
     )
     joined = commitstore.FileRecord(*json.loads(out.stdout))
-    report = _gc_report_elsewhere(root)
+    report = gc_elsewhere(root)
     assert report["removed"] == []
     assert [reason for _path, reason in report["kept"]] == [_HELD]
     fw.commit([joined])
@@ -334,7 +282,7 @@ def test_gc_keeps_a_folder_moved_in(tmp_path: Path) -> None:
     fw = store.begin_folder("ck")
     files = fw.move_in(src)
     assert files is not None and not src.exists()
-    report = _gc_report_elsewhere(root)
+    report = gc_elsewhere(root)
     assert report["removed"] == []
     assert [reason for _path, reason in report["kept"]] == [_HELD]
     fw.commit(files)

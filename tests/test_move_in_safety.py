@@ -1,4 +1,9 @@
-"""``FolderWrite.move_in`` on a local store never takes what is not the caller's to give:
+"""``FolderWrite.move_in`` and ``FolderWrite.adopt`` on a local store never take what is not the
+caller's to give:
+
+- ``adopt`` (a folder written inside the store's own folder) refuses the same folders as
+  ``move_in`` below, another writer's staging folder and a folder outside the store, and takes
+  a folder inside the store that is no artifact, or the write's own name (committed in place);
 
 - a ``src`` inside the store's own folder (a committed artifact's folder, the records), the
   root itself or a folder holding it, also reached through symlinks, is refused with
@@ -14,24 +19,21 @@ Every check of storage reads the raw files (``LocalBackdoor``)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import commitstore
 from commitstore import open_store
 from commitstore.errors import NameConflictError
 from commitstore.layout import STAGING_PREFIX
 from commitstore.testing import LocalBackdoor
 
-SRC = Path(commitstore.__file__).resolve().parent.parent
-_ENV = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
+from .helpers.gcelsewhere import ENV, gc_elsewhere, kept_reasons
+
 _HELD = "held by a live writer"
 
 
@@ -73,33 +75,49 @@ def _srcs(tmp_path: Path, root: Path) -> dict[str, Callable[[], Path]]:
     }
 
 
+_OF_THE_STORE = [
+    "artifact_folder",
+    "folder_holding_artifacts",
+    "records",
+    "meta",
+    "root",
+    "holds_root",
+    "symlink_to_artifact",
+    "through_symlinked_parent",
+    "relative",
+]
+
+
 @pytest.mark.parametrize(
-    "where",
+    ("method", "where"),
     [
-        "artifact_folder",
-        "folder_holding_artifacts",
-        "records",
-        "meta",
-        "root",
-        "holds_root",
-        "symlink_to_artifact",
-        "through_symlinked_parent",
-        "relative",
+        *(("move_in", where) for where in _OF_THE_STORE),
+        # adopt takes folders inside the store, but none of these either
+        *(("adopt", where) for where in (*_OF_THE_STORE, "staging_entry", "outside")),
     ],
 )
-def test_move_in_refuses_a_folder_of_the_store(tmp_path: Path, where: str) -> None:
+def test_a_write_never_takes_a_folder_of_the_store(tmp_path: Path, method: str, where: str) -> None:
     root = tmp_path / "s"
     door = _committed_store(root)
-    src = _srcs(tmp_path, root)[where]()
+    staging = root / f"{STAGING_PREFIX}x.y"  # another writer's staging folder
+    staging.mkdir()
+    (staging / "f").write_bytes(b"another writer's")
+    outside = tmp_path / "out"
+    outside.mkdir()
+    srcs: dict[str, Callable[[], Path]] = {
+        **_srcs(tmp_path, root),
+        "staging_entry": lambda: staging,
+        "outside": lambda: outside,
+    }
+    src = srcs[where]()
     store = open_store(root)
     fw = store.begin_folder("ckpt/step_2")
     before = _snapshot(door)
-    with pytest.raises(NameConflictError, match="store's own folder"):
-        fw.move_in(src)
+    with pytest.raises(NameConflictError, match="nothing was moved"):
+        getattr(fw, method)(src)
     assert src.exists()
     fw.abort()
-    after = _snapshot(door)
-    assert after == before
+    assert _snapshot(door) == before
     assert door.read("ckpt/step_1/model.bin") == b"weights" * 1000
     assert door.read("ckpt/step_1/sub/opt.bin") == b"opt"
     assert [r.status for r in store.verify().results] == ["ok", "ok"]
@@ -145,7 +163,7 @@ def _started(code: str, *args: str) -> subprocess.Popen[str]:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=_ENV,
+        env=ENV,
     )
 
 
@@ -166,21 +184,6 @@ def _killed(proc: subprocess.Popen[str]) -> None:
     for f in (proc.stdin, proc.stdout):
         if f is not None:
             f.close()
-
-
-def _gc_report_elsewhere(root: Path) -> dict[str, Any]:
-    """``gc(min_age=0)`` of the store at ``root`` in a separate process."""
-    code = (
-        "import json, commitstore; "
-        f"r = commitstore.open_store({str(root)!r}).gc(min_age=0); "
-        "print(json.dumps({'removed': sorted(i.path for i in r.removed), "
-        "'kept': sorted([i.path, i.reason] for i in r.kept)}))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_ENV
-    )
-    doc: dict[str, Any] = json.loads(out.stdout)
-    return doc
 
 
 def _staging(door: LocalBackdoor) -> list[str]:
@@ -206,9 +209,9 @@ def test_move_in_never_replaces_a_folder_a_joiner_holds(tmp_path: Path) -> None:
     finally:
         _killed(coordinator)
     part1 = joiner.write_bytes("part1", b"P1")
-    report = _gc_report_elsewhere(root)
+    report = gc_elsewhere(root)
     assert report["removed"] == []
-    assert [reason for _path, reason in report["kept"]] == [_HELD]
+    assert kept_reasons(report) == [_HELD]
     record = joiner.commit([part1])
     assert [f.path for f in record.files] == ["part1"]
     assert door.read("shared/part1") == b"P1"
@@ -236,7 +239,7 @@ def test_a_refused_move_in_keeps_the_coordinators_lock(tmp_path: Path) -> None:
         _killed(joiner)
     staging = [e for e in os.listdir(root) if e.startswith(STAGING_PREFIX)]  # empty: no files
     assert len(staging) == 1
-    report = _gc_report_elsewhere(root)
+    report = gc_elsewhere(root)
     assert report["removed"] == []
     assert report["kept"] == [[staging[0], _HELD]]
     rec = fw.write_bytes("part0", b"P0")
@@ -260,56 +263,14 @@ def test_move_in_after_the_joiner_left_moves(tmp_path: Path) -> None:
     (src / "part0").write_bytes(b"P0")
     files = fw.move_in(src)
     assert files is not None and not src.exists()
-    report = _gc_report_elsewhere(root)
+    report = gc_elsewhere(root)
     assert report["removed"] == []
-    assert [reason for _path, reason in report["kept"]] == [_HELD]
+    assert kept_reasons(report) == [_HELD]
     fw.commit(files)
     assert door.read("shared/part0") == b"P0"
 
 
 # -- adopt: a folder written inside the store's own folder ---------------------------------------
-@pytest.mark.parametrize(
-    "where",
-    [
-        "artifact_folder",
-        "folder_holding_artifacts",
-        "records",
-        "meta",
-        "root",
-        "holds_root",
-        "symlink_to_artifact",
-        "through_symlinked_parent",
-        "relative",
-        "staging_entry",
-        "outside",
-    ],
-)
-def test_adopt_refuses_what_is_not_its_own_to_take(tmp_path: Path, where: str) -> None:
-    root = tmp_path / "s"
-    door = _committed_store(root)
-    staging = root / f"{STAGING_PREFIX}x.y"
-    staging.mkdir()
-    (staging / "f").write_bytes(b"another writer's")
-    outside = tmp_path / "out"
-    outside.mkdir()
-    srcs: dict[str, Callable[[], Path]] = {
-        **_srcs(tmp_path, root),
-        "staging_entry": lambda: staging,
-        "outside": lambda: outside,
-    }
-    src = srcs[where]()
-    store = open_store(root)
-    fw = store.begin_folder("ckpt/step_2")
-    before = _snapshot(door)
-    with pytest.raises(NameConflictError, match="nothing was moved"):
-        fw.adopt(src)
-    assert src.exists()
-    fw.abort()
-    assert _snapshot(door) == before
-    assert door.read("ckpt/step_1/model.bin") == b"weights" * 1000
-    assert [r.status for r in store.verify().results] == ["ok", "ok"]
-
-
 def test_adopt_takes_a_folder_inside_the_store_that_is_no_artifact(tmp_path: Path) -> None:
     root = tmp_path / "s"
     door = _committed_store(root)

@@ -17,6 +17,10 @@ import pytest
 from commitstore import BackendUnavailableError, ConfigurationError, open_store
 from commitstore.testing import record_path
 
+from .helpers.within import within
+
+_BLOCKED = "the writer is still blocked on the publish lock"
+
 HOLDER = """
 import fcntl, os, signal, sys
 fd = os.open(sys.argv[1], os.O_RDWR)
@@ -35,25 +39,6 @@ def _stopped_holder(lock: Path) -> subprocess.Popen[str]:
     return proc
 
 
-def _within(seconds: float, call: object) -> BaseException | None:
-    """Run ``call`` in a thread; fail the test if it has not returned after ``seconds`` (a
-    writer that blocks on the lock forever), else return what it raised."""
-    out: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            call()  # type: ignore[operator]
-            out.append(None)
-        except BaseException as exc:
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), "the writer is still blocked on the publish lock"
-    return out[0]
-
-
 @pytest.mark.parametrize("strategy", ["local", "bridge"])
 def test_a_stopped_lock_holder_makes_writers_fail_typed_not_hang(
     tmp_path: Path, strategy: str
@@ -63,10 +48,10 @@ def test_a_stopped_lock_holder_makes_writers_fail_typed_not_hang(
     store.put_bytes("old.bin", b"old")
     holder = _stopped_holder(root / ".commitstore" / "lock")
     try:
-        err = _within(120, lambda: store.put_bytes("new.bin", b"new"))
+        err = within(120, lambda: store.put_bytes("new.bin", b"new"), _BLOCKED)
         assert isinstance(err, BackendUnavailableError), err
         assert "publish lock" in str(err) and "0.5 s" in str(err)
-        err = _within(120, lambda: store.put_bytes("old.bin", b"changed", overwrite=True))
+        err = within(120, lambda: store.put_bytes("old.bin", b"changed", overwrite=True), _BLOCKED)
         assert isinstance(err, BackendUnavailableError), err
         # nothing changed: the old artifact and its record are as they were, no new name
         assert (root / "old.bin").read_bytes() == b"old"
@@ -90,7 +75,7 @@ def test_the_default_deadline_waits_out_a_short_hold(tmp_path: Path) -> None:
     timer = threading.Timer(0.3, lambda: os.kill(holder.pid, signal.SIGKILL))
     timer.start()
     try:
-        assert _within(120, lambda: store.put_bytes("b.bin", b"b")) is None
+        assert within(120, lambda: store.put_bytes("b.bin", b"b"), _BLOCKED) is None
     finally:
         timer.join()
         holder.wait()
