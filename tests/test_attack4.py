@@ -41,7 +41,7 @@ from commitstore import (
     open_store,
 )
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target, record_path, xxh
-from commitstore.testing.crashmachine import _stop_at
+from commitstore.testing.crashwriter import stop_at
 
 from .helpers.s3servers import BUCKET, MotoServer
 
@@ -320,7 +320,7 @@ def test_a_delete_killed_after_its_record_step_leaves_nothing_claiming_to_be_who
     writer = open_store(root)
     _killed_at(
         lambda: writer.put_bytes("x", b"version 2", overwrite=True),
-        lambda stop: _stop_at("before-cleanup", writer, stop),
+        lambda stop: stop_at("before-cleanup", writer, stop),
     )
     door = LocalBackdoor(root)
     assert door.read(record_path("x")) is not None and door.read("x") == b"version 2"

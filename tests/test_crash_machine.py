@@ -470,7 +470,7 @@ def test_a_pending_record_is_not_replaced_while_it_is_what_verifies(
     record that makes the new data verify; a second writer of the same name, killed before its
     own data step, must not leave data that neither record nor pending record describes. The
     second commit makes the first one's pending record the record before writing its own."""
-    from commitstore.testing.crashmachine import crash_commit
+    from commitstore.testing.crashwriter import crash_commit
 
     t = factory(kind, request, tmp_path)()
     t.store.put_bytes("s_1", b"\x00")

@@ -22,7 +22,7 @@ import pytest
 from commitstore import ConfigurationError, NameConflictError, open_store
 from commitstore.cli import main as cli_main
 from commitstore.testing import LocalBackdoor, S3Backdoor, Target, record_path
-from commitstore.testing.crashmachine import FOLDER, Writer
+from commitstore.testing.crashwriter import FOLDER, Writer
 
 from .helpers.s3servers import BUCKET, MotoServer
 

@@ -21,7 +21,8 @@ import pytest
 
 from commitstore import open_store
 from commitstore.testing import GcsBackdoor, S3Backdoor, Target
-from commitstore.testing.crashmachine import FOLDER, Writer, folder_files, read_version
+from commitstore.testing.crashmachine import read_version
+from commitstore.testing.crashwriter import FOLDER, Writer, folder_files
 
 from .helpers.azurite import Azurite, azure_backdoor
 from .helpers.gcsserver import BUCKET as GCS_BUCKET

@@ -7,6 +7,11 @@ Invariants, after every step: every committed name verifies as one of its model 
 one the machine damaged); a name the model says is committed is listed; and after ``prune`` and
 ``gc``, when an artifact verified before the call, ``latest(level="full")`` is not None and is one
 of the model's versions. Runs on any :class:`Target` whose store a forked child can reopen.
+
+The writer processes and their stop points are ``crashwriter.py``'s, what a killed and resumed
+upload in parts needs of a backend ``crashuploads.py``'s. The rules stay on one class: they
+share one model of the versions each name may be, and call each other (a killed overwrite is a
+commit and a killed commit; a damage is followed by prune or scrub).
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -36,23 +40,34 @@ from hypothesis.stateful import (
 )
 
 from commitstore import CommitStore, NameConflictError, NotFoundError, open_store
-from commitstore import _commit as commit_module
 from commitstore.layout import resume_parts
 from commitstore.maintenance.scrub import scrub
 from commitstore.mirrors.sync import sync_mirrors
-from commitstore.testing.backdoor import LocalBackdoor, S3Backdoor
+from commitstore.testing.backdoor import LocalBackdoor
+from commitstore.testing.crashuploads import (
+    MiB,
+    count_chunk_bytes,
+    gcs_changed_at,
+    gcs_fresh,
+    gcs_kill_point,
+    resumes,
+    source_size,
+    wait_dead_uploads,
+)
+from commitstore.testing.crashwriter import (
+    FOLDER,
+    POINTS,
+    Version,
+    Writer,
+    crash_commit,
+    version_of,
+    write_version,
+)
 from commitstore.testing.pausing import HOWS, PausingWriter, Plan, is_typed, staged_state
 from commitstore.testing.target import Target, pending_paths, record_path, xxh
 
 FILES = ("s_1", "s_2", "d/s_3")
-FOLDER = "f/ckpt_4"
 DATA = st.binary(min_size=1, max_size=200)
-POINTS = ("writing", "before-pending", "before-data", "before-record", "before-cleanup", "mid-copy")
-"""Where a writer is killed: while its bytes are staged; before its pending record is written;
-after its pending record, before its data is published; after its data is published, before its
-record; after its record, before the pending record is dropped (where the record is the pending
-record renamed onto it: right after that rename and its sync); during the copies of an
-object-store folder replace (other commits finish there)."""
 UNPUBLISHED = ("writing", "before-pending", "before-data")
 """Points where nothing of the new version is published yet: the model stands."""
 FIRST = ("before-record", "before-data", "before-cleanup", "before-pending", "writing", "mid-copy")
@@ -64,233 +79,8 @@ THEN = ("kill-both", "first-finishes", "second-finishes")
 """What follows once both writers stopped: both SIGKILLed, or one resumed to the end of its
 commit and the other SIGKILLed."""
 
-Version = bytes | tuple[tuple[str, bytes], ...] | None
-"""A file's bytes, a folder's (path, bytes) pairs, or None: not committed."""
-
-
-def folder_files(data: bytes) -> tuple[tuple[str, bytes], ...]:
-    """The folder version the machine commits for ``data``."""
-    return (("a.bin", data), ("sub/b.bin", data[::-1] + b"!"))
-
-
-def version_of(name: str, data: bytes) -> Version:
-    return folder_files(data) if name == FOLDER else data
-
-
 PARENT = "d"
 """The folder path of ``d/s_3``, never an artifact itself (rule ``parent_path``)."""
-
-
-def _write(store: CommitStore, name: str, data: bytes) -> None:
-    if name != FOLDER:
-        store.put_bytes(name, data, overwrite=True)
-        return
-    with store.stage_dir(name, overwrite=True) as d:
-        for rel, body in folder_files(data):
-            (d / rel).parent.mkdir(parents=True, exist_ok=True)
-            (d / rel).write_bytes(body)
-
-
-def _stop_at(point: str, store: CommitStore, signal_parent: Callable[[], None]) -> None:
-    """In the child: make the commit stop for good (until SIGKILL) at ``point``."""
-    backend: Any = store._committer.backend
-    pending_written = [False]
-    put_small = commit_module.put_small
-
-    def counted_put(*args: Any, **kw: Any) -> Any:
-        # the commit's own pending record, then its record (a record written before the pending
-        # one, promoting an earlier commit's pending record, is not a stop point)
-        parts = args[1] if len(args) > 1 else kw["parts"]
-        is_pending = ".commitstore.new." in "/".join(parts)
-        if (point == "before-pending" and is_pending) or (
-            point == "before-record" and not is_pending and pending_written[0]
-        ):
-            signal_parent()
-        pending_written[0] = pending_written[0] or is_pending
-        return put_small(*args, **kw)
-
-    commit_module.put_small = counted_put  # in the child only
-    put_pending = backend.put_pending  # where the pending record is written in place
-
-    def counted_pending(parts: tuple[str, ...], body: bytes) -> Any:
-        if point == "before-pending":
-            signal_parent()
-        got = put_pending(parts, body)
-        pending_written[0] = pending_written[0] or got is not None
-        return got
-
-    backend.put_pending = counted_pending
-    if point in ("before-record", "before-cleanup"):
-        # where the record is the pending record renamed onto it (local disks): before that
-        # rename, or once it is done (nothing is left to clean up after it)
-        publish_from = backend.publish_small_from
-
-        def stopping_publish(src: tuple[str, ...], dst: tuple[str, ...], **kw: Any) -> Any:
-            if point == "before-record" and pending_written[0]:
-                signal_parent()
-            got = publish_from(src, dst, **kw)
-            if point == "before-cleanup" and got is not None:
-                signal_parent()
-            return got
-
-        backend.publish_small_from = stopping_publish
-    if point == "before-cleanup":
-        remove = backend.remove_leftover  # how a commit drops its pending record
-
-        def stopping_remove(parts: tuple[str, ...]) -> bool:
-            if ".commitstore.new." in "/".join(parts):
-                signal_parent()
-            return bool(remove(parts))
-
-        backend.remove_leftover = stopping_remove
-    if point == "before-data":
-        commit = commit_module.Committer.commit
-
-        def stopping_commit(self: Any, parts: Any, mode: Any, publish_data: Any, **kw: Any) -> Any:
-            def stopped() -> Any:
-                signal_parent()
-                return publish_data()
-
-            return commit(self, parts, mode, stopped, **kw)
-
-        commit_module.Committer.commit = stopping_commit  # type: ignore[method-assign]
-    if point == "mid-upload":
-        # a put_file sent in parts: once the first part the writer waits for has landed
-        from commitstore.backends.object.upload import ObjectFileSink
-
-        reap = ObjectFileSink._reap
-
-        def stopping_reap(self: Any) -> None:
-            reap(self)
-            signal_parent()
-
-        ObjectFileSink._reap = stopping_reap  # type: ignore[method-assign]
-    if point.startswith(("gcs-acked:", "gcs-in-flight:")):
-        _stop_gcs(point, backend, signal_parent)
-    if point == "mid-copy" and hasattr(backend, "server_copy"):
-        copy = backend.server_copy
-
-        def stopping_copy(*args: Any, **kw: Any) -> Any:
-            got = copy(*args, **kw)
-            signal_parent()
-            return got
-
-        backend.server_copy = stopping_copy
-
-
-def _stop_gcs(point: str, backend: Any, signal_parent: Callable[[], None]) -> None:
-    """In the child, a GCS ``put_file`` in chunks: ``gcs-acked:N`` stops right after the
-    resume state was written saying N chunks were acknowledged and none is in flight;
-    ``gcs-in-flight:N`` right after chunk request N was answered, before anything else (the
-    state still lists chunk N as in flight)."""
-    what, _, at = point.partition(":")
-    n = int(at)
-    if what == "gcs-acked":
-        upload_small = backend.upload_small
-
-        def uploading(parts: Any, key: str, data: bytes, *, create_only: bool) -> Any:
-            got = upload_small(parts, key, data, create_only=create_only)
-            if tuple(parts[:2]) == (".commitstore", "resume"):
-                state = json.loads(data)
-                acked = state["gcs"]["sent"] // state["part_size"]
-                if acked == len(state["gcs"]["crc32c"]) == n:
-                    signal_parent()
-            return got
-
-        backend.upload_small = uploading
-        return
-    call, chunks = backend.call, [0]
-
-    def calling(what_: str, parts: Any, method: str, path: str, *a: Any, **kw: Any) -> Any:
-        crange = str((kw.get("headers") or {}).get("Content-Range", ""))
-        got = call(what_, parts, method, path, *a, **kw)
-        if method == "POST" and crange.startswith("bytes ") and not crange.startswith("bytes */"):
-            chunks[0] += 1
-            if chunks[0] == n:
-                signal_parent()
-        return got
-
-    backend.call = calling
-
-
-class Writer:
-    """A forked writer that opens the store anew and commits ``data`` as ``name``, stopping
-    once at ``point`` (``"finish"``: nowhere) until it is resumed or SIGKILLed. After
-    construction :attr:`state` is ``"stopped"`` (at ``point``), ``"done"`` (committed: no such
-    point on its way) or ``"failed"``. With ``source`` (a local file), it ``put_file``s that
-    file instead of ``data``."""
-
-    def __init__(
-        self, target: Target, name: str, data: bytes, point: str, source: Path | None = None
-    ) -> None:
-        self.point = point
-        ready_r, ready_w = os.pipe()
-        go_r, go_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            try:
-                os.close(ready_r)
-                os.close(go_w)
-                stopped = [False]
-
-                def signal_parent() -> None:
-                    if stopped[0]:  # once: a rewrite of its record later is no stop point
-                        return
-                    stopped[0] = True
-                    os.write(ready_w, b"k")
-                    if os.read(go_r, 1) != b"c":
-                        time.sleep(600)  # until SIGKILL
-
-                store = target.reopen()
-                if point == "writing":
-                    st_ = store.stage(name, overwrite=True)
-                    st_.write(data[: len(data) // 2 + 1])
-                    signal_parent()
-                _stop_at(point, store, signal_parent)
-                if source is not None:
-                    store.put_file(name, source, overwrite=True)
-                else:
-                    _write(store, name, data)
-                os.write(ready_w, b"d")
-            except BaseException:
-                os.write(ready_w, b"e")
-            finally:
-                os._exit(0)
-        os.close(ready_w)
-        os.close(go_r)
-        self.pid, self._ready, self._go = pid, ready_r, go_w
-        self.state = self._next()
-
-    def _next(self) -> str:
-        got = os.read(self._ready, 1)
-        return {b"k": "stopped", b"d": "done"}.get(got, "failed")
-
-    def resume(self) -> str:
-        """Let a stopped writer finish its commit; ``"done"`` or ``"failed"``."""
-        assert self.state == "stopped", self.state
-        os.write(self._go, b"c")
-        self.state = self._next()
-        return self.state
-
-    def kill(self) -> None:
-        """SIGKILL the writer (a finished one is only reaped)."""
-        if not self.pid:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
-        os.close(self._ready)
-        os.close(self._go)
-        self.pid = 0
-
-
-def crash_commit(target: Target, name: str, data: bytes, point: str) -> bool:
-    """Fork a writer that opens the store anew and commits ``data`` as ``name``; SIGKILL it at
-    ``point``. True if it was killed there, False if it finished first (no such point)."""
-    writer = Writer(target, name, data, point)
-    writer.kill()
-    assert writer.state != "failed", f"the writer failed before {point}"
-    return writer.state == "stopped"
 
 
 @contextmanager
@@ -344,86 +134,6 @@ OPT_IN = ("killed_put_file", "resume_put_file")
 """Rules drawn only when asked for (``put_files=True``, or named in ``only``): each sends a
 source of a few parts (megabytes), so the default run and its derandomized examples stay as
 they were."""
-
-MiB = 1024 * 1024
-
-
-def source_size(backend: Any) -> int:
-    """The size of the source rule ``killed_put_file`` sends: three parts (the last one MiB) on
-    a store that sends a file of that size in parts; on GCS, its first and last MiB (the
-    source's identity hashes them) with four and a half chunks between; else 2 MiB."""
-    if getattr(backend, "resumes_uploads", False):
-        return 2 * MiB + 4 * int(backend.chunk_size) + int(backend.chunk_size) // 2
-    part = getattr(backend, "part_size", None)
-    if not isinstance(part, int):
-        return 2 * MiB
-    return 2 * part + MiB
-
-
-def wait_dead_uploads(t: Target, name: str) -> None:
-    """On S3: wait until the unfinished uploads of ``name`` (a killed writer's) look dead to a
-    resuming writer, which never joins a live one (``s3/upload.STALE_BEATS`` heartbeats of
-    the store plus its mtime resolution, by the backdoor's reading of the server's times).
-    Elsewhere: nothing."""
-    door = t.door
-    if not isinstance(door, S3Backdoor):
-        return
-    from commitstore.backends.object.s3.upload import STALE_BEATS
-
-    backend: Any = t.store._committer.backend
-    limit = STALE_BEATS * float(backend.heartbeat) + float(backend.mtime_resolution)
-    door.wait_dead(f"{door.prefix}/{name}" if door.prefix else name, limit)
-
-
-def resumes(backend: Any, size: int) -> bool:
-    """A ``put_file`` of ``size`` bytes on ``backend`` is sent in parts a later attempt may
-    resume (S3: ``reread_bodies``, GCS: ``resumes_uploads``; above ``whole_max``)."""
-    return bool(
-        getattr(backend, "reread_bodies", False) or getattr(backend, "resumes_uploads", False)
-    ) and size > int(backend.whole_max)
-
-
-def gcs_kill_point(seed: int, chunk: int) -> str:
-    """Where rule ``killed_put_file`` stops a GCS writer of chunks of ``chunk`` bytes, drawn
-    from its ``seed``: once the resume state says the chunks up to the first or second past
-    the source's first MiB (:func:`gcs_changed_at` is in the first of them) were acknowledged
-    (none in flight), or (one seed in three) right after the answer to that chunk came, the
-    state still listing it in flight (fake-gcs-server cannot be asked what it holds: a resume
-    starts over)."""
-    n = MiB // chunk + 1 + seed % 2
-    return f"gcs-in-flight:{n}" if (seed // 2) % 3 == 0 else f"gcs-acked:{n}"
-
-
-def count_chunk_bytes(store: CommitStore) -> list[int]:
-    """On a GCS store: count the bytes its chunk requests send (a resumed upload's, by the
-    request it makes, not by what it says it reused) in the list returned, from now on."""
-    backend: Any = store._committer.backend
-    sent = [0]
-    if not getattr(backend, "resumes_uploads", False):
-        return sent
-    call = backend.call
-
-    def calling(what: str, parts: Any, method: str, path: str, *a: Any, **kw: Any) -> Any:
-        headers = kw.get("headers") or {}
-        if method == "POST" and str(headers.get("Content-Range", "")).startswith("bytes "):
-            sent[0] += int(headers.get("Content-Length", 0))
-        return call(what, parts, method, path, *a, **kw)
-
-    backend.call = calling
-    return sent
-
-
-def gcs_changed_at(chunk: int) -> int:
-    """Where rule ``killed_put_file`` rewrites a GCS source (``change``): in the middle of the
-    first chunk past its first MiB (outside the MiB its identity hashes at either end)."""
-    return MiB + chunk // 2
-
-
-def gcs_fresh(seed: int) -> bool:
-    """Whether rule ``killed_put_file`` on GCS sends its source to a name with nothing
-    committed (deleted first: the state's word is resumed on fake-gcs-server only when no
-    object stands under the name) rather than over an old version (which starts over)."""
-    return (seed // 6) % 3 != 0
 
 
 def _not_a_rule(method: Callable[..., None]) -> Callable[..., None]:
@@ -740,7 +450,7 @@ def run_crash_machine(
 
         @rule(name=names, data=DATA)
         def commit(self, name: str, data: bytes) -> None:
-            _write(self.store, name, data)
+            write_version(self.store, name, data)
             self.model[name] = {version_of(name, data)}
             self.damaged.discard(name)
 
