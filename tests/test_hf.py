@@ -19,7 +19,13 @@ import torch
 import transformers
 
 import commitstore.torch as cs_torch
-from commitstore import AlreadyExistsError, ConfigurationError, NameConflictError, open_store
+from commitstore import (
+    AlreadyExistsError,
+    ConfigurationError,
+    FolderWrite,
+    NameConflictError,
+    open_store,
+)
 from commitstore.hf import CommitStoreCallback, commit_folder, latest_checkpoint
 from commitstore.testing import LocalBackdoor
 
@@ -230,7 +236,7 @@ def test_commit_folder_never_moves_another_committed_artifact(tmp_path: Path) ->
     door = _committed_store_for_hf(root)
     before = _snapshot(door)
     store = open_store(root)
-    with pytest.raises(NameConflictError, match="committed artifact 'ckpt/step_1'"):
+    with pytest.raises(NameConflictError, match="artifact 'ckpt/step_1'"):
         commit_folder(store, root / "ckpt" / "step_1", "stolen")
     assert _snapshot(door) == before
     assert [r.status for r in store.verify(level="full").results] == ["ok", "ok"]
@@ -246,3 +252,55 @@ def _committed_store_for_hf(root: Path) -> LocalBackdoor:
 
 def _snapshot(door: LocalBackdoor) -> dict[str, bytes | None]:
     return {f: door.read(f) for f in door.files()}
+
+
+def test_commit_folder_in_place_over_a_committed_folder_copies_and_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """The Trainer wrote into a committed folder again (output_dir is the store's root): the
+    folder is copied into a new commit, never moved away from its record, and stays."""
+    root = tmp_path / "s"
+    store = open_store(root)
+    with store.stage_dir("checkpoint-2") as d:
+        (d / "w.bin").write_bytes(b"old")
+    (root / "checkpoint-2" / "w.bin").write_bytes(b"new!")  # the Trainer saves step 2 again
+    rec = commit_folder(store, root / "checkpoint-2", "checkpoint-2", step=2, overwrite=True)
+    assert rec.size == 4
+    assert (root / "checkpoint-2" / "w.bin").read_bytes() == b"new!"
+    assert store.verify(level="full").ok
+
+
+def test_commit_folder_in_place_keeps_the_commit_when_the_rename_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the one rename is not possible (another process holds the staging folder's
+    creation lock), the in-place folder is copied into the commit and never removed after it:
+    it is the committed folder."""
+    root = tmp_path / "s"
+    store = open_store(root)
+    (root / "checkpoint-4").mkdir(parents=True)
+    (root / "checkpoint-4" / "w.bin").write_bytes(b"w" * 10)
+    monkeypatch.setattr(FolderWrite, "_move_in", lambda self, src: None)
+    rec = commit_folder(store, root / "checkpoint-4", "checkpoint-4", step=4)
+    assert rec.size == 10
+    assert (root / "checkpoint-4" / "w.bin").read_bytes() == b"w" * 10
+    assert store.verify(level="full").ok
+
+
+def test_output_dir_inside_the_store_must_be_the_folder_of_the_names(tmp_path: Path) -> None:
+    """With ``prefix="run1/"`` the Trainer's folders must be ``<root>/run1/checkpoint-N``: an
+    output_dir at the root would write into (and set aside) other artifacts' folders."""
+    root = tmp_path / "store"
+    store = open_store(str(root))
+    store.put_bytes("checkpoint-2/keep.bin", b"another run's")
+    with pytest.raises(ConfigurationError, match="not the folder of the names"):
+        _trainer(root, store, 4, _Seen(), prefix="run1/").train()
+    assert store.read_bytes("checkpoint-2/keep.bin") == b"another run's"
+    seen = _Seen()
+    _trainer(root / "run1", store, 4, seen, prefix="run1/").train()
+    assert sorted(r.name for r in store.list()) == [
+        "checkpoint-2/keep.bin",
+        "run1/checkpoint-2",
+        "run1/checkpoint-4",
+    ]
+    assert store.verify(level="full").ok

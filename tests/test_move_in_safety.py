@@ -37,6 +37,27 @@ from .helpers.gcelsewhere import ENV, gc_elsewhere, kept_reasons
 _HELD = "held by a live writer"
 
 
+def _folder(path: Path) -> Path:
+    """A folder another tool wrote (one file in it)."""
+    path.mkdir(parents=True)
+    (path / "w.bin").write_bytes(b"w")
+    return path
+
+
+def _linked(link: Path, to: Path) -> Path:
+    link.symlink_to(to)
+    return link
+
+
+def _pending_below(root: Path) -> Path:
+    """A folder below which a commit is in progress: its pending record is there, no record."""
+    src = _folder(root / "incoming")
+    records = root / ".commitstore" / "records" / "incoming"
+    records.mkdir(parents=True)
+    (records / ".commitstore.new.x.json").write_bytes(b"{}")
+    return src
+
+
 def _snapshot(door: LocalBackdoor) -> dict[str, bytes | None]:
     return {f: door.read(f) for f in door.files()}
 
@@ -62,6 +83,12 @@ def _srcs(tmp_path: Path, root: Path) -> dict[str, Callable[[], Path]]:
         link.symlink_to(root / "ckpt")
         return link / "step_1"
 
+    def via_dotdot() -> Path:
+        """``lnk/..`` is the store's root to the kernel (symlink first), ``tmp_path`` as text."""
+        link = tmp_path / "lnk"
+        link.symlink_to(root / "ckpt")
+        return link / ".." / "ckpt" / "step_1"
+
     return {
         "artifact_folder": lambda: root / "ckpt" / "step_1",
         "folder_holding_artifacts": lambda: root / "ckpt",
@@ -72,6 +99,7 @@ def _srcs(tmp_path: Path, root: Path) -> dict[str, Callable[[], Path]]:
         "symlink_to_artifact": via_symlink,
         "through_symlinked_parent": via_symlinked_parent,
         "relative": lambda: Path(os.path.relpath(root / "ckpt" / "step_1")),
+        "dotdot_after_symlink": via_dotdot,
     }
 
 
@@ -85,6 +113,19 @@ _OF_THE_STORE = [
     "symlink_to_artifact",
     "through_symlinked_parent",
     "relative",
+    "dotdot_after_symlink",
+]
+
+_ADOPT_ONLY = [
+    "staging_entry",
+    "outside",
+    "inside_artifact",
+    "holding_own_path",
+    "own_committed",
+    "pending_commit_below",
+    "staging_below",
+    "case_folded_meta",
+    "symlink_inside",
 ]
 
 
@@ -93,7 +134,7 @@ _OF_THE_STORE = [
     [
         *(("move_in", where) for where in _OF_THE_STORE),
         # adopt takes folders inside the store, but none of these either
-        *(("adopt", where) for where in (*_OF_THE_STORE, "staging_entry", "outside")),
+        *(("adopt", where) for where in (*_OF_THE_STORE, *_ADOPT_ONLY)),
     ],
 )
 def test_a_write_never_takes_a_folder_of_the_store(tmp_path: Path, method: str, where: str) -> None:
@@ -108,10 +149,18 @@ def test_a_write_never_takes_a_folder_of_the_store(tmp_path: Path, method: str, 
         **_srcs(tmp_path, root),
         "staging_entry": lambda: staging,
         "outside": lambda: outside,
+        "inside_artifact": lambda: root / "ckpt" / "step_1" / "sub",
+        "holding_own_path": lambda: _folder(root / "run1"),
+        "own_committed": lambda: root / "ckpt" / "step_1",
+        "pending_commit_below": lambda: _pending_below(root),
+        "staging_below": lambda: _folder(root / "incoming" / f"{STAGING_PREFIX}a.b"),
+        "case_folded_meta": lambda: _folder(root / ".COMMITSTORE"),
+        "symlink_inside": lambda: _linked(root / "lnk_in", outside),
     }
     src = srcs[where]()
     store = open_store(root)
-    fw = store.begin_folder("ckpt/step_2")
+    own = {"holding_own_path": "run1/final", "own_committed": "ckpt/step_1"}.get(where)
+    fw = store.begin_folder(own or "ckpt/step_2", overwrite=own is not None)
     before = _snapshot(door)
     with pytest.raises(NameConflictError, match="nothing was moved"):
         getattr(fw, method)(src)
@@ -120,7 +169,8 @@ def test_a_write_never_takes_a_folder_of_the_store(tmp_path: Path, method: str, 
     assert _snapshot(door) == before
     assert door.read("ckpt/step_1/model.bin") == b"weights" * 1000
     assert door.read("ckpt/step_1/sub/opt.bin") == b"opt"
-    assert [r.status for r in store.verify().results] == ["ok", "ok"]
+    statuses = {r.name: r.status for r in store.verify().results}
+    assert (statuses["ckpt/step_1"], statuses["other.pt"]) == ("ok", "ok"), statuses
 
 
 def test_move_in_of_a_folder_beside_the_store_still_moves(tmp_path: Path) -> None:
@@ -274,8 +324,8 @@ def test_move_in_after_the_joiner_left_moves(tmp_path: Path) -> None:
 def test_adopt_takes_a_folder_inside_the_store_that_is_no_artifact(tmp_path: Path) -> None:
     root = tmp_path / "s"
     door = _committed_store(root)
-    src = root / ".commitstore-pending.checkpoint-4.ab12"  # the hf callback's hidden name
-    src.mkdir()
+    src = root / "incoming" / "run"  # written there by another tool; no artifact
+    src.mkdir(parents=True)
     (src / "w.bin").write_bytes(b"w" * 10)
     store = open_store(root)
     fw = store.begin_folder("ckpt/step_2")
@@ -287,15 +337,19 @@ def test_adopt_takes_a_folder_inside_the_store_that_is_no_artifact(tmp_path: Pat
     assert [r.status for r in store.verify(level="full").results] == ["ok", "ok", "ok"]
 
 
-def test_adopt_commits_the_writes_own_name_in_place(tmp_path: Path) -> None:
+def test_adopt_commits_the_writes_own_uncommitted_path_in_place(tmp_path: Path) -> None:
+    """A folder another tool wrote at the write's own path (nothing committed there) is
+    renamed into the staging area and committed back under the name."""
     root = tmp_path / "s"
     door = _committed_store(root)
-    (root / "ckpt" / "step_1" / "model.bin").write_bytes(b"newer" * 10)  # rewritten in place
+    (root / "ckpt" / "step_9").mkdir()
+    (root / "ckpt" / "step_9" / "model.bin").write_bytes(b"newer" * 10)
     store = open_store(root)
-    fw = store.begin_folder("ckpt/step_1", overwrite=True)
-    files = fw.adopt(root / "ckpt" / "step_1")
+    fw = store.begin_folder("ckpt/step_9", overwrite=True)  # data there without a record
+    files = fw.adopt(root / "ckpt" / "step_9")
     assert files is not None
     record = fw.commit(files)
-    assert door.read("ckpt/step_1/model.bin") == b"newer" * 10
-    assert record.size == 50 + 3
-    assert [r.status for r in store.verify(level="full").results] == ["ok", "ok"]
+    assert door.read("ckpt/step_9/model.bin") == b"newer" * 10
+    assert record.size == 50
+    assert door.read("ckpt/step_1/model.bin") == b"weights" * 1000
+    assert [r.status for r in store.verify(level="full").results] == ["ok", "ok", "ok"]

@@ -48,6 +48,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ try:
 except ModuleNotFoundError as _exc:
     raise missing_extra("hf", "hf", _exc) from _exc
 
-from commitstore.errors import CommitStoreError, ConfigurationError
+from commitstore.errors import CommitStoreError, ConfigurationError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import Record
 from commitstore.store import CommitStore
@@ -86,9 +87,11 @@ def _store_path(store: CommitStore, name: str) -> Path | None:
 
 
 def _inside(store: CommitStore, src: Path) -> bool:
-    """Whether ``src`` (symlinks resolved) lies inside the store's own (local) folder."""
+    """Whether the entry ``src`` names (its folder's symlinks resolved, not its own) lies
+    inside the store's own (local) folder."""
     root = store.local_path()
-    return root is not None and root.resolve() in src.resolve().parents
+    entry = src.absolute().parent.resolve() / src.name
+    return root is not None and root.resolve() in entry.parents
 
 
 def commit_folder(
@@ -105,46 +108,84 @@ def commit_folder(
 
     Same filesystem as a local store: ``src`` is renamed into the staging area and committed
     (no copy; ``src`` is gone afterwards). A ``src`` that already is the artifact's own path
-    (the Trainer writing straight into the store's root) is replaced by itself: committed in
-    place; another folder inside the store's root is adopted when it is no artifact
-    (``FolderWrite.adopt``; a committed artifact's folder, or one holding it, raises
-    NameConflictError, nothing moved). Otherwise the files are copied through ``stage_dir``
-    and ``src`` is removed after the commit unless ``keep_local``. A failure publishes nothing
-    and leaves ``src`` where it was.
+    (the Trainer writing straight into the store's root) is committed in place: renamed into
+    the staging area and back when nothing is committed under the name, copied (the folder
+    left where it is) when the Trainer wrote into a committed one again. Another folder inside
+    the store is adopted only when it is no artifact and holds none (``FolderWrite.adopt``:
+    NameConflictError otherwise, nothing moved). Elsewhere the files are copied through
+    ``stage_dir`` and ``src`` is removed after the commit unless ``keep_local`` (never when
+    committed in place). A failure publishes nothing and leaves ``src`` where it was.
     """
     src = Path(src)
     if not src.is_dir():
         raise ConfigurationError(f"{src} is not a folder")
     own = _store_path(store, name)
-    if own is not None:  # a local store: try one rename into its staging area
-        in_place = own.exists() and own.samefile(src)
-        folder = store.begin_folder(
-            name, step=step, metadata=metadata, overwrite=overwrite or in_place
+    in_place = own is not None and own.exists() and own.samefile(src)
+    if own is not None and not (in_place and _committed(store, name)):
+        # a local store: one rename into its staging area (a committed folder under the
+        # name that the Trainer wrote into again is copied instead: moving it would leave its
+        # record without data until the commit)
+        files = _moved_in(
+            store, src, name, step=step, metadata=metadata, overwrite=overwrite or in_place
         )
+        if isinstance(files, Record):
+            return files
+    got: list[Record] = []
+    with store.stage_dir(
+        name, step=step, metadata=metadata, overwrite=overwrite or in_place, records=got
+    ) as out:
+        shutil.copytree(src, out, dirs_exist_ok=True)
+    record = got[0]
+    if not keep_local and not in_place:  # in place, src is the committed folder now
+        shutil.rmtree(src, ignore_errors=True)
+    return record
+
+
+def _committed(store: CommitStore, name: str) -> bool:
+    """Whether ``name`` has a record (an unreadable one counts: nothing is moved over it)."""
+    try:
+        store.record(name)
+    except NotFoundError:
+        return False
+    except CommitStoreError:
+        return True
+    return True
+
+
+def _moved_in(
+    store: CommitStore,
+    src: Path,
+    name: str,
+    *,
+    step: int | None,
+    metadata: Mapping[str, Any] | None,
+    overwrite: bool,
+) -> Record | None:
+    """:func:`commit_folder` by one rename of ``src`` into the staging area: the record, or
+    None (nothing changed) where the rename is not possible; ``FolderWrite.adopt`` for a
+    ``src`` inside the store (its refusals raised), ``move_in`` otherwise."""
+    inside = _inside(store, src)
+    for attempt in range(3 if inside else 1):  # gc claiming an entry beside it is brief
+        if attempt:
+            time.sleep(0.05 * attempt)
+        folder = store.begin_folder(name, step=step, metadata=metadata, overwrite=overwrite)
         try:
-            # a Trainer writing into the store's root: adopt (its own name or no artifact)
-            files = folder.adopt(src) if _inside(store, src) else folder.move_in(src)
+            files = folder.adopt(src) if inside else folder.move_in(src)
         except BaseException:
             folder.abort()
             raise
         if files is not None:
-            try:
-                return folder.commit(files)
-            except BaseException:
-                area = folder.local_area()
-                if area is not None and area.exists() and not src.exists():
-                    area.rename(src)  # back where the Trainer put it
-                raise
+            break
         folder.abort()
-    got: list[Record] = []
-    with store.stage_dir(
-        name, step=step, metadata=metadata, overwrite=overwrite, records=got
-    ) as out:
-        shutil.copytree(src, out, dirs_exist_ok=True)
-    record = got[0]
-    if not keep_local:
-        shutil.rmtree(src, ignore_errors=True)
-    return record
+    else:
+        return None
+    try:
+        return folder.commit(files)
+    except BaseException:
+        area = folder.local_area()
+        if area is not None and area.exists() and not src.exists():
+            area.rename(src)  # back where the Trainer put it
+        raise
 
 
 class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
@@ -207,8 +248,28 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
         root, out = local_root.resolve(), Path(output_dir).resolve()
         return out == root or root in out.parents
 
+    def _check_output_dir(self, args: Any) -> None:
+        """``output_dir`` inside the store must be the folder of this callback's names (the
+        store's root without a prefix, ``<root>/run1`` with ``prefix="run1/"``): the Trainer
+        then writes each ``checkpoint-N`` at the path of ``<prefix>checkpoint-N`` itself,
+        committed in place. Anywhere else inside the store its folders could be, hold or lie in
+        other artifacts. ConfigurationError before the Trainer trains."""
+        if not self._writes_into_store(args):
+            return
+        own = self.store.local_path(f"{self.prefix}checkpoint-0")
+        out = Path(args.output_dir).resolve()
+        if own is None or own.parent.resolve() != out:
+            raise ConfigurationError(
+                f"output_dir {args.output_dir} is inside the store "
+                f"({self.store.local_path()}) but is not the folder of the names "
+                f"{self.prefix}checkpoint-N ({None if own is None else own.parent}): its "
+                "checkpoint folders could be or hold other committed artifacts. Use that "
+                "folder, or an output_dir outside the store"
+            )
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._take_limit(args)
+        self._check_output_dir(args)
         if getattr(state, "is_world_process_zero", True):
             self._recover(Path(args.output_dir))
         if getattr(args, "save_total_limit", None) is not None and self._writes_into_store(args):
