@@ -90,13 +90,16 @@ def parts_landed(t: Target) -> int:
     return door(t).parts_uploaded(str(ups[0]["Key"]), str(ups[0]["UploadId"])) if ups else 0
 
 
-def kill_mid_upload(server: S3Server, t: Target, src: Path) -> dict[str, Any]:
-    """Run a ``put_file`` writer of ``src`` as ``NAME`` through a slowed proxy, one part at a
-    time; once ``LANDED`` parts are on the server the proxy stops forwarding and the writer is
-    SIGKILLed. Returns the unfinished upload (nothing was published)."""
+def kill_mid_upload(
+    server: S3Server, t: Target, src: Path, *, heartbeat: float = HEARTBEAT, wait: bool = True
+) -> dict[str, Any]:
+    """Run a ``put_file`` writer of ``src`` as ``NAME`` (beating every ``heartbeat`` s) through
+    a slowed proxy, one part at a time; once ``LANDED`` parts are on the server the proxy stops
+    forwarding and the writer is SIGKILLed (and reaped). Returns the unfinished upload (nothing
+    was published), once it looks dead by its age when ``wait``, at once otherwise."""
     slow = FaultProxy(server.port)
     slow.set(delay=0.005, faulty=None)
-    options = {**SMALL, "max_inflight": 1}
+    options = {**SMALL, "max_inflight": 1, "heartbeat": heartbeat}
     env = {
         **server.env(),
         "AWS_ENDPOINT_URL": slow.endpoint,
@@ -118,7 +121,8 @@ def kill_mid_upload(server: S3Server, t: Target, src: Path) -> dict[str, Any]:
     (up,) = uploads(t)
     assert door(t).parts_uploaded(str(up["Key"]), str(up["UploadId"])) < PARTS
     assert len(states(t)) == 1
-    wait_dead(t, up)
+    if wait:
+        wait_dead(t, up)
     return up
 
 
@@ -134,13 +138,14 @@ def put_counted(
     src: Path,
     *,
     keep: Sequence[dict[str, Any]] = (),
+    heartbeat: float = HEARTBEAT,
 ) -> int:
     """``put_file`` of ``src`` as ``NAME`` in this process, through a proxy that counts the
     bytes sent; returns them. The commit is byte-identical to ``src`` and verifies in full; the
     uploads ``keep`` (none by default) are the only ones left pending, and no state is left."""
     proxy = FaultProxy(server.port)
     try:
-        opts = {**server.options(), **SMALL}
+        opts = {**server.options(), **SMALL, "heartbeat": heartbeat}
         store = open_store(t.store.url, **{**opts, "endpoint_url": proxy.endpoint})
         record = store.put_file(NAME, src, overwrite=True)
         assert record.size == SIZE
@@ -168,6 +173,21 @@ def test_resume_sends_only_the_missing_parts(s3: tuple[S3Server, Target], source
     state = json.loads(door(t).read(states(t)[0]) or b"")
     assert state["key"].endswith(NAME) and state["part_size"] == PART
     sent = put_counted(server, t, source)
+    assert sent <= SIZE // 4 + OVERHEAD, f"{sent} bytes sent to resume"
+
+
+def test_a_restart_on_the_same_machine_resumes_at_once(
+    s3: tuple[S3Server, Target], source: Path
+) -> None:
+    """Writers beating every 60 s: by age alone the killed writer's upload would look live for
+    3 minutes and a writer restarted at once would start over. Its marker states its process,
+    which is gone (killed and reaped), so the restarted writer resumes right away: it sends
+    about the one missing part, and the killed writer's upload is not left behind."""
+    server, t = s3
+    up = kill_mid_upload(server, t, source, heartbeat=60.0, wait=False)
+    marker = json.loads(door(t).read("/".join(upload_marker(str(up["UploadId"])))) or b"")
+    assert marker["writer"]["pid"] != os.getpid()
+    sent = put_counted(server, t, source, heartbeat=60.0)
     assert sent <= SIZE // 4 + OVERHEAD, f"{sent} bytes sent to resume"
 
 

@@ -34,6 +34,7 @@ from commitstore.backends.base import Rereadable
 from commitstore.backends.object.bodies import Body, SourceWindow
 from commitstore.backends.object.resume import KeepsState, ResumeState, StateFile
 from commitstore.backends.object.upload import Upload, Written
+from commitstore.backends.object.writerid import known_dead, this_writer
 from commitstore.errors import CommitError, CommitStoreError, NotFoundError
 from commitstore.layout import META_DIR, Parts
 
@@ -59,19 +60,31 @@ def upload_marker(upload_id: str) -> Parts:
 
 
 def marker_body(heartbeat: float) -> bytes:
-    """An upload marker's bytes: ``{"heartbeat": <seconds>}``, its writer's interval, so a
-    resuming writer of another ``heartbeat`` judges the marker by the longer of the two."""
-    return json.dumps({"heartbeat": heartbeat}).encode("ascii")
+    """An upload marker's bytes: ``{"heartbeat": <seconds>, "writer": ...}``: its writer's
+    interval, so a resuming writer of another ``heartbeat`` judges the marker by the longer of
+    the two, and its writer (:func:`~commitstore.backends.object.writerid.this_writer`), so a
+    writer restarted on the same machine resumes at once once that process is gone."""
+    return json.dumps({"heartbeat": heartbeat, "writer": this_writer()}).encode("ascii")
+
+
+def _marker_doc(data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def stated_writer_dead(data: bytes) -> bool:
+    """Whether the writer a marker states (:func:`marker_body`) is known to be gone
+    (:func:`~commitstore.backends.object.writerid.known_dead`); False when it states none."""
+    return known_dead(_marker_doc(data).get("writer"))
 
 
 def stated_heartbeat(data: bytes) -> float:
     """The heartbeat a marker states (:func:`marker_body`); 0.0 when it states none (an empty
     marker, as older versions wrote, or garbage)."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return 0.0
-    value = doc.get("heartbeat") if isinstance(doc, dict) else None
+    value = _marker_doc(data).get("heartbeat")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return 0.0
     return float(value) if math.isfinite(value) and value > 0 else 0.0
@@ -420,8 +433,10 @@ class S3Upload(KeepsState[ResumeState], Upload):
         than :data:`STALE_BEATS` heartbeats, judged as gc judges ages (the local clock against
         the server's times, less the store's ``mtime_resolution``: a time truncated to the
         second never makes an upload look older than it is); the heartbeat is the longer of this
-        store's and the one the marker states (:func:`marker_body`). An unreadable marker, or
-        no time at all, counts as live."""
+        store's and the one the marker states (:func:`marker_body`). A marker whose writer is
+        known to be gone (a process of this machine that no longer runs:
+        :func:`stated_writer_dead`) makes it dead at once, whatever its age. An unreadable
+        marker, or no time at all, counts as live."""
         started = listed.get("Initiated")
         times = [started.timestamp()] if started is not None else []
         times += [t for _tag, _size, t in held.values() if t is not None]
@@ -430,7 +445,10 @@ class S3Upload(KeepsState[ResumeState], Upload):
         try:
             alive = self._b.head(marker)
             if alive is not None:
-                heartbeat = max(heartbeat, stated_heartbeat(self._b.read_small(marker)))
+                body = self._b.read_small(marker)
+                if stated_writer_dead(body):  # its process is gone: no need to wait
+                    return False
+                heartbeat = max(heartbeat, stated_heartbeat(body))
         except (CommitStoreError, RecordFormatError):  # gone meanwhile, unreadable, too large
             return True
         if alive is not None:
