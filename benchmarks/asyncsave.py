@@ -6,9 +6,10 @@
   with a ``FileSystemWriter`` returns (one rank, no process group) / ours (target <= 1.0:
   ours stalls no longer than theirs).
 - loop: a training-shaped loop (compute steps, a checkpoint every k steps, k chosen so one
-  synchronous save fits in k steps): wall time with asynchronous checkpoints / without
-  checkpoints (target <= 1.10); the same loop with synchronous commits and with DCP
-  ``async_save`` reported beside it.
+  synchronous save fits in k steps; after its last checkpoint the loop computes k more steps,
+  as between any two, then waits for every save to land, which is timed): wall time with
+  asynchronous checkpoints / without checkpoints (target <= 1.10); the same loop with
+  synchronous commits and with DCP ``async_save`` reported beside it.
 - peak RSS of a child process that makes 4 asynchronous saves with ``async_inflight=1``, minus
   the same child's peak before saving (the state alone): the overhead, in units of the state's
   size (the snapshot is one state; the bound is stated in the result).
@@ -151,7 +152,7 @@ def loop(size: int, repeat: int, where: Path) -> dict[str, dict[str, Any]]:
     shutil.rmtree(where / "probe")
     every = max(2, math.ceil(1.5 * save_s / step_s))
     checkpoints = 3
-    steps = every * checkpoints
+    steps = every * (checkpoints + 1)  # k steps after the last checkpoint, as between two
 
     def run(mode: str, i: int) -> float:
         store = open_store(where / f"loop-{mode}-{i}")
@@ -159,7 +160,7 @@ def loop(size: int, repeat: int, where: Path) -> dict[str, dict[str, Any]]:
         futures: list[Any] = []
         for s in range(1, steps + 1):
             _compute(1)
-            if s % every or mode == "none":
+            if s % every or s > every * checkpoints or mode == "none":
                 continue
             name = f"step_{s}.pt"
             if mode == "async":
@@ -184,7 +185,13 @@ def loop(size: int, repeat: int, where: Path) -> dict[str, dict[str, Any]]:
         random.Random(100 + i).shuffle(order)
         for mode in order:
             times[mode].append(run(mode, i))
-    extra = {"checkpoint_every_steps": every, "steps": steps, "step_s": step_s, "save_s": save_s}
+    extra = {
+        "checkpoint_every_steps": every,
+        "checkpoints": checkpoints,
+        "steps": steps,
+        "step_s": step_s,
+        "save_s": save_s,
+    }
     out = {
         "loop": _entry(
             "loop, save_async", times["async"], "loop, no checkpoints", times["none"], size

@@ -351,3 +351,43 @@ def test_reused_snapshot_buffers_never_mix_two_steps(tmp_path: Path) -> None:
     cs_torch.save_async({"w": w}, store, "again.pt").result(timeout=60)
     assert {b.tensors[0].data_ptr() for b in pool._free} == ptrs  # no new buffer was made
     store.close()
+
+
+LARGE = 3 * 1024 * 1024
+"""Bytes of each tensor below: above the size whose snapshot buffers are mapped memory."""
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.bfloat16, torch.float64, torch.int8, torch.bool, torch.complex64],
+)
+def test_large_snapshots_of_every_dtype_are_whole_isolated_and_reused(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
+    """Tensors large enough for mapped snapshot buffers: what is committed is each tensor as it
+    was at the call (changed in place right after, twice, with the buffers reused by the second
+    save), of the same dtype and shape, and the buffer set is reused, not made again."""
+    from commitstore._snapshot import _MAPPED_FROM
+
+    store = open_store(tmp_path / "s")
+    count = LARGE // torch.empty((), dtype=dtype).element_size()
+    assert LARGE >= _MAPPED_FROM
+    g = torch.Generator().manual_seed(1)
+    w = (torch.rand(count, generator=g) * 100).to(dtype).reshape(4, -1)
+    states = []
+    for step in range(2):
+        states.append(w.clone())
+        fut = cs_torch.save_async({"w": w}, store, f"s{step}.pt")
+        w.add_(1) if dtype != torch.bool else w.logical_not_()  # the next step, in place
+        assert fut.result(timeout=60).size > LARGE
+    for step, expected in enumerate(states):
+        loaded = cs_torch.load(store, f"s{step}.pt")
+        assert loaded["w"].dtype == dtype and loaded["w"].shape == expected.shape
+        assert torch.equal(loaded["w"], expected), step
+    from commitstore.torch import _pools
+
+    (buffers,) = _pools[store]._free
+    ptr = buffers.tensors[0].data_ptr()
+    cs_torch.save_async({"w": w}, store, "again.pt").result(timeout=60)
+    assert _pools[store]._free[0].tensors[0].data_ptr() == ptr
+    store.close()
