@@ -19,9 +19,7 @@ state, kept for reuse until the store is garbage collected.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import mmap
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -67,43 +65,13 @@ def _whole(t: torch.Tensor) -> bool:
     return bool(t.untyped_storage().nbytes() == t.numel() * t.element_size())
 
 
-_MAPPED_FROM = 2 << 20
-"""Buffers of at least this many bytes are mapped by :func:`_host_memory` (smaller ones come
-from torch's allocator)."""
-
-_MADV_POPULATE_WRITE = 23
-"""Linux 5.14+: fault a mapping's pages in now, in one call (not named by Python 3.11)."""
-
-
-def _host_memory(nbytes: int) -> torch.Tensor | None:
-    """``nbytes`` of zeroed, writable host memory as a uint8 tensor (which keeps the mapping
-    alive), backed by huge pages where the kernel allows and faulted in by one call: the first
-    snapshot of a large state copies into memory that is already mapped instead of taking a
-    page fault every 4 KiB (on a virtual machine, most of a first snapshot's time). None where
-    anonymous mappings are not available (the caller falls back to ``torch.empty``)."""
-    if not hasattr(mmap, "MAP_ANONYMOUS"):
-        return None
-    area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    for advice in (getattr(mmap, "MADV_HUGEPAGE", None), _MADV_POPULATE_WRITE):
-        if advice is not None:
-            # an older kernel or huge pages off: pages fault in on first touch
-            with contextlib.suppress(OSError):
-                area.madvise(advice)
-    return torch.frombuffer(area, dtype=torch.uint8)
-
-
 def _buffer_for(t: torch.Tensor, buffers: Buffers, index: int) -> torch.Tensor:
     if index < len(buffers.tensors):
         buf = buffers.tensors[index]
         if buf.shape == t.shape and buf.dtype == t.dtype:
             return buf
     pin = t.device.type == "cuda"
-    nbytes = t.numel() * t.element_size()
-    memory = None if pin or nbytes < _MAPPED_FROM else _host_memory(nbytes)
-    if memory is not None:
-        buf = memory.view(t.dtype).view(t.shape)
-    else:
-        buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+    buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
     if index < len(buffers.tensors):
         buffers.tensors[index] = buf
     else:
