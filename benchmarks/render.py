@@ -16,8 +16,9 @@ changes nothing and exits 1 on any of :func:`problems`:
   default, a limit, a version...).
 
 A result is **stale** when the code it times changed after the commit it was measured at: the
-last commit touching the suite's :data:`SOURCES` is not an ancestor of (or equal to) the result
-file's ``commit``, or that commit is not in this repository's history. A stale result's block
+suite's :data:`SOURCES` in the working tree differ from their content at the result file's
+``commit`` (a change made and undone since leaves it fresh: the same code is timed), or that
+commit is not in this repository's history. A stale result's block
 says so in its header (so a stale block that does not say so differs from its rendering).
 
 Verdicts are rendered from the runs, whatever the file says: a ratio with a target ``meets`` it
@@ -150,8 +151,7 @@ def staleness(root: Path, suite: str, measured: str) -> str | None:
     full = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").stdout.strip()
     if not full:
         return f"its commit `{rev}` is not in this repository's history"
-    last = _git(root, "log", "-1", "--format=%H", "--", *sources).stdout.strip()
-    if last and _git(root, "merge-base", "--is-ancestor", last, full).returncode != 0:
+    if _git(root, "diff", "--quiet", full, "--", *sources).returncode != 0:
         return "the code it times changed after its commit"
     return None
 

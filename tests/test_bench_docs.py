@@ -209,6 +209,22 @@ def test_a_result_older_than_its_code_is_stale(repo: Path) -> None:
     assert render.problems(repo) == []
 
 
+def test_a_change_undone_leaves_the_result_fresh(repo: Path) -> None:
+    """Staleness follows the content of the code it times, not the commits that touched it."""
+    (repo / "benchmarks" / "local.py").write_text("SIZE = 2\n")
+    _commit_all(repo, "the suite changed")
+    assert render.staleness(repo, "local", _read(repo)["commit"]) is not None
+    (repo / "benchmarks" / "local.py").write_text("SIZE = 1\n")
+    _commit_all(repo, "and changed back")
+    assert render.staleness(repo, "local", _read(repo)["commit"]) is None
+    assert render.problems(repo) == []
+
+
+def test_an_uncommitted_change_makes_the_result_stale(repo: Path) -> None:
+    (repo / "benchmarks" / "local.py").write_text("SIZE = 3\n")
+    assert render.staleness(repo, "local", _read(repo)["commit"]) is not None
+
+
 def test_a_change_elsewhere_leaves_the_result_fresh(repo: Path) -> None:
     (repo / "docs" / "other.md").write_text("# Other\n")
     _commit_all(repo, "docs only")
