@@ -66,7 +66,14 @@ from commitstore._commit import Committer, check_new, make_record, mode_of
 from commitstore._foldermembers import FolderFile
 from commitstore._movein import check_adoptable, check_outside
 from commitstore._small import put_small
-from commitstore.backends import Backend, CommitInfo, PutMode, StagingTaken, hash_and_sync_tree
+from commitstore.backends import (
+    Backend,
+    CommitInfo,
+    PutMode,
+    StagingTaken,
+    check_folder,
+    hash_and_sync_tree,
+)
 from commitstore.digest import hash_stream, manifest_digest
 from commitstore.errors import (
     AlreadyExistsError,
@@ -378,11 +385,17 @@ class FolderWrite:
         records. None (``src`` untouched) where that is not possible: copy the files instead.
 
         Raises:
+            ConfigurationError: ``src`` is no existing folder, is a symbolic link, or holds a
+                symbolic link, a special file or a folder that cannot be listed; nothing is
+                moved.
             NameConflictError: ``src`` (symlinks resolved) is the store's own folder, lies
-                inside it or holds it, before any I/O: a committed artifact's folder or the
-                store's records moved in would leave their names (and ``abort`` would delete
-                them); nothing is moved.
+                inside it or inside any store, holds it, holds entries named like the store's
+                own, or is or holds a mount point of the store's file system, before any I/O
+                but looking at it (``_movein``): a committed artifact's folder or the store's
+                records moved in would leave their names (and ``abort`` would delete them);
+                nothing is moved.
         """
+        src = check_folder(src)
         check_outside(self._c.backend, src, self.name)
         return self._move_in(src)
 
@@ -395,9 +408,11 @@ class FolderWrite:
             NameConflictError: before any I/O but one scan of the records, when ``src`` is not
                 inside the store's own folder (use :meth:`move_in`), is its root, is or lies in
                 its metadata or staging entries, or is, lies inside or holds a committed
-                artifact other than this write's name (``_movein.check_adoptable``); nothing
-                is moved.
+                artifact other than this write's name, or holds a mount point of the store's
+                file system (``_movein.check_adoptable``); nothing is moved.
+            ConfigurationError: as for :meth:`move_in`.
         """
+        src = check_folder(src)
         check_adoptable(self._c.backend, src, self.name)
         return self._move_in(src)
 

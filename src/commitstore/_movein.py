@@ -19,6 +19,17 @@ Whether a path lies inside the store is decided by the identity (device, inode) 
 against the root's, not by spelling, so symlinks, ``..`` after a symlink, and case folding file
 systems cannot hide it. ``..`` is never collapsed before symlinks are resolved.
 
+Both also list ``src`` (:func:`scan`, which ``hf.commit_folder`` runs before it copies a
+folder) and refuse: a symbolic link, FIFO, socket or device anywhere in it (symlinks are not
+stored, and a copy would follow them); an entry named like the store's own (another writer's
+staging, a store's metadata); a folder that cannot be listed; a mount point on the store's
+file system (a bind mount can show a committed folder under another path, where neither
+spelling nor the identity of the folders above it gives it away). ``move_in`` also refuses a
+folder inside any store (one with a ``.commitstore`` folder above it): a store whose root was
+renamed while open is still a store. ``adopt`` lists ``src`` before it reads the records, so a
+commit below ``src`` that ended, or was under way, when the check began is seen by one or the
+other.
+
 Both only look (``stat``, ``lstat``, listing ``src`` and the records below its path): nothing
 is moved or changed. Left: a commit below ``src`` that starts after the check and before the
 rename (``adopt`` is for folders no other writer uses).
@@ -29,14 +40,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from commitstore.backends import Backend
-from commitstore.errors import NameConflictError
+from commitstore.backends import OURS, Backend, below, scan
+from commitstore.errors import ConfigurationError, NameConflictError
 from commitstore.layout import META_DIR, intent_parts, record_parts
 
 __all__ = ["check_adoptable", "check_outside"]
-
-_OURS = META_DIR.casefold()
-"""Every entry of the store's own (``.commitstore``, ``.commitstore.tmp.*``, ...) starts so."""
 
 
 def _resolved(src: Path) -> tuple[str, str]:
@@ -50,30 +58,30 @@ def _resolved(src: Path) -> tuple[str, str]:
     return os.path.join(os.path.realpath(head), last), os.path.realpath(path)
 
 
-def _below(root: os.stat_result, where: str) -> tuple[str, ...] | None:
-    """The parts of ``where`` below the folder ``root`` (by identity), ``()`` when ``where``
-    is it, None when it is not inside it."""
-    parts: list[str] = []
-    at = where
-    while True:
-        try:
-            if os.path.samestat(os.stat(at), root):
-                return tuple(reversed(parts))
-        except OSError:
-            pass
-        up, last = os.path.split(at)
-        if up == at:
-            return None
-        parts.append(last)
-        at = up
-
-
 def _holds(where: str, root: str) -> bool:
     """Whether ``where`` is ``root`` or a folder above it (by identity)."""
     try:
-        return _below(os.stat(where), root) is not None
+        return below(os.stat(where), root) is not None
     except OSError:
         return False
+
+
+def _not_a_link(src: Path) -> None:
+    if os.path.islink(src):
+        raise ConfigurationError(f"{src} is a symbolic link: pass the folder itself")
+
+
+def _in_a_store(where: str) -> str | None:
+    """The folder above ``where`` (or ``where`` itself) that holds a store's metadata folder
+    with its records, or None."""
+    at = where
+    while True:
+        if os.path.isdir(os.path.join(at, META_DIR, "records")):
+            return at
+        up = os.path.dirname(at)
+        if up == at:
+            return None
+        at = up
 
 
 def check_outside(backend: Backend, src: Path, name: str) -> None:
@@ -85,7 +93,7 @@ def check_outside(backend: Backend, src: Path, name: str) -> None:
         return
     top = os.stat(root)
     for where in _resolved(src):
-        inside = _below(top, where) is not None
+        inside = below(top, where) is not None
         if inside or _holds(where, root):
             raise NameConflictError(
                 f"{src} is {'inside' if inside else 'a folder holding'} the "
@@ -95,6 +103,16 @@ def check_outside(backend: Backend, src: Path, name: str) -> None:
                 "FolderWrite.adopt for a folder written inside it that is no artifact)",
                 name=name,
             )
+    _not_a_link(src)
+    store = _in_a_store(os.path.realpath(src))
+    if store is not None:
+        raise NameConflictError(
+            f"{src} lies in a store ({store}: its records are there): moving it into {name} "
+            "would leave that store's records without their data, so it is refused and "
+            "nothing was moved",
+            name=name,
+        )
+    scan(src, name, top.st_dev)
 
 
 def check_adoptable(backend: Backend, src: Path, name: str) -> None:
@@ -116,15 +134,18 @@ def check_adoptable(backend: Backend, src: Path, name: str) -> None:
     if os.path.islink(entry):
         raise refuse("is a symbolic link")
     top = os.stat(root)
-    rel = _below(top, entry)
-    if not rel or _below(top, target) != rel:
+    rel = below(top, entry)
+    if not rel or below(top, target) != rel:
         raise refuse(f"is not a folder inside the store's own folder ({root})")
     folded = tuple(p.casefold() for p in rel)
-    if any(p.startswith(_OURS) for p in folded):
+    if any(p.startswith(OURS) for p in folded):
         raise refuse("is or lies in the store's own metadata or staging entries")
     own = tuple(p.casefold() for p in name.split("/"))
     if folded != own and (folded == own[: len(folded)] or own == folded[: len(own)]):
         raise refuse(f"holds or lies in {name}'s own path")
+    # src is listed before the records are read: a commit below it that ended before this
+    # point left a record, one under way its staging entry or its pending record
+    scan(src, name, top.st_dev)
     for n in range(1, len(rel) + 1):  # a record or a commit in progress at or above src
         for meta in (record_parts(rel[:n]), intent_parts(rel[:n])):
             if os.path.lexists(os.path.join(root, *meta)):
@@ -134,6 +155,3 @@ def check_adoptable(backend: Backend, src: Path, name: str) -> None:
     for _dirpath, _dirs, files in os.walk(records):
         if files:
             raise refuse("holds committed artifacts (or commits in progress) below it")
-    for _dirpath, dirs, files in os.walk(entry):
-        if any(e.casefold().startswith(_OURS) for e in (*dirs, *files)):
-            raise refuse("holds the store's own entries (another writer's staging or pending)")

@@ -43,6 +43,7 @@ Importing this module imports transformers; importing ``commitstore`` does not.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import re
@@ -62,6 +63,7 @@ try:
 except ModuleNotFoundError as _exc:
     raise missing_extra("hf", "hf", _exc) from _exc
 
+from commitstore.backends import below, check_folder, scan
 from commitstore.errors import CommitStoreError, ConfigurationError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import Record
@@ -88,10 +90,21 @@ def _store_path(store: CommitStore, name: str) -> Path | None:
 
 def _inside(store: CommitStore, src: Path) -> bool:
     """Whether the entry ``src`` names (its folder's symlinks resolved, not its own) lies
-    inside the store's own (local) folder."""
+    inside the store's own (local) folder, judged by the identity of the folders above it
+    (a bind mount of the store, or of a folder in it, is inside)."""
+    return _place(store, src.absolute().parent.resolve() / src.name) not in (None, ())
+
+
+def _place(store: CommitStore, where: Path) -> tuple[str, ...] | None:
+    """The parts of ``where`` below the store's own (local) folder, by the identity of the
+    folders (``()``: the root itself, through any path); None when it is not inside it."""
     root = store.local_path()
-    entry = src.absolute().parent.resolve() / src.name
-    return root is not None and root.resolve() in entry.parents
+    if root is None:
+        return None
+    try:
+        return below(os.stat(root), os.fspath(where))
+    except OSError:
+        return None
 
 
 def commit_folder(
@@ -113,12 +126,20 @@ def commit_folder(
     left where it is) when the Trainer wrote into a committed one again. Another folder inside
     the store is adopted only when it is no artifact and holds none (``FolderWrite.adopt``:
     NameConflictError otherwise, nothing moved). Elsewhere the files are copied through
-    ``stage_dir`` and ``src`` is removed after the commit unless ``keep_local`` (never when
-    committed in place). A failure publishes nothing and leaves ``src`` where it was.
+    ``stage_dir`` (``src`` listed first without following links: a symbolic link, a special
+    file, an entry named like the store's own or a mount point of the store's file system in
+    it is refused before anything is copied, ``_movein.scan``), and after the commit the files
+    copied are removed from ``src``, each only while it is still the file copied, then the
+    folders left empty, unless ``keep_local`` (never when committed in place): a file another
+    writer put in ``src`` meanwhile stays. A failure publishes nothing and leaves ``src``
+    where it was.
+
+    Raises:
+        ConfigurationError: ``src`` is no folder, or holds a symbolic link or a special file.
+        NameConflictError: ``src`` is, holds or lies in a committed artifact or the store's own
+            entries, or holds a mount point of the store's file system; nothing is moved.
     """
-    src = Path(src)
-    if not src.is_dir():
-        raise ConfigurationError(f"{src} is not a folder")
+    src = check_folder(src)
     own = _store_path(store, name)
     in_place = own is not None and own.exists() and own.samefile(src)
     if own is not None and not (in_place and _committed(store, name)):
@@ -130,15 +151,57 @@ def commit_folder(
         )
         if isinstance(files, Record):
             return files
+    root = store.local_path()
+    device = os.stat(root).st_dev if root is not None and root.exists() else None
+    listed = scan(src, name, device)  # no link followed, no store entry or mount taken
+    copied: dict[str, os.stat_result] = {}
     got: list[Record] = []
     with store.stage_dir(
         name, step=step, metadata=metadata, overwrite=overwrite or in_place, records=got
     ) as out:
-        shutil.copytree(src, out, dirs_exist_ok=True)
+        for rel in listed:
+            target = out / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            copied[rel] = _copy_file(src / rel, target)
     record = got[0]
     if not keep_local and not in_place:  # in place, src is the committed folder now
-        shutil.rmtree(src, ignore_errors=True)
+        _remove_copied(src, copied)
     return record
+
+
+def _copy_file(src: Path, dst: Path) -> os.stat_result:
+    """Copy the regular file ``src`` to ``dst`` (never following a link); the ``lstat`` of
+    ``src`` taken before the copy, by which :func:`_remove_copied` knows it again."""
+    before = os.lstat(src)
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not os.path.samestat(os.fstat(fd), before):
+            raise ConfigurationError(f"{src} changed while it was copied")
+        with open(fd, "rb", closefd=False) as f, open(dst, "wb") as g:
+            shutil.copyfileobj(f, g, 8 * 1024 * 1024)
+    finally:
+        os.close(fd)
+    return before
+
+
+def _remove_copied(src: Path, copied: Mapping[str, os.stat_result]) -> None:
+    """Remove from ``src`` the files that were copied, each only while it is still the file
+    copied (same identity, size and modification time), then the folders left empty: a file
+    another writer put there meanwhile (an artifact committed below ``src``) stays, and so do
+    the folders holding it. Failures are ignored (the commit is done; what is left stays)."""
+    for rel, was in copied.items():
+        path = src / rel
+        with contextlib.suppress(OSError):
+            now = os.lstat(path)
+            if (
+                os.path.samestat(now, was)
+                and now.st_size == was.st_size
+                and now.st_mtime_ns == was.st_mtime_ns
+            ):
+                os.unlink(path)
+    for dirpath, _dirs, _names in sorted(os.walk(src), key=lambda e: -len(e[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(dirpath)  # only when empty
 
 
 def _committed(store: CommitStore, name: str) -> bool:
@@ -239,14 +302,13 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
         self._take_limit(args)  # read only: the caller's arguments stay as they were
 
     def _writes_into_store(self, args: Any) -> bool:
-        """Whether the Trainer's ``output_dir`` is the store's root or inside it (its rotation
-        would then delete committed folders)."""
-        local_root = self.store.local_path()
+        """Whether the Trainer's ``output_dir`` is the store's root or inside it, through any
+        path (judged by the identity of its folders: a bind mount of the store counts), as its
+        rotation would then delete committed folders."""
         output_dir = getattr(args, "output_dir", None)
-        if local_root is None or output_dir is None:
+        if output_dir is None:
             return False
-        root, out = local_root.resolve(), Path(output_dir).resolve()
-        return out == root or root in out.parents
+        return _place(self.store, Path(output_dir).resolve()) is not None
 
     def _check_output_dir(self, args: Any) -> None:
         """``output_dir`` inside the store must be the folder of this callback's names (the
@@ -257,8 +319,9 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
         if not self._writes_into_store(args):
             return
         own = self.store.local_path(f"{self.prefix}checkpoint-0")
-        out = Path(args.output_dir).resolve()
-        if own is None or own.parent.resolve() != out:
+        out = _place(self.store, Path(args.output_dir).resolve())
+        names = tuple(p for p in self.prefix.split("/") if p)
+        if own is None or out != names:
             raise ConfigurationError(
                 f"output_dir {args.output_dir} is inside the store "
                 f"({self.store.local_path()}) but is not the folder of the names "
@@ -266,6 +329,13 @@ class CommitStoreCallback(TrainerCallback):  # type: ignore[misc]
                 "checkpoint folders could be or hold other committed artifacts. Use that "
                 "folder, or an output_dir outside the store"
             )
+        for n in range(1, len(names) + 1):
+            if _committed(self.store, "/".join(names[:n])):
+                raise ConfigurationError(
+                    f"output_dir {args.output_dir} is or lies in the committed artifact "
+                    f"{'/'.join(names[:n])!r}: checkpoint folders written there would change "
+                    "it. Use another prefix, or an output_dir outside the store"
+                )
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._take_limit(args)

@@ -67,11 +67,13 @@ from commitstore.backends.base import (
     StagingTaken,
     take_options,
 )
+from commitstore.backends.localsource import OURS, below, check_folder, scan
 from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.errors import CommitStoreError, ConfigurationError
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "OURS",
     "Backend",
     "Capabilities",
     "CommitInfo",
@@ -83,11 +85,14 @@ __all__ = [
     "PutMode",
     "Rereadable",
     "StagingTaken",
+    "below",
+    "check_folder",
     "hash_and_sync_tree",
     "local_error",
     "local_folder",
     "register",
     "resolve",
+    "scan",
     "schemes",
     "take_options",
     "unregister",

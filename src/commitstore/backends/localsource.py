@@ -1,0 +1,130 @@
+"""A local folder handed to the store to take (moved in, adopted, or copied and then removed):
+where it lies, judged by the identity of folders, and what it holds, listed without following
+links. Used by ``FolderWrite.move_in``/``adopt`` (``_movein``) and ``hf.commit_folder``.
+
+- :func:`check_folder`: the argument names an existing folder (typed error otherwise).
+- :func:`below`: where a path lies below a folder by the identity (device, inode) of the
+  folders on its way up, so symlinks, ``..`` after a symlink, bind mounts of the folder itself
+  and case-folding file systems cannot hide it.
+- :func:`scan`: the regular files of a folder; a symbolic link, FIFO, socket or device in it,
+  an entry named like the store's own (``.commitstore*``, case folded), a folder that cannot be
+  listed, or a mount point on the store's file system (a bind mount can show a committed folder
+  under another path) is refused before anything is moved or copied.
+
+Each only looks (``stat``, ``lstat``, listings, ``/proc/self/mountinfo``): nothing is changed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from commitstore.errors import ConfigurationError, NameConflictError
+from commitstore.layout import META_DIR
+
+__all__ = ["OURS", "below", "check_folder", "scan"]
+
+OURS = META_DIR.casefold()
+"""Every entry of the store's own (``.commitstore``, ``.commitstore.tmp.*``, ...) starts so,
+case folded."""
+
+
+def check_folder(src: object) -> Path:
+    """``src`` as a Path, when it names an existing folder (or a symbolic link to one, which
+    the checks of where it lies then judge, and refuse).
+
+    Raises:
+        ConfigurationError: ``src`` is no path, does not exist or is no folder (before any I/O
+            but its ``stat``).
+    """
+    if not isinstance(src, (str, os.PathLike)):
+        raise ConfigurationError(f"src must be a path of a folder, not {type(src).__name__}")
+    path = Path(src)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ConfigurationError(f"{path} cannot be moved in: {exc.strerror}") from exc
+    if not stat.S_ISDIR(mode):
+        raise ConfigurationError(f"{path} is not a folder")
+    return path
+
+
+def below(root: os.stat_result, where: str) -> tuple[str, ...] | None:
+    """The parts of ``where`` below the folder ``root`` (by identity), ``()`` when ``where``
+    is it, None when it is not inside it."""
+    parts: list[str] = []
+    at = where
+    while True:
+        try:
+            if os.path.samestat(os.stat(at), root):
+                return tuple(reversed(parts))
+        except OSError:
+            pass
+        up, last = os.path.split(at)
+        if up == at:
+            return None
+        parts.append(last)
+        at = up
+
+
+def _mount_points() -> frozenset[str]:
+    """Every mount point of this process's mount namespace (``/proc/self/mountinfo``: bind
+    mounts included, which ``os.path.ismount`` misses on one file system); empty where the
+    platform does not tell."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return frozenset()
+    points = set()
+    for line in lines:
+        fields = line.split(" ")
+        if len(fields) > 4:  # the mount point, octal escapes (\040 for a space) decoded
+            raw = fields[4].encode("utf-8", "surrogateescape").decode("unicode_escape")
+            points.add(raw.encode("latin-1").decode("utf-8", "surrogateescape"))
+    return frozenset(points)
+
+
+def scan(src: Path, name: str, device: int | None) -> list[str]:
+    """The regular files below the folder ``src`` (paths relative to it, ``/``-separated),
+    listed without following symbolic links.
+
+    Raises:
+        ConfigurationError: a symbolic link, FIFO, socket or device lies in ``src``, or a
+            folder in it cannot be listed.
+        NameConflictError: an entry in ``src`` is named like the store's own (``.commitstore``
+            and its staging entries, case folded), or ``src`` is or holds a mount point on the
+            file system ``device`` (the store's).
+    """
+    top = os.path.realpath(src)
+    mounts = _mount_points() if device is not None else frozenset()
+    files: list[str] = []
+
+    def refuse(why: str) -> NameConflictError:
+        return NameConflictError(
+            f"{src} {why}: moving or copying it into {name} could take committed artifacts or "
+            "the store's own entries, so it is refused and nothing was moved",
+            name=name,
+        )
+
+    def unlistable(exc: OSError) -> None:
+        raise ConfigurationError(f"{src}: {exc.filename} cannot be listed: {exc.strerror}")
+
+    for dirpath, dirs, names in os.walk(top, onerror=unlistable):
+        if dirpath in mounts and os.lstat(dirpath).st_dev == device:
+            raise refuse(f"is or holds a mount point of the store's file system ({dirpath})")
+        for entry in (*dirs, *names):
+            if entry.casefold().startswith(OURS):
+                raise refuse("holds the store's own entries (another writer's staging or pending)")
+        for entry in (*dirs, *names):
+            mode = os.lstat(os.path.join(dirpath, entry)).st_mode
+            if stat.S_ISLNK(mode) or not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                kind = "a symbolic link" if stat.S_ISLNK(mode) else "a special file"
+                raise ConfigurationError(
+                    f"{src} holds {kind} ({os.path.join(dirpath, entry)}): only folders and "
+                    "regular files are stored; nothing was moved"
+                )
+        rel = os.path.relpath(dirpath, top)
+        files += [n if rel == "." else f"{rel}/{n}".replace(os.sep, "/") for n in names]
+    return files
