@@ -5,7 +5,9 @@ Baselines: ``fio`` writing with ``O_DIRECT`` and 16 writes in flight (the device
 final name + fsync (the unsafe way), a plain ``readinto`` read into one preallocated buffer
 (warm and cold cache) at its best buffer size, and xxh3_128 of a buffer already in memory (the
 hash's own limit). Small commits: ``put_bytes`` of 1 KiB artifacts against a write of each to
-its final name + ``fsync`` of the file and of its folder (:func:`_measure_small`).
+its final name + ``fsync`` of the file and of its folder (:func:`_measure_small`), and against
+the same crash-ordered syscalls made without the library (``worker.small_floor``: what the
+order itself costs; reported, no target).
 
 Reads: before the read pairs, ``plain_read`` is swept over the buffer sizes of
 ``worker.READ_BUFFERS`` (128 KiB to the whole file; warm, then cold), and each pair's baseline
@@ -60,6 +62,21 @@ def _measure_small(tmp: str, repeat: int) -> dict[str, Any]:
 
     size = SMALL_COMMITS * SMALL_BYTES
     return pair("naive_small", "small_commit", str(folder / "item"), size, repeat, clear=clear)
+
+
+def _measure_small_floor(tmp: str, repeat: int) -> dict[str, Any]:
+    """Small commits against their protocol floor (``worker.small_floor``), as
+    :func:`_measure_small` measures them against the naive write."""
+    folder = Path(tmp) / "floor"
+    folder.mkdir()
+
+    def clear() -> None:
+        shutil.rmtree(folder)
+        folder.mkdir()
+        os.sync()
+
+    size = SMALL_COMMITS * SMALL_BYTES
+    return pair("small_floor", "small_commit", str(folder / "item"), size, repeat, clear=clear)
 
 
 def _measure(tmp: str, size: int, repeat: int, sweeps: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -125,6 +142,8 @@ def main(args: argparse.Namespace) -> None:
         name = "small_commit_vs_naive_write_fsync_dir"
         results[f"{name}, 1 KiB x {SMALL_COMMITS}"] = _measure_small(tmp, repeat)
         targets[f"{name}, 1 KiB x {SMALL_COMMITS}"] = TARGETS[name]
+        floor = f"small_commit_vs_same_syncs_without_the_library, 1 KiB x {SMALL_COMMITS}"
+        results[floor] = _measure_small_floor(tmp, repeat)
     report(
         f"local, {' and '.join(f'{m} MiB' for m in sizes)}, {repeat} runs a side "
         "(shuffled, each from the quiet state), medians",

@@ -40,22 +40,9 @@ def make_tree(where: Path, files: int) -> int:
 
 def _s3fs(endpoint: str, key: str, secret: str) -> Any:
     """s3fs configured as commitstore's own client (as the s3 suite's matched baseline)."""
-    import s3fs
+    from benchmarks.worker import s3fs_like_ours
 
-    from commitstore.backends.object.s3.timestamps import fast_session
-
-    return s3fs.S3FileSystem(
-        key=key,
-        secret=secret,
-        endpoint_url=endpoint,
-        skip_instance_cache=True,
-        session=fast_session(),
-        config_kwargs={
-            "request_checksum_calculation": "when_required",
-            "response_checksum_validation": "when_required",
-            "s3": {"payload_signing_enabled": False},
-        },
-    )
+    return s3fs_like_ours(endpoint, key, secret)
 
 
 def side(which: str, store_root: str, tree: str, options: dict[str, Any]) -> None:

@@ -130,6 +130,51 @@ def naive_small(path: Path, size: int) -> None:
                 os.close(dirfd)
 
 
+def small_floor(path: Path, size: int) -> None:
+    """The small commit's protocol without the library: for each of ``size // SMALL_BYTES``
+    artifacts, the syscalls of one ``put_bytes`` (``tests/test_sync_count.py``) in the same
+    order and with the same overlap, and nothing else: the data written to a staging file and
+    fsynced on a worker thread while a pending record is written in the records folder (its
+    file fsynced on another worker, its folder fsynced here); the data renamed onto its name
+    and its folder fsynced; the pending record renamed onto the record and the records folder
+    fsynced. No lock, no hash, no checks: what the crash order itself costs, the floor a
+    commit's code could reach."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = os.urandom(SMALL_BYTES)
+    folder = path.parent
+    records = folder / "records"
+    records.mkdir(exist_ok=True)
+
+    def write_synced(where: Path) -> None:
+        fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def sync_folder(where: Path) -> None:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(2) as pool, timed():
+        for i in range(size // SMALL_BYTES):
+            name = f"{path.name}.{i}"
+            staged = pool.submit(write_synced, folder / f".tmp.{name}")
+            pending = pool.submit(write_synced, records / f".new.{name}")
+            sync_folder(records)
+            staged.result()
+            pending.result()
+            os.rename(folder / f".tmp.{name}", folder / name)
+            sync_folder(folder)
+            os.rename(records / f".new.{name}", records / f"rec.{name}")
+            sync_folder(records)
+
+
 def small_commit(path: Path, size: int) -> None:
     """commitstore: ``put_bytes`` of ``size // SMALL_BYTES`` new artifacts of
     :data:`SMALL_BYTES` into the store at ``path``'s folder (one commit each: pending record,
@@ -226,19 +271,19 @@ def s3fs_put_file(url: str, size: int) -> None:
         fs.put_file(os.environ["BENCH_SOURCE"], url[len("s3://") :])
 
 
-def s3fs_put_file_like_ours(url: str, size: int) -> None:
-    """Baseline: ``s3fs.put_file`` configured as commitstore's own client
+def s3fs_like_ours(endpoint: str, key: str, secret: str) -> Any:
+    """An ``s3fs.S3FileSystem`` configured as commitstore's own client
     (``backends/object/s3/backend.py``): no SHA-256 payload signing, checksums (CRC32) only
-    where the operation requires them, no ``Expect: 100-continue``."""
+    where the operation requires them, no ``Expect: 100-continue``. The one definition every
+    matched s3fs baseline uses."""
     import s3fs
 
     from commitstore.backends.object.s3.timestamps import fast_session
 
-    o = _s3_options()
-    fs = s3fs.S3FileSystem(
-        key=o["key"],
-        secret=o["secret"],
-        endpoint_url=o["endpoint_url"],
+    return s3fs.S3FileSystem(
+        key=key,
+        secret=secret,
+        endpoint_url=endpoint,
         skip_instance_cache=True,
         session=fast_session(),
         config_kwargs={
@@ -247,6 +292,13 @@ def s3fs_put_file_like_ours(url: str, size: int) -> None:
             "s3": {"payload_signing_enabled": False},
         },
     )
+
+
+def s3fs_put_file_like_ours(url: str, size: int) -> None:
+    """Baseline: ``s3fs.put_file`` configured as commitstore's own client
+    (:func:`s3fs_like_ours`)."""
+    o = _s3_options()
+    fs = s3fs_like_ours(o["endpoint_url"], o["key"], o["secret"])
     with timed():
         fs.put_file(os.environ["BENCH_SOURCE"], url[len("s3://") :])
 
@@ -545,6 +597,7 @@ PATH_OPS = {
         fio_direct,
         stage_commit,
         naive_small,
+        small_floor,
         small_commit,
         stage_commit_no_writeback,
         bridge_commit_no_readback,
