@@ -9,7 +9,9 @@
   synchronous save fits in k steps; after its last checkpoint the loop computes k more steps,
   as between any two, then waits for every save to land, which is timed): wall time with
   asynchronous checkpoints / without checkpoints (target <= 1.10); the same loop with
-  synchronous commits and with DCP ``async_save`` reported beside it.
+  synchronous commits, with DCP ``async_save`` and with the same snapshot and bytes written
+  without the library (``barecheckpoint.py``: the I/O's own cost to the compute) reported
+  beside it, and ours against that floor.
 - peak RSS of a child process that makes 4 asynchronous saves with ``async_inflight=1``, minus
   the same child's peak before saving (the state alone): the overhead, in units of the state's
   size (the snapshot is one state; the bound is stated in the result).
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ._harness import ROOT, MiB, write_results
+from .barecheckpoint import BareCheckpointer
 
 TARGETS = {"stall": 0.15, "stall_vs_dcp": 1.0, "loop": 1.10}
 
@@ -156,6 +159,7 @@ def loop(size: int, repeat: int, where: Path) -> dict[str, dict[str, Any]]:
 
     def run(mode: str, i: int) -> float:
         store = open_store(where / f"loop-{mode}-{i}")
+        bare = BareCheckpointer()  # fresh buffers each run, as a fresh store's
         begin = time.perf_counter()
         futures: list[Any] = []
         for s in range(1, steps + 1):
@@ -167,6 +171,8 @@ def loop(size: int, repeat: int, where: Path) -> dict[str, dict[str, Any]]:
                 futures.append(cs.save_async(state, store, name))
             elif mode == "sync":
                 cs.save(state, store, name)
+            elif mode == "bare":
+                futures.append(bare.save(state, where / f"bare-{i}" / name))
             else:
                 if futures:
                     futures[-1].result()  # DCP: one save in flight, as async_inflight=1
@@ -174,12 +180,14 @@ def loop(size: int, repeat: int, where: Path) -> dict[str, dict[str, Any]]:
         for f in futures:
             f.result()
         store.close()
+        bare.close()
         wall = time.perf_counter() - begin
         shutil.rmtree(where / f"loop-{mode}-{i}", ignore_errors=True)
         shutil.rmtree(where / f"dcp-{i}", ignore_errors=True)
+        shutil.rmtree(where / f"bare-{i}", ignore_errors=True)
         return wall
 
-    times: dict[str, list[float]] = {m: [] for m in ("none", "async", "sync", "dcp")}
+    times: dict[str, list[float]] = {m: [] for m in ("none", "async", "sync", "dcp", "bare")}
     for i in range(repeat):
         order = list(times)
         random.Random(100 + i).shuffle(order)
@@ -201,6 +209,20 @@ def loop(size: int, repeat: int, where: Path) -> dict[str, dict[str, Any]]:
         ),
         "loop_dcp": _entry(
             "loop, dcp.async_save", times["dcp"], "loop, no checkpoints", times["none"], size
+        ),
+        "loop_bare": _entry(
+            "loop, the same bytes written without the library",
+            times["bare"],
+            "loop, no checkpoints",
+            times["none"],
+            size,
+        ),
+        "loop_vs_bare": _entry(
+            "loop, save_async",
+            times["async"],
+            "loop, the same bytes written without the library",
+            times["bare"],
+            size,
         ),
     }
     for r in out.values():

@@ -112,7 +112,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "dcp_local": (*_CORE, *_RENAME, "benchmarks/dcp.py"),
     "torch": (*_CORE, *_RENAME, "benchmarks/torchio.py"),
     "torch-s3": (*_CORE, *_OBJECT, "benchmarks/torchio.py"),
-    "asyncsave": (*_CORE, *_RENAME, "benchmarks/asyncsave.py"),
+    "asyncsave": (*_CORE, *_RENAME, "benchmarks/asyncsave.py", "benchmarks/barecheckpoint.py"),
     "async_integrations": (*_CORE, *_INTEGRATION_ONLY, *_RENAME, "benchmarks/integrations.py"),
 }
 """For each result file, the code it times (git pathspecs): the suite, the harness, the worker it
