@@ -590,7 +590,7 @@ def test_hf_copy_fallback_keeps_an_artifact_committed_below_src(
             if not copied:  # the first file: the copy is under way
                 started.set()
                 p.join(_WAIT)  # the other process's commit has returned
-            copied.append(os.path.relpath(a, src))
+            copied.append(os.path.relpath(os.path.realpath(a), os.path.realpath(src)))
             return real_copy(a, b)
 
         monkeypatch.setattr(hf, "_copy_file", copy_file)

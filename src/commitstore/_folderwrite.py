@@ -74,6 +74,7 @@ from commitstore.backends import (
     check_folder,
     hash_and_sync_tree,
 )
+from commitstore.backends.localsource import Pinned, pin
 from commitstore.digest import hash_stream, manifest_digest
 from commitstore.errors import (
     AlreadyExistsError,
@@ -396,8 +397,12 @@ class FolderWrite:
                 nothing is moved.
         """
         src = check_folder(src)
-        check_outside(self._c.backend, src, self.name)
-        return self._move_in(src)
+        pinned = pin(src)
+        try:
+            check_outside(self._c.backend, src, self.name)
+            return self._move_in(pinned)
+        finally:
+            pinned.close()
 
     def adopt(self, src: Path) -> list[FileRecord] | None:
         """:meth:`move_in` for a folder another tool wrote inside the store's own folder (a
@@ -413,21 +418,28 @@ class FolderWrite:
             ConfigurationError: as for :meth:`move_in`.
         """
         src = check_folder(src)
-        check_adoptable(self._c.backend, src, self.name)
-        return self._move_in(src)
+        pinned = pin(src)
+        try:
+            check_adoptable(self._c.backend, src, self.name)
+            return self._move_in(pinned)
+        finally:
+            pinned.close()
 
-    def _move_in(self, src: Path) -> list[FileRecord] | None:
-        """:meth:`move_in` and :meth:`adopt` after their check of where ``src`` is."""
+    def _move_in(self, pinned: Pinned) -> list[FileRecord] | None:
+        """:meth:`move_in` and :meth:`adopt` after their check of where ``pinned.src`` is:
+        the pinned folder (still the one its path names) is the one renamed, through its
+        open parent; a staging folder that is not it afterwards is renamed back and refused."""
         area, backend = self.local_area(), self._c.backend
         if area is None:
             return None
+        pinned.check_unchanged()
         try:
             backend.make_folders(self._area()[:-1])  # never via a symlink
-            if os.stat(src).st_dev != os.stat(area.parent).st_dev:
+            if pinned.ident[0] != os.stat(area.parent).st_dev:
                 return None
             # renamed onto the (empty) staging folder only while no other writer holds it,
             # and held, as _hold makes and holds it
-            held = backend.hold_folder(self._area(), move_from=os.fspath(src), own=self._held)
+            held = backend.hold_folder(self._area(), move_from=pinned.via, own=self._held)
         except (OSError, StagingTaken):
             # a file is there already, another writer holds the folder, or gc claims an
             # entry beside it now: src untouched
@@ -435,10 +447,13 @@ class FolderWrite:
         self._release()  # the lock on the empty folder the move replaced
         self._keep(held)
         try:
+            moved = os.stat(area)
+            if (moved.st_dev, moved.st_ino) != pinned.ident:
+                raise pinned.changed("named another folder")
             files = hash_and_sync_tree(area)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.rename(area, src)
+                os.rename(area, pinned.via)
             raise
         return [FileRecord(p, s, d) for p, s, d in files]
 

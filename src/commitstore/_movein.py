@@ -31,8 +31,12 @@ commit below ``src`` that ended, or was under way, when the check began is seen 
 other.
 
 Both only look (``stat``, ``lstat``, listing ``src`` and the records below its path): nothing
-is moved or changed. Left: a commit below ``src`` that starts after the check and before the
-rename (``adopt`` is for folders no other writer uses).
+is moved or changed. The folder checked is the folder moved: :func:`pin` opens ``src``'s parent
+once, before the checks, and the rename goes through that open folder (not through ``src``'s
+path again, whose symlinks another user may point elsewhere meanwhile); after the checks the path
+must still name the pinned folder, and after the rename the staging folder must be it, or it is
+renamed back and the call refused. Left: a commit below ``src`` that starts after the check
+and before the rename (``adopt`` is for folders no other writer uses).
 """
 
 from __future__ import annotations
@@ -41,21 +45,11 @@ import os
 from pathlib import Path
 
 from commitstore.backends import OURS, Backend, below, scan
+from commitstore.backends.localsource import entry_of, store_holding
 from commitstore.errors import ConfigurationError, NameConflictError
-from commitstore.layout import META_DIR, intent_parts, record_parts
+from commitstore.layout import intent_parts, record_parts
 
 __all__ = ["check_adoptable", "check_outside"]
-
-
-def _resolved(src: Path) -> tuple[str, str]:
-    """The entry a rename of ``src`` moves (its parent resolved by the kernel's rules: symlinks
-    first, then ``..``) and what ``src`` itself resolves to."""
-    path = os.path.join(os.getcwd(), os.fspath(src))  # absolute; ``..`` left for realpath
-    head, last = os.path.split(path.rstrip("/") or "/")
-    if last in ("", ".", ".."):
-        last = os.path.basename(os.path.realpath(path))
-        head = os.path.dirname(os.path.realpath(path))
-    return os.path.join(os.path.realpath(head), last), os.path.realpath(path)
 
 
 def _holds(where: str, root: str) -> bool:
@@ -71,19 +65,6 @@ def _not_a_link(src: Path) -> None:
         raise ConfigurationError(f"{src} is a symbolic link: pass the folder itself")
 
 
-def _in_a_store(where: str) -> str | None:
-    """The folder above ``where`` (or ``where`` itself) that holds a store's metadata folder
-    with its records, or None."""
-    at = where
-    while True:
-        if os.path.isdir(os.path.join(at, META_DIR, "records")):
-            return at
-        up = os.path.dirname(at)
-        if up == at:
-            return None
-        at = up
-
-
 def check_outside(backend: Backend, src: Path, name: str) -> None:
     """Raise NameConflictError when ``src`` is the store's own folder, lies inside it or holds
     it (each of the entry moved and what it points to). No-op for a store that is no local
@@ -92,7 +73,7 @@ def check_outside(backend: Backend, src: Path, name: str) -> None:
     if root is None:
         return
     top = os.stat(root)
-    for where in _resolved(src):
+    for where in entry_of(src):
         inside = below(top, where) is not None
         if inside or _holds(where, root):
             raise NameConflictError(
@@ -104,7 +85,7 @@ def check_outside(backend: Backend, src: Path, name: str) -> None:
                 name=name,
             )
     _not_a_link(src)
-    store = _in_a_store(os.path.realpath(src))
+    store = store_holding(os.path.realpath(src))
     if store is not None:
         raise NameConflictError(
             f"{src} lies in a store ({store}: its records are there): moving it into {name} "
@@ -130,7 +111,7 @@ def check_adoptable(backend: Backend, src: Path, name: str) -> None:
     root = backend.local_root()
     if root is None:
         raise refuse("cannot be adopted: the store is no local folder")
-    entry, target = _resolved(src)
+    entry, target = entry_of(src)
     if os.path.islink(entry):
         raise refuse("is a symbolic link")
     top = os.stat(root)

@@ -50,7 +50,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ except ModuleNotFoundError as _exc:
     raise missing_extra("hf", "hf", _exc) from _exc
 
 from commitstore.backends import below, check_folder, scan
+from commitstore.backends.localsource import Pinned, pin
 from commitstore.errors import CommitStoreError, ConfigurationError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import Record
@@ -140,20 +141,57 @@ def commit_folder(
             entries, or holds a mount point of the store's file system; nothing is moved.
     """
     src = check_folder(src)
+    pinned = pin(src)  # the folder judged is the folder taken, wherever src's links point later
+    try:
+        return _commit_pinned(
+            store,
+            pinned,
+            name,
+            step=step,
+            metadata=metadata,
+            overwrite=overwrite,
+            keep_local=keep_local,
+        )
+    finally:
+        pinned.close()
+
+
+def _commit_pinned(
+    store: CommitStore,
+    pinned: Pinned,
+    name: str,
+    *,
+    step: int | None,
+    metadata: Mapping[str, Any] | None,
+    overwrite: bool,
+    keep_local: bool,
+) -> Record:
+    """:func:`commit_folder` of the folder ``pinned``: moved in or adopted (their checks judge
+    ``src``'s path, which must still name the pinned folder), else copied through the pinned
+    parent and its copied files removed without following a link on the way."""
+    src = pinned.src
     own = _store_path(store, name)
-    in_place = own is not None and own.exists() and own.samefile(src)
+    in_place = own is not None and own.exists() and _identity(own) == pinned.ident
     if own is not None and not (in_place and _committed(store, name)):
         # a local store: one rename into its staging area (a committed folder under the
         # name that the Trainer wrote into again is copied instead: moving it would leave its
         # record without data until the commit)
         files = _moved_in(
-            store, src, name, step=step, metadata=metadata, overwrite=overwrite or in_place
+            store,
+            src,
+            _inside(store, Path(os.path.realpath(pinned.via))),
+            name,
+            step=step,
+            metadata=metadata,
+            overwrite=overwrite or in_place,
         )
         if isinstance(files, Record):
             return files
     root = store.local_path()
     device = os.stat(root).st_dev if root is not None and root.exists() else None
     listed = scan(src, name, device)  # no link followed, no store entry or mount taken
+    pinned.check_unchanged()
+    base = Path(pinned.via)
     copied: dict[str, os.stat_result] = {}
     got: list[Record] = []
     with store.stage_dir(
@@ -162,10 +200,10 @@ def commit_folder(
         for rel in listed:
             target = out / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            copied[rel] = _copy_file(src / rel, target)
+            copied[rel] = _copy_file(base / rel, target)
     record = got[0]
     if not keep_local and not in_place:  # in place, src is the committed folder now
-        _remove_copied(src, copied)
+        _remove_copied(pinned, copied)
     return record
 
 
@@ -184,24 +222,64 @@ def _copy_file(src: Path, dst: Path) -> os.stat_result:
     return before
 
 
-def _remove_copied(src: Path, copied: Mapping[str, os.stat_result]) -> None:
-    """Remove from ``src`` the files that were copied, each only while it is still the file
-    copied (same identity, size and modification time), then the folders left empty: a file
-    another writer put there meanwhile (an artifact committed below ``src``) stays, and so do
-    the folders holding it. Failures are ignored (the commit is done; what is left stays)."""
-    for rel, was in copied.items():
-        path = src / rel
-        with contextlib.suppress(OSError):
-            now = os.lstat(path)
-            if (
-                os.path.samestat(now, was)
-                and now.st_size == was.st_size
-                and now.st_mtime_ns == was.st_mtime_ns
-            ):
-                os.unlink(path)
-    for dirpath, _dirs, _names in sorted(os.walk(src), key=lambda e: -len(e[0])):
-        with contextlib.suppress(OSError):
-            os.rmdir(dirpath)  # only when empty
+def _remove_copied(pinned: Pinned, copied: Mapping[str, os.stat_result]) -> None:
+    """Remove from the pinned folder the files that were copied, each only while it is still
+    the file copied (same identity, size and modification time), then the folders left empty:
+    a file another writer put there meanwhile (an artifact committed below ``src``) stays, and
+    so do the folders holding it. Every step down from the pinned folder is opened without
+    following a link, so a folder of ``src`` replaced by a link meanwhile leads nowhere.
+    Failures are ignored (the commit is done; what is left stays)."""
+    try:
+        top = os.open(pinned.last, _DIR_NOFOLLOW, dir_fd=pinned.fd)
+    except OSError:
+        return
+    try:
+        here = os.fstat(top)
+        if (here.st_dev, here.st_ino) != pinned.ident:
+            return  # another folder has its name now: nothing of it is removed
+        folders: set[tuple[str, ...]] = set()
+        for rel, was in copied.items():
+            *up, last = rel.split("/")
+            for n in range(1, len(up) + 1):
+                folders.add(tuple(up[:n]))
+            with contextlib.suppress(OSError), _opened_below(top, up) as folder:
+                now = os.stat(last, dir_fd=folder, follow_symlinks=False)
+                if (
+                    os.path.samestat(now, was)
+                    and now.st_size == was.st_size
+                    and now.st_mtime_ns == was.st_mtime_ns
+                ):
+                    os.unlink(last, dir_fd=folder)
+        for parts in sorted(folders, key=len, reverse=True):
+            with contextlib.suppress(OSError), _opened_below(top, list(parts[:-1])) as folder:
+                os.rmdir(parts[-1], dir_fd=folder)  # only when empty
+    finally:
+        os.close(top)
+    with contextlib.suppress(OSError):
+        os.rmdir(pinned.last, dir_fd=pinned.fd)  # only when empty
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+@contextlib.contextmanager
+def _opened_below(top: int, parts: list[str]) -> Iterator[int]:
+    """The folder ``parts`` below the open folder ``top``, each step opened without following
+    a link (``OSError`` where one is a link or missing); closed on exit."""
+    fd = os.dup(top)
+    try:
+        for part in parts:
+            step = os.open(part, _DIR_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = step
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _committed(store: CommitStore, name: str) -> bool:
@@ -218,6 +296,7 @@ def _committed(store: CommitStore, name: str) -> bool:
 def _moved_in(
     store: CommitStore,
     src: Path,
+    inside: bool,
     name: str,
     *,
     step: int | None,
@@ -226,8 +305,8 @@ def _moved_in(
 ) -> Record | None:
     """:func:`commit_folder` by one rename of ``src`` into the staging area: the record, or
     None (nothing changed) where the rename is not possible; ``FolderWrite.adopt`` for a
-    ``src`` inside the store (its refusals raised), ``move_in`` otherwise."""
-    inside = _inside(store, src)
+    ``src`` inside the store (``inside``, judged from the pinned folder: its refusals
+    raised), ``move_in`` otherwise."""
     for attempt in range(3 if inside else 1):  # gc claiming an entry beside it is brief
         if attempt:
             time.sleep(0.05 * attempt)

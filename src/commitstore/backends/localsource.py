@@ -6,24 +6,39 @@ links. Used by ``FolderWrite.move_in``/``adopt`` (``_movein``) and ``hf.commit_f
 - :func:`below`: where a path lies below a folder by the identity (device, inode) of the
   folders on its way up, so symlinks, ``..`` after a symlink, bind mounts of the folder itself
   and case-folding file systems cannot hide it.
+- :func:`entry_of`: the entry a rename of a path moves, its parent's symlinks resolved; and
+  :func:`store_holding`: the store (a folder with ``.commitstore/records``) a path lies in.
+- :func:`pin`: a folder's parent opened once, so that what is later renamed, copied or removed
+  is the folder that was checked, whatever the symlinks of its path point to by then.
 - :func:`scan`: the regular files of a folder; a symbolic link, FIFO, socket or device in it,
   an entry named like the store's own (``.commitstore*``, case folded), a folder that cannot be
   listed, or a mount point on the store's file system (a bind mount can show a committed folder
   under another path) is refused before anything is moved or copied.
 
-Each only looks (``stat``, ``lstat``, listings, ``/proc/self/mountinfo``): nothing is changed.
+Each only looks (``stat``, ``lstat``, listings, ``/proc/self/mountinfo``; :func:`pin` opens a
+folder): nothing is changed.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from commitstore.errors import ConfigurationError, NameConflictError
 from commitstore.layout import META_DIR
 
-__all__ = ["OURS", "below", "check_folder", "scan"]
+__all__ = [
+    "OURS",
+    "Pinned",
+    "below",
+    "check_folder",
+    "entry_of",
+    "pin",
+    "scan",
+    "store_holding",
+]
 
 OURS = META_DIR.casefold()
 """Every entry of the store's own (``.commitstore``, ``.commitstore.tmp.*``, ...) starts so,
@@ -128,3 +143,95 @@ def scan(src: Path, name: str, device: int | None) -> list[str]:
         rel = os.path.relpath(dirpath, top)
         files += [n if rel == "." else f"{rel}/{n}".replace(os.sep, "/") for n in names]
     return files
+
+
+def entry_of(src: Path) -> tuple[str, str]:
+    """The entry a rename of ``src`` moves (its parent resolved by the kernel's rules: symlinks
+    first, then ``..``) and what ``src`` itself resolves to."""
+    path = os.path.join(os.getcwd(), os.fspath(src))  # absolute; ``..`` left for realpath
+    head, last = os.path.split(path.rstrip("/") or "/")
+    if last in ("", ".", ".."):
+        last = os.path.basename(os.path.realpath(path))
+        head = os.path.dirname(os.path.realpath(path))
+    return os.path.join(os.path.realpath(head), last), os.path.realpath(path)
+
+
+def store_holding(where: str) -> str | None:
+    """The folder above ``where`` (or ``where`` itself) that holds a store's metadata folder
+    with its records, or None."""
+    at = where
+    while True:
+        if os.path.isdir(os.path.join(at, META_DIR, "records")):
+            return at
+        up = os.path.dirname(at)
+        if up == at:
+            return None
+        at = up
+
+
+@dataclass
+class Pinned:
+    """``src``'s parent folder, open, and the identity of the folder ``src`` named in it when it
+    was opened: a rename of :attr:`via` moves that entry of that folder, wherever the symlinks
+    of ``src``'s path point by then (Linux: through ``/proc/self/fd``; elsewhere the path
+    itself, checked again after the move)."""
+
+    src: Path
+    fd: int
+    last: str
+    ident: tuple[int, int]
+    via: str
+
+    def close(self) -> None:
+        """Close the parent folder."""
+        os.close(self.fd)
+
+    def changed(self, why: str) -> NameConflictError:
+        """The refusal for a ``src`` whose path stopped naming the pinned folder."""
+        return NameConflictError(
+            f"{self.src} {why} while it was checked or moved (a symbolic link in its path "
+            "was pointed elsewhere?): the folder checked is the only one that may be moved, "
+            "so it is refused and nothing stays moved",
+            name=str(self.src),
+        )
+
+    def check_unchanged(self) -> None:
+        """Raise :meth:`changed` unless ``src``'s path still names the pinned folder."""
+        try:
+            now = os.stat(self.src)
+        except OSError as exc:
+            raise self.changed("is gone") from exc
+        if (now.st_dev, now.st_ino) != self.ident:
+            raise self.changed("names another folder")
+
+
+def pin(src: Path) -> Pinned:
+    """Open ``src``'s parent (its symlinks resolved now, once) and note the entry ``src``
+    names in it, not following it (:class:`Pinned`; the caller closes it). Judging the entry
+    (a symbolic link, where it lies) is left to the caller's checks, which run after this.
+
+    Raises:
+        ConfigurationError: ``src``'s parent cannot be opened or ``src`` is gone.
+    """
+    entry, _ = entry_of(src)
+    head, last = os.path.split(entry)
+    try:
+        fd = os.open(head or "/", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ConfigurationError(f"{src} cannot be moved in: {exc.strerror}") from exc
+    try:
+        try:
+            st = os.stat(last, dir_fd=fd, follow_symlinks=False)
+        except OSError as exc:
+            raise ConfigurationError(f"{src} cannot be moved in: {exc.strerror}") from exc
+        via = f"/proc/self/fd/{fd}/{last}"
+        try:
+            through = os.stat(via, follow_symlinks=False)
+        except OSError:
+            through = None
+        if through is None or not os.path.samestat(through, st):
+            via = entry  # no /proc here: the path, with the identity checked after the move
+        return Pinned(src, fd, last, (st.st_dev, st.st_ino), via)
+    except BaseException:
+        os.close(fd)
+        raise
