@@ -55,9 +55,12 @@ _INTEGRATION_ONLY = (
 """Top-level modules no suite but ``async_integrations`` runs: the Hugging Face and Lightning
 integrations, and where a folder moved into a write may lie (``FolderWrite.move_in``/``adopt``,
 called by the HF integration only)."""
+_FOLDER_WRITES = ("src/commitstore/_folderwrite.py", "src/commitstore/backends/localsource.py")
+"""Modules only a folder write runs (``begin_folder``/``stage_dir``, ``move_in``, ``adopt``, and
+the folder sources they take): counted by the suites that write folders."""
 _CORE = (
     ":(glob)src/commitstore/*.py",
-    *(f":(exclude){path}" for path in _INTEGRATION_ONLY),
+    *(f":(exclude){path}" for path in (*_INTEGRATION_ONLY, *_FOLDER_WRITES)),
     "benchmarks/_harness.py",
 )
 _WORKER = ("benchmarks/worker.py",)
@@ -96,6 +99,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "scale-folder": (
         *_CORE,
+        *_FOLDER_WRITES,
         *_RENAME,
         *_OBJECT,
         "src/commitstore/mirrors",
@@ -109,11 +113,17 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "src/commitstore/mirrors",
         "benchmarks/scrub.py",
     ),
-    "dcp_local": (*_CORE, *_RENAME, "benchmarks/dcp.py"),
+    "dcp_local": (*_CORE, *_FOLDER_WRITES, *_RENAME, "benchmarks/dcp.py"),
     "torch": (*_CORE, *_RENAME, "benchmarks/torchio.py"),
     "torch-s3": (*_CORE, *_OBJECT, "benchmarks/torchio.py"),
     "asyncsave": (*_CORE, *_RENAME, "benchmarks/asyncsave.py", "benchmarks/barecheckpoint.py"),
-    "async_integrations": (*_CORE, *_INTEGRATION_ONLY, *_RENAME, "benchmarks/integrations.py"),
+    "async_integrations": (
+        *_CORE,
+        *_INTEGRATION_ONLY,
+        *_FOLDER_WRITES,
+        *_RENAME,
+        "benchmarks/integrations.py",
+    ),
 }
 """For each result file, the code it times (git pathspecs): the suite, the harness, the worker it
 runs, the package's top-level modules (but :data:`_INTEGRATION_ONLY`, counted only where they
@@ -151,9 +161,24 @@ def staleness(root: Path, suite: str, measured: str) -> str | None:
     full = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").stdout.strip()
     if not full:
         return f"its commit `{rev}` is not in this repository's history"
-    if _git(root, "diff", "--quiet", full, "--", *sources).returncode != 0:
-        return "the code it times changed after its commit"
+    for group in pathspec_groups(sources):
+        if _git(root, "diff", "--quiet", full, "--", *group).returncode != 0:
+            return "the code it times changed after its commit"
     return None
+
+
+def pathspec_groups(sources: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """``sources`` as separate ``git diff`` calls: each pathspec with the ``:(exclude)``
+    pathspecs that follow it. (Given to one call, git applies every exclusion to every
+    pathspec, so a module excluded from the package's glob would never count, even for the
+    suite that names it again.)"""
+    groups: list[list[str]] = []
+    for spec in sources:
+        if spec.startswith(":(exclude)") and groups:
+            groups[-1].append(spec)
+        else:
+            groups.append([spec])
+    return [tuple(g) for g in groups]
 
 
 _DROP_WORDS = {"dropped": "dropped", "off": "not dropped (--no-drop-caches)"}

@@ -225,6 +225,29 @@ def test_an_uncommitted_change_makes_the_result_stale(repo: Path) -> None:
     assert render.staleness(repo, "local", _read(repo)["commit"]) is not None
 
 
+def test_a_module_excluded_from_the_package_counts_where_named_again(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module excluded from the package's glob (run by one suite only) stales that suite's
+    result and not the others'."""
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "core.py").write_text("A = 1\n")
+    (repo / "pkg" / "only.py").write_text("B = 1\n")
+    doc = _read(repo)
+    doc["commit"] = _commit_all(repo, "the package")
+    _write(repo, doc)
+    core = (":(glob)pkg/*.py", ":(exclude)pkg/only.py")
+    monkeypatch.setitem(render.SOURCES, "local", core)
+    monkeypatch.setitem(render.SOURCES, "other", (*core, "pkg/only.py"))
+    (repo / "pkg" / "only.py").write_text("B = 2\n")
+    _commit_all(repo, "the module one suite runs")
+    assert render.staleness(repo, "local", doc["commit"]) is None
+    assert render.staleness(repo, "other", doc["commit"]) is not None
+    (repo / "pkg" / "core.py").write_text("A = 2\n")
+    _commit_all(repo, "the package")
+    assert render.staleness(repo, "local", doc["commit"]) is not None
+
+
 def test_a_change_elsewhere_leaves_the_result_fresh(repo: Path) -> None:
     (repo / "docs" / "other.md").write_text("# Other\n")
     _commit_all(repo, "docs only")
