@@ -79,6 +79,52 @@ def test_a_killed_writer_not_yet_reaped_is_not_known_dead(
     assert not known_dead(stated)
 
 
+def test_a_running_writer_hidden_by_proc_is_never_dead(
+    child: tuple[subprocess.Popen[bytes], dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was a bug: ``/proc`` mounted with ``hidepid`` (another user's processes unlisted) made a
+    running writer's ``/proc/<pid>/stat`` unreadable, which was taken for "no such process":
+    its upload was joined or aborted while it ran. Now the kernel is asked whether the PID is
+    held; a hidden process is alive as far as anyone can tell."""
+    from commitstore.backends.object import writerid
+
+    proc, stated = child
+    read = writerid._started
+    monkeypatch.setattr(writerid, "_started", lambda pid: None if pid == proc.pid else read(pid))
+    assert not known_dead(stated)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert known_dead(stated)  # gone: the kernel says so, /proc or not
+
+
+def test_a_writer_in_another_time_namespace_is_never_dead() -> None:
+    """Was a bug: a writer in a time namespace (``unshare -T --boottime``, as restored or
+    containerised processes run) states a start time shifted by its namespace's offset; read
+    from outside it differed, so the running writer was taken for a PID reused. Statements
+    from another time namespace tell nothing now."""
+    code = (
+        "import json, sys; from commitstore.backends.object.writerid import this_writer; "
+        "print(json.dumps(this_writer()), flush=True); sys.stdin.read()"
+    )
+    argv = ["unshare", "-T", "--boottime", "100000", "-f", sys.executable, "-c", code]
+    probe = subprocess.run(["unshare", "-T", "true"], capture_output=True, check=False)
+    if probe.returncode:
+        pytest.skip(f"no time namespaces here: {probe.stderr.decode().strip()}")
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        stated = json.loads(proc.stdout.readline())
+        me = this_writer()
+        assert me is not None and stated["timens"] != me["timens"]
+        assert not known_dead(stated)
+        from commitstore.backends.object.writerid import _started
+
+        assert _started(stated["pid"]) != stated["started"]  # read from here: shifted
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
 def test_a_pid_held_by_a_process_started_at_another_time_is_dead() -> None:
     me = this_writer()
     assert me is not None
@@ -90,13 +136,23 @@ def test_a_pid_held_by_a_process_started_at_another_time_is_dead() -> None:
     [
         {"boot": "00000000-0000-0000-0000-000000000000"},
         {"pidns": "pid:[1]"},
+        {"timens": "time:[1]"},
         {"pid": "1"},
         {"pid": True},
         {"pid": -5},
         {"started": None},
         {"started": 1.5},
     ],
-    ids=["other-boot", "other-pidns", "pid-text", "pid-bool", "pid-negative", "no-start", "float"],
+    ids=[
+        "other-boot",
+        "other-pidns",
+        "other-timens",
+        "pid-text",
+        "pid-bool",
+        "pid-negative",
+        "no-start",
+        "float",
+    ],
 )
 def test_a_statement_from_elsewhere_or_malformed_tells_nothing(
     child: tuple[subprocess.Popen[bytes], dict[str, Any]], edit: dict[str, Any]
