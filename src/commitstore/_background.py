@@ -17,6 +17,14 @@ One :class:`BackgroundCommits` per store, made at its first asynchronous commit.
 - **Exit.** At interpreter exit, jobs still queued are finished within
   ``COMMITSTORE_EXIT_FLUSH_SECONDS`` (shared with the mirrors' exit flush), before
   ``concurrent.futures`` stops taking work; a warning names every commit that did not land.
+- **Close.** :meth:`BackgroundCommits.close` waits for a commit whose snapshot is being taken
+  on another thread when it is called (it is queued and lands); a commit asked for after it
+  raises ConfigurationError. ``flush``/``close`` on the worker thread itself (a future's
+  done-callback) raise ConfigurationError instead of waiting for themselves; a future leaves
+  the in-flight list before its callbacks run.
+- **Fork.** A child process made by ``fork()`` starts with no commit of its own in flight: the
+  parent's stay the parent's (their futures resolve there), the child's ``flush``/``close``
+  do not wait for them, and its own commits run on a worker thread of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -83,6 +92,31 @@ class _Job:
     """Called once the job ended, whatever its outcome (releases its snapshot)."""
 
 
+class _Slot:
+    """One slot of an engine, taken by :meth:`BackgroundCommits.acquire`: calling it releases
+    the slot (once; later calls do nothing). Until its job is queued it counts as a snapshot
+    being taken, which ``flush``/``close`` wait for."""
+
+    def __init__(self, engine: BackgroundCommits, slots: threading.BoundedSemaphore) -> None:
+        self.engine = engine
+        self.slots = slots
+        self.queued = False
+        self.released = False
+
+    def __call__(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        engine = self.engine
+        with engine._lock:
+            if self.slots is engine._slots:  # not a slot of the parent's, after a fork
+                engine._held -= 1
+                if not self.queued:
+                    engine._preparing -= 1
+                    engine._idle.notify_all()
+        self.slots.release()
+
+
 _live: weakref.WeakSet[BackgroundCommits] = weakref.WeakSet()
 
 
@@ -99,6 +133,15 @@ def _exit_flush_all(*, final: bool) -> None:
 
 def _register_exit_hooks() -> None:
     register_exit_stages(_exit_flush_all)
+
+
+def _after_fork_in_child() -> None:
+    for engine in list(_live):
+        engine._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class BackgroundCommits:
@@ -129,12 +172,39 @@ class BackgroundCommits:
         self.high_water = 0
         """The most jobs that ever held a slot at once (never above ``inflight``)."""
         self._held = 0
-        self._thread = threading.Thread(
-            target=self._work, name=f"commitstore-async {url}", daemon=True
-        )
-        self._thread.start()
+        self._preparing = 0
+        """Slots taken whose job is not queued yet (a snapshot being taken)."""
+        self._thread: threading.Thread | None = None
+        self._start_worker()
         _register_exit_hooks()
         _live.add(self)
+
+    def _start_worker(self) -> None:
+        self._thread = threading.Thread(
+            target=self._work, name=f"commitstore-async {self.url}", daemon=True
+        )
+        self._thread.start()
+
+    def _after_fork_in_child(self) -> None:
+        """In a child made by ``fork()``: no job of the parent's is this process's; fresh
+        locks (one may have been held by a thread the child does not have), free slots, and a
+        worker thread made at the child's first commit."""
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._slots = threading.BoundedSemaphore(self.inflight)
+        self._jobs = queue.SimpleQueue()
+        self._open = []
+        self._failed = []
+        self._held = self._preparing = 0
+        self._thread = None
+
+    def _not_on_worker(self, what: str) -> None:
+        if threading.current_thread() is self._thread:
+            raise ConfigurationError(
+                f"{self.url}: {what} was called on the store's asynchronous commit thread "
+                "(from a future's callback?): it would wait for that thread itself; call it "
+                "from another thread"
+            )
 
     # -- the caller's side --------------------------------------------------------------------
     def acquire(self, timeout: float | None = None) -> Callable[[], None]:
@@ -142,24 +212,21 @@ class BackgroundCommits:
         function that releases it, to be called exactly once. Call before taking a snapshot,
         so at most ``inflight`` snapshots exist at once."""
         self.raise_failed()
-        if self._closed:
-            raise ConfigurationError(f"{self.url}: the store was closed; no new commits")
+        self._check_open()
         if not self._slots.acquire(timeout=timeout):
             raise TimeoutError(f"{self.url}: no free asynchronous commit slot")
         with self._lock:
+            if self._closed:  # closed while this waited for the slot
+                self._slots.release()
+                self._check_open()
             self._held += 1
+            self._preparing += 1
             self.high_water = max(self.high_water, self._held)
-        released: list[bool] = []
+        return _Slot(self, self._slots)
 
-        def release() -> None:
-            if released:
-                return
-            released.append(True)
-            with self._lock:
-                self._held -= 1
-            self._slots.release()
-
-        return release
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError(f"{self.url}: the store was closed; no new commits")
 
     def submit(
         self, name: str, run: Callable[[], Record], release: Callable[[], None]
@@ -168,9 +235,15 @@ class BackgroundCommits:
         its future at once."""
         future = CommitFuture(name)
         future.set_running_or_notify_cancel()
-        with self._lock:
+        with self._idle:
+            if isinstance(release, _Slot) and release.engine is self:
+                release.queued = True
+                self._preparing -= 1
+            if self._thread is None or not self._thread.is_alive():
+                self._start_worker()  # the first commit of a forked child
             self._open.append(future)
-        self._jobs.put(_Job(future, run, release))
+            self._jobs.put(_Job(future, run, release))
+            self._idle.notify_all()
         return future
 
     def raise_failed(self) -> None:
@@ -196,9 +269,10 @@ class BackgroundCommits:
         Raises:
             TimeoutError: ``timeout`` seconds passed first (nothing is cancelled).
         """
+        self._not_on_worker("flush()")
         end = None if timeout is None else time.monotonic() + timeout
         with self._idle:
-            while self._open:
+            while self._open or self._preparing:
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"{self.url}: asynchronous commits still running")
@@ -206,17 +280,21 @@ class BackgroundCommits:
         self.raise_failed()
 
     def close(self) -> None:
-        """Flush, then stop the worker. Idempotent; raises as :meth:`flush`."""
-        if not self._closed:
-            self._closed = True
-            _live.discard(self)
-            try:
-                self.flush()
-            finally:
-                self._jobs.put(None)
-                self._thread.join()
-        else:
+        """Flush (a commit whose snapshot is being taken included), then stop the worker; a
+        later commit raises ConfigurationError. Idempotent; raises as :meth:`flush`."""
+        self._not_on_worker("close()")
+        with self._lock:
+            first, self._closed = not self._closed, True
+        if not first:
             self.raise_failed()
+            return
+        _live.discard(self)
+        try:
+            self.flush()
+        finally:
+            self._jobs.put(None)
+            if self._thread is not None:
+                self._thread.join()
 
     def exit_flush(self, deadline: float, *, warn: bool) -> None:
         """At interpreter exit: wait until the monotonic ``deadline`` for queued commits, hand
@@ -258,7 +336,8 @@ class BackgroundCommits:
                 outcome = exc
             del run
             done()
-            if isinstance(outcome, BaseException):
+            failed = isinstance(outcome, BaseException)
+            if failed:
                 log.error(
                     "%s: asynchronous commit of %s failed: %s: %s",
                     self.url,
@@ -266,12 +345,13 @@ class BackgroundCommits:
                     type(outcome).__name__,
                     outcome,
                 )
+            with self._idle:  # ended before its callbacks run (they may flush)
+                self._open.remove(future)
+                if failed:
+                    self._failed.append(future)
+                self._idle.notify_all()
+            if isinstance(outcome, BaseException):
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
-            with self._idle:
-                self._open.remove(future)
-                if isinstance(outcome, BaseException):
-                    self._failed.append(future)
-                self._idle.notify_all()
             del future, outcome

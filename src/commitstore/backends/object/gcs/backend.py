@@ -14,6 +14,7 @@ import contextlib
 import functools
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 from urllib.parse import quote, unquote, urlsplit
 
@@ -32,6 +33,7 @@ from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.gcs.errors import translate
 from commitstore.backends.object.gcs.resume import GcsState, session_of
 from commitstore.backends.object.gcs.upload import GcsUpload
+from commitstore.backends.object.perprocess import PerProcess
 from commitstore.backends.object.upload import ObjectStat, Upload
 from commitstore.errors import (
     AlreadyExistsError,
@@ -66,17 +68,23 @@ class GcsBackend(ObjectBackend):
         conditional_writes: bool | None = None,
         reason: str = "gs:// URL",
         secrets: tuple[str, ...] = (),
+        make_fs: Callable[[], Any] | None = None,
     ) -> None:
         if chunk_size < ALIGN or chunk_size % ALIGN:
             raise ConfigurationError("chunk_size must be a positive multiple of 256 KiB")
         super().__init__(bucket, prefix, conditional_writes=conditional_writes, reason=reason)
-        self.fs = fs
+        self._fs = PerProcess(fs, make_fs, f"gs://{bucket}")
         self.chunk_size = chunk_size
         self._secrets = secrets
         self.status_queries: bool | None = None
         """Whether the endpoint answers a resumable session's status query (``Content-Range:
         bytes */N``, no body) with the offset it holds, without finalising the object: probed
         once per store, the first time a resume needs it (:meth:`probe_status_queries`)."""
+
+    @property
+    def fs(self) -> Any:
+        """The gcsfs file system of this process (``make_fs`` makes one in a forked child)."""
+        return self._fs.get()
 
     def run(self, what: str, parts: Parts, coro: Any) -> Any:
         """Run a gcsfs coroutine on its loop; errors translated in one place (a credential in
@@ -393,10 +401,15 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
     if opts["project"] is not None:
         kw["project"] = opts["project"]
     secrets = secret_values(opts["token"])
+
+    def make_fs() -> Any:
+        made = TimedGCSFileSystem(**kw)
+        made.attempts = attempts
+        return made
+
     failure: Exception | None = None
     try:
-        fs = TimedGCSFileSystem(**kw)
-        fs.attempts = attempts
+        fs = make_fs()
     except Exception as exc:  # google-auth checks a token here (and quotes it when that fails)
         failure = exc
     if failure is not None:  # raised outside the handler: the original is not even __context__
@@ -409,5 +422,6 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         conditional_writes=opts["conditional_writes"],
         reason="gs:// URL (the resumable upload's final request is the commit)",
         secrets=secrets,
+        make_fs=make_fs,
     )
     return with_heartbeat(backend, opts["heartbeat"])

@@ -36,7 +36,10 @@ log = logging.getLogger("commitstore")
 class GcsCalls(Protocol):
     """What an upload session needs of its store (``gcs.backend.GcsBackend`` provides it)."""
 
-    fs: Any
+    @property
+    def fs(self) -> Any:
+        """The fsspec file system of this process."""
+
     bucket: str
     chunk_size: int
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import io
 import os
+from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 from urllib.parse import unquote, urlsplit
 
@@ -33,6 +34,7 @@ from commitstore.backends.object._transport import (
 )
 from commitstore.backends.object.base import ObjectBackend, with_heartbeat
 from commitstore.backends.object.bodies import Body
+from commitstore.backends.object.perprocess import PerProcess
 from commitstore.backends.object.s3.errors import probe_conditional_create, translate
 from commitstore.backends.object.s3.listing import list_prefix
 from commitstore.backends.object.s3.reads import S3RangedReader
@@ -82,6 +84,7 @@ class S3Backend(ObjectBackend):
         read_part_size: int = 16 * MiB,
         read_inflight: int = 6,
         reason: str = "s3:// URL",
+        make_fs: Callable[[], Any] | None = None,
     ) -> None:
         if read_part_size < 64 * 1024 or read_inflight < 1:
             raise ConfigurationError(
@@ -94,7 +97,7 @@ class S3Backend(ObjectBackend):
                 "single_put_max must be between 0 and 5 GiB (S3's PutObject limit)"
             )
         super().__init__(bucket, prefix, conditional_writes=conditional_writes, reason=reason)
-        self.fs = fs
+        self._fs = PerProcess(fs, make_fs, f"s3://{bucket}")
         self.endpoint = endpoint
         self.part_size = part_size
         self.max_inflight = max(1, max_inflight)
@@ -110,6 +113,11 @@ class S3Backend(ObjectBackend):
         False: the body is otherwise UNSIGNED-PAYLOAD. True: the SDK also signs its SHA-256 on
         the event loop, which authenticates it on plain HTTP (the fs must be configured to
         match: ``payload_signing_enabled``)."""
+
+    @property
+    def fs(self) -> Any:
+        """The s3fs file system of this process (``make_fs`` makes one in a forked child)."""
+        return self._fs.get()
 
     def _probe_conditional(self) -> bool:
         try:
@@ -392,23 +400,28 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
         or os.environ.get("AWS_ENDPOINT_URL_S3")
         or os.environ.get("AWS_ENDPOINT_URL")
     )
-    fs = s3fs.S3FileSystem(
-        key=opts["key"],
-        secret=opts["secret"],
-        token=opts["token"],
-        endpoint_url=endpoint,
-        skip_instance_cache=True,
-        session=fast_session(),
-        config_kwargs={
-            **deadline,
-            # botocore >= 1.36 checksums break several S3-compatible servers (s3fs#931)
-            "request_checksum_calculation": "when_required",
-            "response_checksum_validation": "when_required",
-            # Bodies carry a Content-MD5 instead of a SHA-256 signature unless asked (backends/s3)
-            "s3": {"payload_signing_enabled": bool(opts["sign_payload"])},
-        },
-    )
-    fs.retries = 1  # botocore retries (bounded, above); s3fs's own would multiply them
+
+    def make_fs() -> Any:
+        fs = s3fs.S3FileSystem(
+            key=opts["key"],
+            secret=opts["secret"],
+            token=opts["token"],
+            endpoint_url=endpoint,
+            skip_instance_cache=True,
+            session=fast_session(),
+            config_kwargs={
+                **deadline,
+                # botocore >= 1.36 checksums break several S3-compatible servers (s3fs#931)
+                "request_checksum_calculation": "when_required",
+                "response_checksum_validation": "when_required",
+                # Bodies carry a Content-MD5 instead of a SHA-256 signature unless asked
+                "s3": {"payload_signing_enabled": bool(opts["sign_payload"])},
+            },
+        )
+        fs.retries = 1  # botocore retries (bounded, above); s3fs's own would multiply them
+        return fs
+
+    fs = make_fs()
     return with_heartbeat(
         S3Backend(
             fs,
@@ -423,6 +436,7 @@ def factory(url: str, options: dict[str, Any]) -> ObjectBackend:
             read_part_size=opts["read_part_size"],
             read_inflight=opts["read_inflight"],
             reason="s3:// URL (multipart upload completion is the commit)",
+            make_fs=make_fs,
         ),
         opts["heartbeat"],
     )

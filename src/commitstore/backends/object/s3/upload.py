@@ -106,7 +106,10 @@ def part_span(number: int, part_size: int) -> tuple[int, int]:
 class S3Calls(Protocol):
     """What an upload session needs of its store (``s3.S3Backend`` provides it)."""
 
-    fs: Any
+    @property
+    def fs(self) -> Any:
+        """The fsspec file system of this process."""
+
     part_size: int
     max_inflight: int
     mtime_resolution: float
