@@ -73,6 +73,31 @@ def test_close_waits_for_a_commit_whose_snapshot_is_being_taken(tmp_path: Path) 
         store.commit_async("late.bin", lambda: b"l", _write)
 
 
+def test_every_close_waits_for_the_commit_in_flight(tmp_path: Path) -> None:
+    """Two threads close the store while a commit is being written: neither returns before
+    it landed. (Was a bug: the second close() returned at once.)"""
+    store = open_store(tmp_path)
+    release = threading.Event()
+
+    def slow_write(snap: bytes, f: Any) -> None:
+        assert release.wait(_WAIT)
+        f.write(snap)
+
+    future = store.commit_async("a.bin", lambda: b"a", slow_write)
+    first = threading.Thread(target=store.close)
+    first.start()
+    second = threading.Thread(target=store.close)
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "a second close() returned while a commit was in flight"
+    release.set()
+    for t in (first, second):
+        t.join(_WAIT)
+        assert not t.is_alive()
+    assert future.result(_WAIT).name == "a.bin"
+    assert _landed(tmp_path, "a.bin", b"a")
+
+
 @pytest.mark.parametrize("call", ["flush", "close"])
 def test_flush_or_close_in_a_done_callback_is_refused_not_a_deadlock(
     tmp_path: Path, call: str

@@ -89,6 +89,45 @@ def test_move_in_after_a_link_in_src_is_pointed_at_the_store_when_checked(
     assert _broken(root) == []
 
 
+def test_move_in_judges_the_folder_it_pinned_not_where_the_link_points_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link points into the store when ``src``'s parent is opened, outside while the
+    checks look at the path, and into the store again after them (so the path names the
+    pinned folder once more). Was a bug after the first fix: the checks judged the path, and
+    the folder moved was the committed one. The pinned folder itself is judged now (walking up
+    from its open parent): refused, nothing moved."""
+    import commitstore._folderwrite as fw
+
+    root = tmp_path / "store"
+    store = _store(root)
+    pub, real = _shared(tmp_path)
+    pinning = getattr(fw, "pin")  # noqa: B009 (not re-exported by the module)
+    checked = getattr(fw, "check_outside")  # noqa: B009
+
+    def pin_inside(src: Path) -> Any:
+        _point(pub, root / "ckpt")
+        try:
+            return pinning(src)
+        finally:
+            _point(pub, real)
+
+    def check_then_point_back(*a: Any, **k: Any) -> None:
+        try:
+            checked(*a, **k)
+        finally:
+            _point(pub, root / "ckpt")
+
+    monkeypatch.setattr(fw, "pin", pin_inside)
+    monkeypatch.setattr(fw, "check_outside", check_then_point_back)
+    write = store.begin_folder("victim/run")
+    with pytest.raises(NameConflictError):
+        write.move_in(pub / "step_1")
+    write.abort()
+    monkeypatch.undo()
+    assert _broken(root) == []
+
+
 def test_move_in_renames_the_folder_checked_when_the_link_moves_before_the_rename(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -285,8 +285,8 @@ class BackgroundCommits:
         self._not_on_worker("close()")
         with self._lock:
             first, self._closed = not self._closed, True
-        if not first:
-            self.raise_failed()
+        if not first:  # another close() stops the worker: wait for what it waits for
+            self.flush()
             return
         _live.discard(self)
         try:

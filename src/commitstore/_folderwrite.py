@@ -69,12 +69,13 @@ from commitstore._small import put_small
 from commitstore.backends import (
     Backend,
     CommitInfo,
+    Pinned,
     PutMode,
     StagingTaken,
     check_folder,
     hash_and_sync_tree,
+    pin,
 )
-from commitstore.backends.localsource import Pinned, pin
 from commitstore.digest import hash_stream, manifest_digest
 from commitstore.errors import (
     AlreadyExistsError,
@@ -399,7 +400,7 @@ class FolderWrite:
         src = check_folder(src)
         pinned = pin(src)
         try:
-            check_outside(self._c.backend, src, self.name)
+            check_outside(self._c.backend, src, self.name, pinned)
             return self._move_in(pinned)
         finally:
             pinned.close()
@@ -420,7 +421,7 @@ class FolderWrite:
         src = check_folder(src)
         pinned = pin(src)
         try:
-            check_adoptable(self._c.backend, src, self.name)
+            check_adoptable(self._c.backend, src, self.name, pinned)
             return self._move_in(pinned)
         finally:
             pinned.close()

@@ -42,10 +42,18 @@ and before the rename (``adopt`` is for folders no other writer uses).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-from commitstore.backends import OURS, Backend, below, scan
-from commitstore.backends.localsource import entry_of, store_holding
+from commitstore.backends import (
+    OURS,
+    Backend,
+    Pinned,
+    below,
+    entry_of,
+    scan,
+    store_holding,
+)
 from commitstore.errors import ConfigurationError, NameConflictError
 from commitstore.layout import intent_parts, record_parts
 
@@ -65,17 +73,21 @@ def _not_a_link(src: Path) -> None:
         raise ConfigurationError(f"{src} is a symbolic link: pass the folder itself")
 
 
-def check_outside(backend: Backend, src: Path, name: str) -> None:
+def check_outside(backend: Backend, src: Path, name: str, pinned: Pinned) -> None:
     """Raise NameConflictError when ``src`` is the store's own folder, lies inside it or holds
-    it (each of the entry moved and what it points to). No-op for a store that is no local
-    folder."""
+    it (each of the entry moved and what it points to, and the folder ``pinned``, judged
+    through its open parent: the folder that will be moved). No-op for a store that is no
+    local folder."""
     root = backend.local_root()
     if root is None:
         return
     top = os.stat(root)
-    for where in entry_of(src):
-        inside = below(top, where) is not None
-        if inside or _holds(where, root):
+    for where in (*entry_of(src), None):
+        if where is None:  # the pinned folder: what a link in src's path points to no longer counts
+            inside, holds = pinned.lies_in(top), pinned.holds(root)
+        else:
+            inside, holds = below(top, where) is not None, _holds(where, root)
+        if inside or holds:
             raise NameConflictError(
                 f"{src} is {'inside' if inside else 'a folder holding'} the "
                 f"store's own folder ({root}): moving it into {name}'s staging area "
@@ -86,6 +98,8 @@ def check_outside(backend: Backend, src: Path, name: str) -> None:
             )
     _not_a_link(src)
     store = store_holding(os.path.realpath(src))
+    if store is None and pinned.in_a_store():
+        store = "above the folder"
     if store is not None:
         raise NameConflictError(
             f"{src} lies in a store ({store}: its records are there): moving it into {name} "
@@ -96,9 +110,10 @@ def check_outside(backend: Backend, src: Path, name: str) -> None:
     scan(src, name, top.st_dev)
 
 
-def check_adoptable(backend: Backend, src: Path, name: str) -> None:
+def check_adoptable(backend: Backend, src: Path, name: str, pinned: Pinned) -> None:
     """Raise NameConflictError unless ``src`` may be adopted by the write of ``name`` (module
-    docstring)."""
+    docstring); the folder judged must be ``pinned``, the one that will be moved (the store's
+    own path to it, ``root/rel``, names it before and after the checks)."""
 
     def refuse(why: str) -> NameConflictError:
         return NameConflictError(
@@ -118,6 +133,8 @@ def check_adoptable(backend: Backend, src: Path, name: str) -> None:
     rel = below(top, entry)
     if not rel or below(top, target) != rel:
         raise refuse(f"is not a folder inside the store's own folder ({root})")
+    judged = os.path.join(root, *rel)
+    _same(judged, pinned, refuse)
     folded = tuple(p.casefold() for p in rel)
     if any(p.startswith(OURS) for p in folded):
         raise refuse("is or lies in the store's own metadata or staging entries")
@@ -136,3 +153,16 @@ def check_adoptable(backend: Backend, src: Path, name: str) -> None:
     for _dirpath, _dirs, files in os.walk(records):
         if files:
             raise refuse("holds committed artifacts (or commits in progress) below it")
+    _same(judged, pinned, refuse)
+
+
+def _same(judged: str, pinned: Pinned, refuse: Callable[[str], NameConflictError]) -> None:
+    """Refuse unless the store's own path ``judged`` names the pinned folder."""
+    try:
+        st = os.stat(judged, follow_symlinks=False)
+    except OSError as exc:
+        raise refuse("is gone") from exc
+    if (st.st_dev, st.st_ino) != pinned.ident:
+        raise refuse(
+            "is not the folder it named when the call began (a link was pointed elsewhere?)"
+        )

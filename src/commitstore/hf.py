@@ -63,8 +63,7 @@ try:
 except ModuleNotFoundError as _exc:
     raise missing_extra("hf", "hf", _exc) from _exc
 
-from commitstore.backends import below, check_folder, scan
-from commitstore.backends.localsource import Pinned, pin
+from commitstore.backends import Pinned, below, check_folder, pin, scan
 from commitstore.errors import CommitStoreError, ConfigurationError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import Record

@@ -67,7 +67,16 @@ from commitstore.backends.base import (
     StagingTaken,
     take_options,
 )
-from commitstore.backends.localsource import OURS, below, check_folder, scan
+from commitstore.backends.localsource import (
+    OURS,
+    Pinned,
+    below,
+    check_folder,
+    entry_of,
+    pin,
+    scan,
+    store_holding,
+)
 from commitstore.backends.localtree import hash_and_sync_tree
 from commitstore.errors import CommitStoreError, ConfigurationError
 
@@ -82,18 +91,22 @@ __all__ = [
     "FileInfo",
     "FileSink",
     "PendingUpload",
+    "Pinned",
     "PutMode",
     "Rereadable",
     "StagingTaken",
     "below",
     "check_folder",
+    "entry_of",
     "hash_and_sync_tree",
     "local_error",
     "local_folder",
+    "pin",
     "register",
     "resolve",
     "scan",
     "schemes",
+    "store_holding",
     "take_options",
     "unregister",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,6 +170,31 @@ def store_holding(where: str) -> str | None:
         at = up
 
 
+_DIR_NOFOLLOW = (
+    os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def _above(fd: int, found: Callable[[os.stat_result, int], bool]) -> bool:
+    """Whether ``found`` holds for a folder above the open folder ``fd`` (its parent, its
+    parent's parent, ... up to the root), reached through ``..``."""
+    here = os.dup(fd)
+    try:
+        while True:
+            up = os.open(
+                "..", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0), dir_fd=here
+            )
+            st, before = os.fstat(up), os.fstat(here)
+            os.close(here)
+            here = up
+            if os.path.samestat(st, before):  # the root: its ``..`` is itself
+                return False
+            if found(st, here):
+                return True
+    finally:
+        os.close(here)
+
+
 @dataclass
 class Pinned:
     """``src``'s parent folder, open, and the identity of the folder ``src`` named in it when it
@@ -194,6 +220,47 @@ class Pinned:
             "so it is refused and nothing stays moved",
             name=str(self.src),
         )
+
+    def _folder(self) -> int:
+        """The pinned folder itself, open (``O_NOFOLLOW``: a link there is refused)."""
+        return os.open(self.last, _DIR_NOFOLLOW, dir_fd=self.fd)
+
+    def lies_in(self, root: os.stat_result) -> bool:
+        """Whether the pinned folder is ``root`` or lies below it, judged by walking up from
+        the open parent through ``..`` (never by a name another user can point elsewhere)."""
+        here = os.fstat(self.fd)
+        if (here.st_dev, here.st_ino) == (root.st_dev, root.st_ino) or self.ident == (
+            root.st_dev,
+            root.st_ino,
+        ):
+            return True
+        return _above(self.fd, lambda st, _fd: os.path.samestat(st, root))
+
+    def holds(self, root: str) -> bool:
+        """Whether the folder ``root`` lies below the pinned folder (walking up from ``root``)."""
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            return _above(fd, lambda st, _fd: (st.st_dev, st.st_ino) == self.ident)
+        finally:
+            os.close(fd)
+
+    def in_a_store(self) -> bool:
+        """Whether the pinned folder, or a folder above it, holds a store's records folder."""
+
+        def store(_st: os.stat_result, fd: int) -> bool:
+            try:
+                return stat.S_ISDIR(os.stat(f"{META_DIR}/records", dir_fd=fd).st_mode)
+            except OSError:
+                return False
+
+        try:
+            folder = self._folder()
+        except OSError:
+            return False
+        try:
+            return store(os.fstat(folder), folder) or _above(folder, store)
+        finally:
+            os.close(folder)
 
     def check_unchanged(self) -> None:
         """Raise :meth:`changed` unless ``src``'s path still names the pinned folder."""

@@ -21,6 +21,18 @@ __all__ = ["PerProcess"]
 
 T = TypeVar("T")
 
+_LOCK = [threading.Lock()]
+"""Serialises the making of clients in a child; made anew in every child (a thread of the
+parent may hold it at the fork, making a client of its own)."""
+
+
+def _fresh_lock() -> None:
+    _LOCK[0] = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock)
+
 
 class PerProcess(Generic[T]):
     """``client`` for this process, ``make()`` for any other (None: a client given by the
@@ -31,14 +43,13 @@ class PerProcess(Generic[T]):
         self._make = make
         self._what = what
         self._pid = os.getpid()
-        self._lock = threading.Lock()
 
     def get(self) -> T:
         """The client of this process (made now, once, in a child)."""
         pid = os.getpid()
         if pid == self._pid:
             return self._client
-        with self._lock:
+        with _LOCK[0]:
             if pid != self._pid:
                 if self._make is None:
                     raise ConfigurationError(
