@@ -174,3 +174,52 @@ def test_a_forked_child_does_not_wait_for_the_parents_commit(tmp_path: Path) -> 
     assert got.get("error") is None, got
     assert got == {"flushed": True, "child": "child.bin", "warned": [], "closed": True}
     assert _landed(tmp_path, "parent.bin", b"p") and _landed(tmp_path, "child.bin", b"c")
+
+
+def test_a_forked_child_with_a_mirror_copy_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store with a background mirror forks while a copy to it is in flight (held at its
+    start). The copy is the parent's: the child's ``flush()`` neither waits for it nor reports
+    it failed (was: "not replicated ... replication thread stopped", and MirrorError under
+    ``required``), and the child's own commit reaches the mirror through a worker of its own
+    (was: only journaled). The parent's copy lands too."""
+    from commitstore.mirrors import replicator
+
+    held = threading.Event()
+    real = getattr(replicator, "copy_with_retries")  # noqa: B009 (not re-exported)
+
+    def held_copy(*a: Any, **k: Any) -> Any:
+        assert held.wait(_WAIT)
+        return real(*a, **k)
+
+    monkeypatch.setattr(replicator, "copy_with_retries", held_copy)
+    primary, mirror = tmp_path / "p", tmp_path / "m"
+    store = open_store(primary, mirrors=[str(mirror)], mirror_policy="required")
+    store.put_bytes("parent.bin", b"p")  # its copy waits for ``held``
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        out: dict[str, Any] = {}
+        try:
+            signal.alarm(int(_WAIT))
+            held.set()  # the child's own copies go at once
+            store.flush(_WAIT)
+            out["flushed"] = True
+            store.put_bytes("child.bin", b"c")
+            store.flush(_WAIT)
+            out["child copied"] = (mirror / "child.bin").read_bytes().decode()
+            store.close()
+        except BaseException as exc:
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        os.write(write_end, json.dumps(out).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as r:
+        got = json.loads(r.read() or b"{}")
+    os.waitpid(pid, 0)
+    held.set()
+    store.close()
+    assert got == {"flushed": True, "child copied": "c"}, got
+    assert _landed(mirror, "parent.bin", b"p") and _landed(mirror, "child.bin", b"c")

@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 from commitstore import _exitflush
@@ -104,6 +105,18 @@ class _Worker:
 POLL = 0.5
 """Seconds between checks that a worker thread is still alive while waiting on it."""
 
+_replicators: weakref.WeakSet[Replicator] = weakref.WeakSet()
+"""Background replicators of this process, reset in a child made by ``fork()``."""
+
+
+def _after_fork_in_child() -> None:
+    for rep in list(_replicators):
+        rep.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 HANDOFF_SECONDS = 10.0
 """Default of ``COMMITSTORE_MIRROR_HANDOFF_SECONDS``: the longest a commit waits for room in a
 mirror's full queue (back-pressure) before it hands the copy off as owed and returns."""
@@ -160,14 +173,32 @@ class Replicator:
         self._resume()
         if mode == "background":
             for w in self.workers:
-                w.thread = threading.Thread(
-                    target=self._run,
-                    args=(w,),
-                    name=f"commitstore-mirror-{w.mirror.url}",
-                    daemon=True,
-                )
-                w.thread.start()
+                self._start(w)
             _exitflush.wait_at_exit(self)
+            _replicators.add(self)
+
+    def _start(self, w: _Worker) -> None:
+        w.thread = threading.Thread(
+            target=self._run,
+            args=(w,),
+            name=f"commitstore-mirror-{w.mirror.url}",
+            daemon=True,
+        )
+        w.thread.start()
+
+    def after_fork_in_child(self) -> None:
+        """In a child made by ``fork()``: the copies in flight are the parent's (its workers
+        make them and remove their journal entries), so the child owes none in memory; fresh
+        locks (a thread the child lacks may have held one), fresh queues, and a worker thread
+        made at the child's first copy to each mirror."""
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        for w in self.workers:
+            w.jobs = queue.Queue(maxsize=w.jobs.maxsize)
+            w.pending, w.handed, w.since, w.failed = [], {}, {}, {}
+            w.unreported, w.journaled = [], {}
+            w.jlock = threading.Lock()
+            w.stalled, w.died, w.thread = False, None, None
 
     # -- the owed journal ---------------------------------------------------------------------
     def _journal(self, w: _Worker, name: str, digest: str | None, *, again: bool) -> None:
@@ -392,6 +423,8 @@ class Replicator:
         with self._lock:
             w.pending.append(name)
             w.since.setdefault(name, (time.monotonic(), size))
+            if w.thread is None and not self._closed:
+                self._start(w)  # the first copy of a forked child
         deadline = time.monotonic() + self.handoff
         while True:
             if w.dead():
