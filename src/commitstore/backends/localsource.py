@@ -170,20 +170,34 @@ def store_holding(where: str) -> str | None:
         at = up
 
 
-_DIR_NOFOLLOW = (
-    os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-)
+_LOOKUP = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+"""Open a folder only to look up and ``stat`` names in it (``O_PATH``: no read permission
+needed, only search)."""
+_DIR_NOFOLLOW = _LOOKUP | getattr(os, "O_NOFOLLOW", 0)
 
 
 def _above(fd: int, found: Callable[[os.stat_result, int], bool]) -> bool:
     """Whether ``found`` holds for a folder above the open folder ``fd`` (its parent, its
-    parent's parent, ... up to the root), reached through ``..``."""
+    parent's parent, ... up to the root), reached through ``..``.
+
+    Raises:
+        ConfigurationError: a folder on the way up cannot be opened (where it lies is unknown,
+            so nothing may be moved).
+    """
+    try:
+        return _walk_up(fd, found)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot tell where a folder lies ({exc.strerror} walking up from it): nothing "
+            "was moved"
+        ) from exc
+
+
+def _walk_up(fd: int, found: Callable[[os.stat_result, int], bool]) -> bool:
     here = os.dup(fd)
     try:
         while True:
-            up = os.open(
-                "..", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0), dir_fd=here
-            )
+            up = os.open("..", _LOOKUP, dir_fd=here)
             st, before = os.fstat(up), os.fstat(here)
             os.close(here)
             here = up
@@ -238,7 +252,7 @@ class Pinned:
 
     def holds(self, root: str) -> bool:
         """Whether the folder ``root`` lies below the pinned folder (walking up from ``root``)."""
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(root, _LOOKUP)
         try:
             return _above(fd, lambda st, _fd: (st.st_dev, st.st_ino) == self.ident)
         finally:
@@ -283,7 +297,7 @@ def pin(src: Path) -> Pinned:
     entry, _ = entry_of(src)
     head, last = os.path.split(entry)
     try:
-        fd = os.open(head or "/", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(head or "/", _LOOKUP)
     except OSError as exc:
         raise ConfigurationError(f"{src} cannot be moved in: {exc.strerror}") from exc
     try:
