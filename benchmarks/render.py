@@ -58,9 +58,13 @@ called by the HF integration only)."""
 _FOLDER_WRITES = ("src/commitstore/_folderwrite.py", "src/commitstore/backends/localsource.py")
 """Modules only a folder write runs (``begin_folder``/``stage_dir``, ``move_in``, ``adopt``, and
 the folder sources they take): counted by the suites that write folders."""
+_ASYNC_ONLY = ("src/commitstore/_background.py",)
+"""The engine of asynchronous commits (``commit_async``, ``save_async``), counted by the suites
+that commit asynchronously. Every store's open also calls its ``check_inflight`` (an option's
+range check); no other suite runs anything of it."""
 _CORE = (
     ":(glob)src/commitstore/*.py",
-    *(f":(exclude){path}" for path in (*_INTEGRATION_ONLY, *_FOLDER_WRITES)),
+    *(f":(exclude){path}" for path in (*_INTEGRATION_ONLY, *_FOLDER_WRITES, *_ASYNC_ONLY)),
     "benchmarks/_harness.py",
 )
 _WORKER = ("benchmarks/worker.py",)
@@ -116,9 +120,16 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "dcp_local": (*_CORE, *_FOLDER_WRITES, *_RENAME, "benchmarks/dcp.py"),
     "torch": (*_CORE, *_RENAME, "benchmarks/torchio.py"),
     "torch-s3": (*_CORE, *_OBJECT, "benchmarks/torchio.py"),
-    "asyncsave": (*_CORE, *_RENAME, "benchmarks/asyncsave.py", "benchmarks/barecheckpoint.py"),
+    "asyncsave": (
+        *_CORE,
+        *_ASYNC_ONLY,
+        *_RENAME,
+        "benchmarks/asyncsave.py",
+        "benchmarks/barecheckpoint.py",
+    ),
     "async_integrations": (
         *_CORE,
+        *_ASYNC_ONLY,
         *_INTEGRATION_ONLY,
         *_FOLDER_WRITES,
         *_RENAME,
