@@ -42,6 +42,16 @@ def _write(snap: bytes, f: Any) -> None:
     f.write(snap)
 
 
+def _held_until(release: threading.Event) -> Any:
+    """A ``write`` that waits for ``release`` before it writes (a commit held in flight)."""
+
+    def write(snap: bytes, f: Any) -> None:
+        assert release.wait(_WAIT)
+        f.write(snap)
+
+    return write
+
+
 def test_close_waits_for_a_commit_whose_snapshot_is_being_taken(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     store.commit_async("warm.bin", lambda: b"w", _write).result(_WAIT)
@@ -78,10 +88,7 @@ def test_every_close_waits_for_the_commit_in_flight(tmp_path: Path) -> None:
     it landed. (Was a bug: the second close() returned at once.)"""
     store = open_store(tmp_path)
     release = threading.Event()
-
-    def slow_write(snap: bytes, f: Any) -> None:
-        assert release.wait(_WAIT)
-        f.write(snap)
+    slow_write = _held_until(release)
 
     future = store.commit_async("a.bin", lambda: b"a", slow_write)
     first = threading.Thread(target=store.close)
@@ -105,10 +112,7 @@ def test_flush_or_close_in_a_done_callback_is_refused_not_a_deadlock(
     store = open_store(tmp_path)
     release = threading.Event()
     seen: list[BaseException | None] = []
-
-    def slow_write(snap: bytes, f: Any) -> None:
-        assert release.wait(_WAIT)
-        f.write(snap)
+    slow_write = _held_until(release)
 
     def callback(_fut: Any) -> None:
         try:
@@ -132,10 +136,7 @@ def test_flush_or_close_in_a_done_callback_is_refused_not_a_deadlock(
 def test_a_forked_child_does_not_wait_for_the_parents_commit(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     release = threading.Event()
-
-    def slow_write(snap: bytes, f: Any) -> None:
-        assert release.wait(_WAIT)
-        f.write(snap)
+    slow_write = _held_until(release)
 
     future = store.commit_async("parent.bin", lambda: b"p", slow_write)
     read_end, write_end = os.pipe()

@@ -107,9 +107,8 @@ def test_a_writer_in_another_time_namespace_is_never_dead() -> None:
         "print(json.dumps(this_writer()), flush=True); sys.stdin.read()"
     )
     argv = ["unshare", "-T", "--boottime", "100000", "-f", sys.executable, "-c", code]
-    probe = subprocess.run(["unshare", "-T", "true"], capture_output=True, check=False)
-    if probe.returncode:
-        pytest.skip(f"no time namespaces here: {probe.stderr.decode().strip()}")
+    if not os.path.exists("/proc/self/ns/time"):
+        pytest.skip("this kernel has no time namespaces: no writer can run in another one")
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None

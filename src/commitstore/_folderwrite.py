@@ -397,13 +397,7 @@ class FolderWrite:
                 records moved in would leave their names (and ``abort`` would delete them);
                 nothing is moved.
         """
-        src = check_folder(src)
-        pinned = pin(src)
-        try:
-            check_outside(self._c.backend, src, self.name, pinned)
-            return self._move_in(pinned)
-        finally:
-            pinned.close()
+        return self._take(src, check_outside)
 
     def adopt(self, src: Path) -> list[FileRecord] | None:
         """:meth:`move_in` for a folder another tool wrote inside the store's own folder (a
@@ -418,10 +412,17 @@ class FolderWrite:
                 file system (``_movein.check_adoptable``); nothing is moved.
             ConfigurationError: as for :meth:`move_in`.
         """
+        return self._take(src, check_adoptable)
+
+    def _take(
+        self, src: Path, check: Callable[[Backend, Path, str, Pinned], None]
+    ) -> list[FileRecord] | None:
+        """``src`` pinned (its parent opened before anything is judged), ``check`` run on it,
+        then :meth:`_move_in`."""
         src = check_folder(src)
         pinned = pin(src)
         try:
-            check_adoptable(self._c.backend, src, self.name, pinned)
+            check(self._c.backend, src, self.name, pinned)
             return self._move_in(pinned)
         finally:
             pinned.close()

@@ -50,7 +50,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ try:
 except ModuleNotFoundError as _exc:
     raise missing_extra("hf", "hf", _exc) from _exc
 
-from commitstore.backends import Pinned, below, check_folder, pin, scan
+from commitstore.backends import Pinned, below, check_folder, opened_below, pin, scan
 from commitstore.errors import CommitStoreError, ConfigurationError, NotFoundError
 from commitstore.layout import validate_name
 from commitstore.records import Record
@@ -228,20 +228,13 @@ def _remove_copied(pinned: Pinned, copied: Mapping[str, os.stat_result]) -> None
     so do the folders holding it. Every step down from the pinned folder is opened without
     following a link, so a folder of ``src`` replaced by a link meanwhile leads nowhere.
     Failures are ignored (the commit is done; what is left stays)."""
-    try:
-        top = os.open(pinned.last, _DIR_NOFOLLOW, dir_fd=pinned.fd)
-    except OSError:
-        return
-    try:
-        here = os.fstat(top)
-        if (here.st_dev, here.st_ino) != pinned.ident:
-            return  # another folder has its name now: nothing of it is removed
+    with contextlib.suppress(OSError), pinned.opened() as top:
         folders: set[tuple[str, ...]] = set()
         for rel, was in copied.items():
             *up, last = rel.split("/")
             for n in range(1, len(up) + 1):
                 folders.add(tuple(up[:n]))
-            with contextlib.suppress(OSError), _opened_below(top, up) as folder:
+            with contextlib.suppress(OSError), opened_below(top, up) as folder:
                 now = os.stat(last, dir_fd=folder, follow_symlinks=False)
                 if (
                     os.path.samestat(now, was)
@@ -250,35 +243,14 @@ def _remove_copied(pinned: Pinned, copied: Mapping[str, os.stat_result]) -> None
                 ):
                     os.unlink(last, dir_fd=folder)
         for parts in sorted(folders, key=len, reverse=True):
-            with contextlib.suppress(OSError), _opened_below(top, list(parts[:-1])) as folder:
+            with contextlib.suppress(OSError), opened_below(top, parts[:-1]) as folder:
                 os.rmdir(parts[-1], dir_fd=folder)  # only when empty
-    finally:
-        os.close(top)
-    with contextlib.suppress(OSError):
         os.rmdir(pinned.last, dir_fd=pinned.fd)  # only when empty
 
 
 def _identity(path: Path) -> tuple[int, int]:
     st = os.stat(path)
     return st.st_dev, st.st_ino
-
-
-_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-
-
-@contextlib.contextmanager
-def _opened_below(top: int, parts: list[str]) -> Iterator[int]:
-    """The folder ``parts`` below the open folder ``top``, each step opened without following
-    a link (``OSError`` where one is a link or missing); closed on exit."""
-    fd = os.dup(top)
-    try:
-        for part in parts:
-            step = os.open(part, _DIR_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = step
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _committed(store: CommitStore, name: str) -> bool:

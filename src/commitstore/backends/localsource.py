@@ -21,9 +21,10 @@ folder): nothing is changed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ __all__ = [
     "below",
     "check_folder",
     "entry_of",
+    "opened_below",
     "pin",
     "scan",
     "store_holding",
@@ -176,6 +178,21 @@ needed, only search)."""
 _DIR_NOFOLLOW = _LOOKUP | getattr(os, "O_NOFOLLOW", 0)
 
 
+@contextlib.contextmanager
+def opened_below(top: int, parts: Sequence[str]) -> Iterator[int]:
+    """The folder ``parts`` below the open folder ``top``, each step opened without following
+    a link (``OSError`` where one is a link or missing); closed on exit."""
+    fd = os.dup(top)
+    try:
+        for part in parts:
+            step = os.open(part, _DIR_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = step
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def _above(fd: int, found: Callable[[os.stat_result, int], bool]) -> bool:
     """Whether ``found`` holds for a folder above the open folder ``fd`` (its parent, its
     parent's parent, ... up to the root), reached through ``..``.
@@ -235,9 +252,15 @@ class Pinned:
             name=str(self.src),
         )
 
-    def _folder(self) -> int:
-        """The pinned folder itself, open (``O_NOFOLLOW``: a link there is refused)."""
-        return os.open(self.last, _DIR_NOFOLLOW, dir_fd=self.fd)
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[int]:
+        """The pinned folder itself, open (``OSError`` when its name holds a link or another
+        folder now); closed on exit."""
+        with opened_below(self.fd, [self.last]) as fd:
+            here = os.fstat(fd)
+            if (here.st_dev, here.st_ino) != self.ident:
+                raise FileNotFoundError(f"{self.src}: another folder has its name now")
+            yield fd
 
     def lies_in(self, root: os.stat_result) -> bool:
         """Whether the pinned folder is ``root`` or lies below it, judged by walking up from
@@ -268,13 +291,10 @@ class Pinned:
                 return False
 
         try:
-            folder = self._folder()
+            with self.opened() as folder:
+                return store(os.fstat(folder), folder) or _above(folder, store)
         except OSError:
             return False
-        try:
-            return store(os.fstat(folder), folder) or _above(folder, store)
-        finally:
-            os.close(folder)
 
     def check_unchanged(self) -> None:
         """Raise :meth:`changed` unless ``src``'s path still names the pinned folder."""
