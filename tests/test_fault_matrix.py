@@ -169,6 +169,6 @@ def test_the_direct_put_goes_through_the_direct_writer(calls: dict[str, list[str
     then write the same two records). So its cases fail the direct writes themselves."""
 
     def writes(op: str) -> int:
-        return sum(c.split(" ")[0] == "write" for c in calls[op])
+        return sum(c.split(" ")[0] in ("write", "pwrite64") for c in calls[op])
 
     assert writes("put_overwrite_direct") - writes("put_overwrite") == 5, calls

@@ -39,9 +39,9 @@ class Spy:
                 super().__init__(fd)
                 spy.made.append(self)
 
-            def _write(self, buf: Any, length: int) -> None:
+            def _write(self, buf: Any, length: int, offset: int) -> None:
                 spy.direct_on_write.append(bool(fcntl.fcntl(self.fd, fcntl.F_GETFL) & os.O_DIRECT))
-                super()._write(buf, length)
+                super()._write(buf, length, offset)
 
         monkeypatch.setattr(posix, "DirectWriter", Writer)
 

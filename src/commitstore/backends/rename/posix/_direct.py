@@ -6,10 +6,11 @@ pages back at its own pace (throttling the writer when they pile up): on a share
 same 1 GiB commit then takes anywhere between a fraction and several times what the device
 needs. ``O_DIRECT`` writes are the device's own limit (what ``dd oflag=direct`` measures), and
 with more than one buffer the copy and the hash of the next bytes overlap the device write of
-the previous ones (``os.write`` releases the GIL): one worker thread per staging file writes
-the full buffers in order, one write in flight at a time (queue depth 1, as ``dd``), the next
-one already queued when it returns, so the device waits neither for the caller nor for a
-thread hand-over.
+the previous ones (``os.pwrite`` releases the GIL): :data:`DEPTH` worker threads per staging
+file take the full buffers in order and write each at its own offset, so up to ``DEPTH`` writes
+are in flight at once (a queue depth, as ``fio --iodepth``; ``dd`` keeps one), and the next one
+is already queued when one returns: the device waits neither for the caller nor for a thread
+hand-over.
 
 What does not change: the staging file gets exactly the bytes given, in order; the file is
 fsynced (metadata and the device cache) before anything is published: by the worker after the
@@ -41,9 +42,12 @@ from typing import Any
 BUFFER = 4 * 1024 * 1024
 """Each aligned buffer (a multiple of :data:`ALIGN`)."""
 BUFFERS = 4
-"""Buffers in the ring (16 MiB in all): while the worker writes one, up to two more wait in its
-queue and the caller fills the last, so a caller held up (hashing, a descheduled thread) for up
-to two writes' time leaves the device no gap."""
+"""Buffers in the ring (16 MiB in all): while the workers write up to :data:`DEPTH` of them, the
+others wait in their queue and the caller fills the last, so a caller held up (hashing, a
+descheduled thread) for a write's time leaves the device no gap."""
+DEPTH = 2
+"""Worker threads per staging file, each writing one buffer at a time at its offset: the writes
+in flight at once (at most ``BUFFERS - 1``: one buffer is always the caller's)."""
 ALIGN = 4096
 """Offsets and lengths of direct writes are multiples of this (the largest common logical block
 size; ``mmap`` buffers are page-aligned)."""
@@ -65,15 +69,16 @@ def set_direct(fd: int, on: bool) -> bool:
 class DirectWriter:
     """Writes the rest of a staging file opened on ``fd`` (its offset a multiple of
     :data:`ALIGN`, ``O_DIRECT`` already set) through a ring of :data:`BUFFERS` aligned buffers
-    and one worker thread.
+    and :data:`DEPTH` worker threads.
 
-    :meth:`write` copies into the buffer being filled and queues a full one for the worker,
-    after the write that last used the buffer finished (its error, or any earlier write's, is
-    raised here); the worker takes queued buffers in order, so the next write starts as soon as
-    the previous one returns. :meth:`flush` writes what is left (the unaligned tail buffered)
-    and waits; :meth:`start_sync` queues the same and an fsync without waiting (flush then
-    waits for both); :meth:`close` stops the worker, whatever state it is in (an abort), and
-    frees the buffers. Not thread-safe (one stage, one writer).
+    :meth:`write` copies into the buffer being filled and queues a full one for the workers
+    with its offset in the file, after the write that last used the buffer finished (its
+    error, or any earlier write's, is raised here); the workers take queued buffers in order,
+    so a write starts as soon as a worker is free. :meth:`flush` writes what is left (the
+    unaligned tail buffered, once every earlier write returned) and waits; :meth:`start_sync`
+    queues the same and an fsync without waiting (flush then waits for both); :meth:`close`
+    stops the workers, whatever state they are in (an abort), and frees the buffers. Not
+    thread-safe (one stage, one writer).
     """
 
     def __init__(self, fd: int) -> None:
@@ -86,7 +91,9 @@ class DirectWriter:
         self._failed = False
         """Set by the worker when a write failed: the writes queued after it are skipped (the
         caller raises that write's error and the staging file is discarded)."""
-        self._pool = SerialWorker("commitstore-direct")
+        self._offset = os.lseek(fd, 0, os.SEEK_CUR)
+        """Where the next full buffer goes in the file (each write is made at its offset)."""
+        self._pool = SerialWorker("commitstore-direct", threads=max(1, min(DEPTH, BUFFERS - 1)))
         self._closed = False
         self._rest: Future[None] | None = None
         """The tail's writes (and the fsync, after :meth:`start_sync`), queued last."""
@@ -123,22 +130,33 @@ class DirectWriter:
 
     def _queue_rest(self, *, sync: bool) -> None:
         if self._rest is None:
-            self._rest = self._pool.submit(self._finish, self._fill, self._used, sync)
+            before = [p for p in self._pending if p is not None]
+            self._rest = self._pool.submit(
+                self._finish, self._fill, self._used, self._offset, before, sync
+            )
             self._used = 0
 
-    def _finish(self, tail: int, used: int, sync: bool) -> None:
-        """In the worker, after every queued write: the aligned head of buffer ``tail`` direct,
-        O_DIRECT off, the rest of it buffered, then (``sync``) ``fsync``."""
+    def _finish(
+        self, tail: int, used: int, offset: int, before: list[Future[None]], sync: bool
+    ) -> None:
+        """In a worker, once the writes queued ``before`` it have returned (in the other
+        workers: they were taken first): the aligned head of buffer ``tail`` direct at
+        ``offset``, O_DIRECT off, the rest of it buffered, the descriptor's offset at the end
+        of the file, then (``sync``) ``fsync``."""
+        for fut in before:
+            with contextlib.suppress(BaseException):  # its error is the caller's to raise
+                fut.result()
         aligned = used - used % ALIGN
         if aligned:
-            self._write(self._bufs[tail], aligned)
+            self._write(self._bufs[tail], aligned, offset)
         elif self._failed:
             raise OSError(errno.ECANCELED, "an earlier write of this file failed")
         try:
             if self.direct:
                 set_direct(self.fd, False)
                 self.direct = False
-            _write_all(self.fd, self._bufs[tail], aligned, used)
+            _write_all(self.fd, self._bufs[tail], aligned, used, offset + aligned)
+            os.lseek(self.fd, offset + used, os.SEEK_SET)
             if sync:
                 os.fsync(self.fd)
                 self.synced = True
@@ -175,7 +193,9 @@ class DirectWriter:
     def _submit(self, length: int) -> None:
         """Queue the buffer being filled; then wait until the next one is free again (the
         write that used it last has returned) and raise the first failed write's error."""
-        self._pending[self._fill] = self._pool.submit(self._write, self._bufs[self._fill], length)
+        buf = self._bufs[self._fill]
+        self._pending[self._fill] = self._pool.submit(self._write, buf, length, self._offset)
+        self._offset += length
         self._fill = (self._fill + 1) % BUFFERS
         self._used = 0
         if self._failed:
@@ -192,25 +212,25 @@ class DirectWriter:
         for i in range(BUFFERS):
             self._wait((self._fill + i) % BUFFERS)
 
-    def _write(self, buf: mmap.mmap, length: int) -> None:
-        """In the worker: write ``buf[:length]`` at the file's offset, falling back to buffered
+    def _write(self, buf: mmap.mmap, length: int, offset: int) -> None:
+        """In a worker: write ``buf[:length]`` at ``offset`` of the file, falling back to buffered
         writes when the filesystem refuses direct ones or one comes back short. (Slices of the
         buffer are only ever temporaries: a traceback keeping this frame holds no view of it,
         so the buffer can still be closed.)"""
         if self._failed:
             raise OSError(errno.ECANCELED, "an earlier write of this file failed")
         try:
-            self._write_direct(buf, length)
+            self._write_direct(buf, length, offset)
         except BaseException:
             self._failed = True
             raise
 
-    def _write_direct(self, buf: mmap.mmap, length: int) -> None:
+    def _write_direct(self, buf: mmap.mmap, length: int, offset: int) -> None:
         done = 0
         with memoryview(buf) as whole:
             while done < length:
                 try:
-                    n = os.write(self.fd, whole[done:length])
+                    n = os.pwrite(self.fd, whole[done:length], offset + done)
                 except OSError as exc:
                     if exc.errno != errno.EINVAL or not self.direct:
                         raise
@@ -221,7 +241,8 @@ class DirectWriter:
                 done += n
 
     def _buffered(self) -> None:
-        """(In the worker, while the caller waits or fills another buffer.)"""
+        """(In a worker, while the caller waits or fills another buffer; the other workers'
+        writes in flight stay direct, theirs after it are buffered: each at its own offset.)"""
         set_direct(self.fd, False)
         self.direct = False
 
@@ -230,26 +251,31 @@ _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
 
 
 class SerialWorker:
-    """One thread running submitted calls in order, each with its :class:`Future`: what a
-    one-thread ``ThreadPoolExecutor`` gives, without its dependence on interpreter state. An
+    """One thread running submitted calls in order (or ``threads`` threads taking them in
+    order), each with its :class:`Future`: what a ``ThreadPoolExecutor`` gives, without its
+    dependence on interpreter state. An
     executor refuses new work once interpreter shutdown begins ("cannot schedule new futures
     after interpreter shutdown"), which made every copy to a local mirror made by the exit
     flush fail at once; this worker takes work until :meth:`shutdown`, whenever that is. The
     thread is a daemon: a writer left open never holds the interpreter's exit."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, threads: int = 1) -> None:
         self._jobs: queue.SimpleQueue[
             tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None
         ]
         self._jobs = queue.SimpleQueue()
         self._stopped = False
-        thread = threading.Thread(target=self._run, name=f"{name}_0", daemon=True)
-        self._threads = {thread}
-        """The worker thread (a set, as ``ThreadPoolExecutor`` names it)."""
-        thread.start()
+        self._threads = {
+            threading.Thread(target=self._run, name=f"{name}_{i}", daemon=True)
+            for i in range(threads)
+        }
+        """The worker threads (a set, as ``ThreadPoolExecutor`` names them)."""
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Run ``fn(*args)`` after every call submitted before it."""
+        """Run ``fn(*args)`` once every call submitted before it has started (with one thread:
+        after it has returned)."""
         if self._stopped:
             raise RuntimeError("the direct writer's worker was shut down")
         fut: Future[Any] = Future()
@@ -260,7 +286,8 @@ class SerialWorker:
         """Stop after the calls already submitted; ``wait``: until the thread has ended."""
         if not self._stopped:
             self._stopped = True
-            self._jobs.put(None)
+            for _thread in self._threads:
+                self._jobs.put(None)
         if wait:
             for thread in self._threads:
                 thread.join()
@@ -282,8 +309,10 @@ class SerialWorker:
             del job, fut, fn, args  # no reference to a buffer outlives its call
 
 
-def _write_all(fd: int, buf: mmap.mmap, start: int, end: int) -> None:
-    """Write ``buf[start:end]`` (buffered), slices only as temporaries (see ``_write``)."""
+def _write_all(fd: int, buf: mmap.mmap, start: int, end: int, offset: int) -> None:
+    """Write ``buf[start:end]`` (buffered) at ``offset`` of the file, slices only as
+    temporaries (see ``_write``)."""
     with memoryview(buf) as whole:
         while start < end:
-            start += os.write(fd, whole[start:end])
+            n = os.pwrite(fd, whole[start:end], offset)
+            start, offset = start + n, offset + n
