@@ -11,6 +11,7 @@ not synced.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import stat
@@ -71,8 +72,9 @@ class Failing(_direct.DirectWriter):
 def test_a_failed_worker_write_is_the_callers_typed_error_and_publishes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int, typed: type[Exception], depth: int
 ) -> None:
-    """With ``depth`` writes in flight, the writes other workers had already taken when one
-    failed may still be made (at most ``depth - 1``); none queued after is."""
+    """With ``depth`` writes in flight, the writes the other workers take while the failing
+    one is still in flight may still be made (at most the rest of the ring: the caller waits
+    for a buffer's last write before it fills it again); none after the failure is."""
     monkeypatch.setattr(_direct, "DEPTH", depth)
     monkeypatch.setattr(posix, "DirectWriter", Failing)
     monkeypatch.setattr(Failing, "err", err)
@@ -88,13 +90,58 @@ def test_a_failed_worker_write_is_the_callers_typed_error_and_publishes_nothing(
     assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == err
     assert "writing" in str(caught.value) or "flushing" in str(caught.value)
     # the writes queued behind the failed one were skipped, not made (but those in flight)
-    assert Failing.fail_at <= len(Failing.made) <= Failing.fail_at + depth - 1, Failing.made
+    most = Failing.fail_at + (0 if depth == 1 else _direct.BUFFERS - 1)
+    assert Failing.fail_at <= len(Failing.made) <= most, Failing.made
     # the failed stage's worker thread has ended by the time the error reaches the caller
     (writer,) = Failing.writers
     assert [t for t in writer._pool._threads if t.is_alive()] == []
     assert (tmp_path / "s" / "w.bin").read_bytes() == old
     assert store.verify("w.bin", level="full").ok
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [".commitstore", "w.bin"]
+
+
+@pytest.mark.usefixtures("small_ring")
+def test_direct_writes_refused_in_two_workers_at_once_are_written_buffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem that takes ``O_DIRECT`` at ``fcntl`` but refuses direct writes (EINVAL):
+    both workers' first writes are refused, the second's refusal returning only after the
+    first worker switched the file to buffered writes. Both are made again buffered and the
+    commit holds exactly the bytes given (a worker that judged its refusal by the shared
+    switch, not by how its own write was made, raised EINVAL: the commit failed)."""
+    real_pwrite = os.pwrite
+    both_in = threading.Barrier(2, timeout=10)
+    switched = threading.Event()
+    calls = [0]
+    lock = threading.Lock()
+
+    class Writer(_direct.DirectWriter):
+        def _buffered(self) -> None:
+            super()._buffered()
+            switched.set()
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        if not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            return real_pwrite(fd, data, offset)
+        with lock:
+            calls[0] += 1
+            me = calls[0]
+        if me <= 2:
+            both_in.wait()  # both workers inside a direct write
+            if me == 2:
+                assert switched.wait(10)
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+    monkeypatch.setattr(_direct, "DEPTH", 2)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    monkeypatch.setattr(posix, "DirectWriter", Writer)
+    store = open_store(tmp_path / "s")
+    data = os.urandom(8 * KiB + 6 * 8 * KiB + 100)
+    with store.stage("big.bin") as st:
+        st.write(data)  # one call: several full buffers queued at once
+    assert calls[0] == 2
+    assert (tmp_path / "s" / "big.bin").read_bytes() == data
+    assert store.verify("big.bin", level="full").ok
 
 
 @pytest.mark.usefixtures("small_ring")

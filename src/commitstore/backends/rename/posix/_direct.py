@@ -88,6 +88,8 @@ class DirectWriter:
         self._fill = 0
         self._used = 0
         self._pending: list[Future[None] | None] = [None] * BUFFERS
+        self._switch = threading.Lock()
+        """Held while a worker turns O_DIRECT off (:meth:`_buffered`)."""
         self._failed = False
         """Set by the worker when a write failed: the writes queued after it are skipped (the
         caller raises that write's error and the staging file is discarded)."""
@@ -152,9 +154,7 @@ class DirectWriter:
         elif self._failed:
             raise OSError(errno.ECANCELED, "an earlier write of this file failed")
         try:
-            if self.direct:
-                set_direct(self.fd, False)
-                self.direct = False
+            self._buffered()
             _write_all(self.fd, self._bufs[tail], aligned, used, offset + aligned)
             os.lseek(self.fd, offset + used, os.SEEK_SET)
             if sync:
@@ -229,10 +229,11 @@ class DirectWriter:
         done = 0
         with memoryview(buf) as whole:
             while done < length:
+                direct = self.direct  # how this write is made (another worker may switch)
                 try:
                     n = os.pwrite(self.fd, whole[done:length], offset + done)
                 except OSError as exc:
-                    if exc.errno != errno.EINVAL or not self.direct:
+                    if exc.errno != errno.EINVAL or not direct:
                         raise
                     self._buffered()  # the filesystem takes no direct writes after all
                     continue
@@ -241,10 +242,13 @@ class DirectWriter:
                 done += n
 
     def _buffered(self) -> None:
-        """(In a worker, while the caller waits or fills another buffer; the other workers'
-        writes in flight stay direct, theirs after it are buffered: each at its own offset.)"""
-        set_direct(self.fd, False)
-        self.direct = False
+        """Switch the file to buffered writes, once (in a worker, while the caller waits or
+        fills another buffer). Another worker's direct write in flight may then still fail
+        with EINVAL: it is made again, buffered, at its own offset."""
+        with self._switch:
+            if self.direct:
+                set_direct(self.fd, False)
+                self.direct = False
 
 
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
