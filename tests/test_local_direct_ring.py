@@ -299,12 +299,13 @@ def ring_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..
     base = tmp_path_factory.mktemp("ring")
     cases = [0]
 
-    def run(k: int, err: int, gate: int) -> tuple[dict[str, Any], Path]:
+    def run(k: int, err: int, gate: int, depth: int = 1) -> tuple[dict[str, Any], Path]:
         assert proc.stdin is not None and proc.stdout is not None
         cases[0] += 1
         where = base / f"c{cases[0]}"
         where.mkdir()
-        proc.stdin.write(json.dumps({"dir": str(where), "k": k, "err": err, "gate": gate}) + "\n")
+        case = {"dir": str(where), "k": k, "err": err, "gate": gate, "depth": depth}
+        proc.stdin.write(json.dumps(case) + "\n")
         proc.stdin.flush()
         reply: dict[str, Any] = json.loads(proc.stdout.readline())
         return reply, where / "store"
@@ -348,3 +349,29 @@ def test_a_real_write_failure_with_the_next_buffer_queued(
         assert left == []
     assert sorted(p.name for p in root.iterdir()) == [".commitstore", "w.bin"]
     assert store.gc(min_age=0).removed == ()
+
+
+@pytest.mark.parametrize("err", ["EIO", "ENOSPC", "SIGKILL"])
+def test_a_real_failure_of_the_first_direct_write_with_two_in_flight(
+    ring_child: Callable[..., Any], err: str
+) -> None:
+    """Two workers (``DEPTH`` 2): the first direct write fails in libc while the other worker
+    may be writing the next buffer. The stage raises the typed error chained to that errno,
+    nothing is published, no worker thread and no descriptor on the store is left (killed:
+    the staging file is left for gc)."""
+    count, _root = ring_child(0, 0, 0, 2)
+    assert count["outcome"] == "ok", count
+    k = next(i for i, c in enumerate(count["calls"], 1) if c.startswith("pwrite64 "))
+    reply, root = ring_child(k, FAULTS[err], 0, 2)
+    assert reply["killed"] is (err == "SIGKILL"), reply
+    store = open_store(root)
+    assert (root / "w.bin").read_bytes() == b"old version"
+    assert store.verify("w.bin", level="full").ok
+    if err == "SIGKILL":
+        assert len(store.gc(min_age=0).removed) == 1
+    else:
+        typed = {"EIO": "CommitError", "ENOSPC": "InsufficientSpaceError"}[err]
+        assert reply["outcome"] == "raised" and reply["fired"], reply
+        assert reply["raised"] == typed and reply["cause_errno"] == FAULTS[err], reply
+        assert reply["threads"] == [] and reply["open"] == [], reply
+    assert sorted(p.name for p in root.iterdir()) == [".commitstore", "w.bin"]

@@ -84,9 +84,10 @@ def case(shim: Any, req: dict[str, Any]) -> dict[str, Any]:
     store = open_store(root)
     store.put_bytes("w.bin", b"old version")
     posix.DIRECT_AFTER = _direct.BUFFER = 8 * KiB
-    # one write in flight, so the k-th libc call on the store's files is the same write in the
-    # counting run and the armed one (the depth's own failures: test_local_direct_ring.py)
-    _direct.DEPTH = 1
+    # one write in flight by default, so the k-th libc call on the store's files is the same
+    # write in the counting run and the armed one; "depth" 2 for a fault at the first direct
+    # write, which is the same call at any depth (the calls before it are the caller's alone)
+    _direct.DEPTH = int(req.get("depth", 1))
     seen: dict[str, Any] = {}
     setattr(posix, "DirectWriter", _gated(shim, int(req["gate"]), seen))  # noqa: B010
     reply: dict[str, Any] = {}
