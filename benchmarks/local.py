@@ -1,7 +1,8 @@
 """Local disk: commit and verify against the physical limits measured in the same run.
 
 Baselines: ``fio`` writing with ``O_DIRECT`` and 16 writes in flight (the device's write limit;
-``dd if=/dev/zero bs=16M oflag=direct``, one write in flight, beside it), a naive write of the
+``dd if=/dev/zero bs=16M oflag=direct``, one write in flight, beside it, and the direct writer's
+own ``pwrite`` pattern without the library, ``worker.direct_writes``), a naive write of the
 final name + fsync (the unsafe way), a plain ``readinto`` read into one preallocated buffer
 (warm and cold cache) at its best buffer size, and xxh3_128 of a buffer already in memory (the
 hash's own limit). Small commits: ``put_bytes`` of 1 KiB artifacts against a write of each to
@@ -95,6 +96,9 @@ def _measure(tmp: str, size: int, repeat: int, sweeps: dict[str, Any]) -> dict[s
     results = {
         "commit_vs_fio_direct": pair("fio_direct", "stage_commit", t, size, repeat, clear=clear),
         "commit_vs_dd_direct": pair("dd_direct", "stage_commit", t, size, repeat, clear=clear),
+        "commit_vs_its_direct_writes": pair(
+            "direct_writes", "stage_commit", t, size, repeat, clear=clear
+        ),
         "commit_vs_naive_write_fsync": pair(
             "naive_write", "stage_commit", t, size, repeat, clear=clear
         ),

@@ -97,6 +97,41 @@ def fio_direct(path: Path, size: int) -> float:
     return max(int(job["write"]["runtime"]), 1) / 1000 + synced
 
 
+def direct_writes(path: Path, size: int) -> None:
+    """The large commit's own writes without the library: the file opened with ``O_DIRECT`` and
+    written in :data:`_direct.BUFFER` pieces by :data:`_direct.DEPTH` threads taking them in
+    order, each with ``pwrite`` at its offset from a buffer filled before the clock starts,
+    then ``fsync``. No staging name, hash, copy into a ring, record or folder sync: what the
+    direct writer's I/O itself costs on this disk, the floor of ``stage_commit`` (reported)."""
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    from commitstore.backends.rename.posix import _direct
+
+    piece = _direct.BUFFER
+    bufs = [mmap.mmap(-1, piece) for _ in range(_direct.BUFFERS)]
+    for buf in bufs:
+        buf[:] = os.urandom(piece)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+
+    def one(i: int) -> None:
+        offset = i * piece
+        length = min(piece, size - offset)
+        with memoryview(bufs[i % len(bufs)]) as view:
+            done = 0
+            while done < length:
+                done += os.pwrite(fd, view[done:length], offset + done)
+
+    try:
+        with timed(), ThreadPoolExecutor(_direct.DEPTH) as pool:
+            list(pool.map(one, range(-(-size // piece))))
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+        for buf in bufs:
+            buf.close()
+
+
 def stage_commit(path: Path, size: int) -> None:
     block = _block()
     store = open_store(path.parent)
@@ -595,6 +630,7 @@ PATH_OPS = {
         naive_write,
         dd_direct,
         fio_direct,
+        direct_writes,
         stage_commit,
         naive_small,
         small_floor,
