@@ -378,14 +378,16 @@ def test_object_folder_replace_failing_after_k_files_deletes_no_old_file(
     backend: Any = store._backend
     original = backend.open_sink
     uploads: list[tuple[str, ...]] = []
+    lock = threading.Lock()  # the folder's small files go up several at a time
 
     def failing(parts: tuple[str, ...], **kw: Any) -> Any:
         # The new version is uploaded whole to its staged copy before any old file is touched.
         assert parts[:2] != ("hf", "ck"), "a final key was written before the staged copy"
         if parts[:2] == (".commitstore", "staged"):
-            if len(uploads) >= k:
-                raise BackendUnavailableError("network gone")
-            uploads.append(parts)
+            with lock:
+                if len(uploads) >= k:
+                    raise BackendUnavailableError("network gone")
+                uploads.append(parts)
         return original(parts, **kw)
 
     backend.open_sink = failing

@@ -1,10 +1,11 @@
 """Folder artifacts on object stores, shared by every object store.
 
-There is no atomic folder publish on an object store: each file is its own checked upload, and the
-record, written after the last one, is what commits the folder. Create-only: where the store has
-conditional writes the core relies on them and checks nothing, but a folder is many objects, so the
-sink checks absence itself then; elsewhere the core checks absence under ``publish_lock()`` and the
-sink does not check again. A failed create takes back the files already uploaded.
+There is no atomic folder publish on an object store: each file is its own checked upload (the
+small ones several at a time), and the record, written after the last one, is what commits the
+folder. Create-only: where the store has conditional writes the core relies on them and checks
+nothing, but a folder is many objects, so the sink checks absence itself then; elsewhere the core
+checks absence under ``publish_lock()`` and the sink does not check again. A failed create takes
+back the files already uploaded (those still in flight when another failed too, once done).
 
 A replace (``overwrite=True`` over a name that holds something) uploads the whole new version
 before anything old is touched, as a **staged copy** under ``.commitstore/staged/`` (its place is
@@ -31,6 +32,7 @@ writer's pending record naming it (``_commit.Committer.commit``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 from collections.abc import Callable
 from typing import Protocol
@@ -69,9 +71,19 @@ class ObjectStore(Protocol):
 CHUNK = 8 * 1024 * 1024
 Files = list[tuple[str, int, str]]
 
+AT_ONCE = 8
+"""A folder's small files uploaded at the same time (each its own checked upload): on a
+server that answers one request at a time, or over a link with latency, one file after another
+leaves the wire idle between requests."""
+SMALL = 4 * 1024 * 1024
+"""Files of at most this many bytes go :data:`AT_ONCE` at a time; larger ones one after
+another, each with its own parts in flight. The small files' bytes in memory stay under
+``AT_ONCE x 2 x SMALL`` (each read whole and held by its sink until its put)."""
+
 
 class ObjectDirSink(DirSink):
-    """A local temporary folder, uploaded file by file on publish."""
+    """A local temporary folder, uploaded on publish: each file its own checked upload, the
+    small ones :data:`AT_ONCE` at a time (:meth:`_upload_all`)."""
 
     def __init__(
         self,
@@ -110,10 +122,7 @@ class ObjectDirSink(DirSink):
                 self._mark_empty()
             uploaded: list[Parts] = []
             try:
-                for rel, size, digest in files:
-                    fparts = (*self._parts, *rel.split("/"))
-                    self._upload(fparts, rel, size, digest)
-                    uploaded.append(fparts)
+                self._upload_all(self._parts, files, uploaded)
             except BaseException:
                 for fparts in uploaded:  # no record will claim them: take them back
                     with contextlib.suppress(Exception):
@@ -122,6 +131,44 @@ class ObjectDirSink(DirSink):
             return info
         finally:
             self._local.close()
+
+    def _upload_all(self, root: Parts, files: Files, uploaded: list[Parts]) -> None:
+        """Upload every file of ``files`` below ``root``, adding each one uploaded to
+        ``uploaded`` (the caller takes them back on failure). Files of at most :data:`SMALL`
+        bytes go :data:`AT_ONCE` at a time, larger ones after them one at a time. On a failure
+        no further file starts, the uploads in flight are waited for (each one completed is in
+        ``uploaded``, each one failed took its own upload back), and the error of the first
+        failed file in ``files``' order is raised."""
+        small = [f for f in files if f[1] <= SMALL]
+        large = [f for f in files if f[1] > SMALL]
+        if len(small) > 1:
+            self._upload_together(root, small, uploaded)
+        else:
+            large = small + large
+        for rel, size, digest in large:
+            fparts = (*root, *rel.split("/"))
+            self._upload(fparts, rel, size, digest)
+            uploaded.append(fparts)
+
+    def _upload_together(self, root: Parts, files: Files, uploaded: list[Parts]) -> None:
+        pool = concurrent.futures.ThreadPoolExecutor(
+            min(AT_ONCE, len(files)), thread_name_prefix="commitstore-folder-upload"
+        )
+        started: list[tuple[Parts, concurrent.futures.Future[None]]] = []
+        try:
+            for rel, size, digest in files:
+                fparts = (*root, *rel.split("/"))
+                started.append((fparts, pool.submit(self._upload, fparts, rel, size, digest)))
+            concurrent.futures.wait(
+                [fut for _, fut in started], return_when=concurrent.futures.FIRST_EXCEPTION
+            )
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            # every future is settled now: completed, failed or never started
+            uploaded.extend(p for p, fut in started if not fut.cancelled() and not fut.exception())
+        for _, fut in started:
+            if not fut.cancelled() and (exc := fut.exception()) is not None:
+                raise exc
 
     def _upload(self, fparts: Parts, rel: str, size: int, digest: str) -> None:
         sink = self._b.open_sink(fparts, mode=PutMode.REPLACE)
@@ -142,8 +189,7 @@ class ObjectDirSink(DirSink):
         b = self._b
         root = staged_parts(self._parts, manifest_digest(files))
         try:
-            for rel, size, digest in files:
-                self._upload((*root, *rel.split("/")), rel, size, digest)
+            self._upload_all(root, files, [])
         except BaseException:
             with contextlib.suppress(Exception):  # nothing old was touched
                 b.remove(root)
