@@ -256,10 +256,13 @@ def test_gc_leaves_a_live_s3_folder_replace_alone(
     copies = [0]
     paused, go = threading.Event(), threading.Event()
     original = backend.copy_checked
+    lock = threading.Lock()  # the files are copied several at a time
 
     def copy_checked(*args: Any, **kwargs: Any) -> Any:
-        copies[0] += 1
-        if copies[0] == 2:  # one file copied: the final keys are a mix now
+        with lock:
+            copies[0] += 1
+            second = copies[0] == 2
+        if second:  # a copy started before this one: the final keys are (becoming) a mix
             paused.set()
             assert go.wait(60)
         return original(*args, **kwargs)

@@ -169,3 +169,39 @@ def test_large_files_go_up_one_at_a_time(moto: MotoServer, monkeypatch: Any) -> 
     for rel, data in files.items():
         assert door.read(f"f/ck/{rel}") == data
     assert open_store(store.url, **moto.options()).verify("f/ck", level="full").ok
+
+
+def test_a_replace_copies_its_staged_files_together_and_lands_whole(moto: MotoServer) -> None:
+    """A folder replace's server-side copies from its staged copy run several at once (a
+    barrier of two that one copy after another never passes); every final key then holds the
+    new version and nothing of the old one or of the staged copy is left."""
+    store, door = _store(moto)
+    old = {rel: data[::-1] + b"old" for rel, data in SMALL_FILES.items()}
+    old["old-only.bin"] = b"gone after the replace"
+    with store.stage_dir("f/ck") as d:
+        _fill(d, old)
+    backend: Any = store._backend
+    original = backend.copy_checked
+    meet = threading.Barrier(2, timeout=30)
+    lock = threading.Lock()
+    calls = [0]
+
+    def copy_checked(*args: Any, **kw: Any) -> Any:
+        with lock:
+            calls[0] += 1
+            first_two = calls[0] <= 2
+        if first_two:
+            meet.wait()  # BrokenBarrierError (the replace fails) if no second copy comes
+        return original(*args, **kw)
+
+    backend.copy_checked = copy_checked
+    with store.stage_dir("f/ck", overwrite=True) as d:
+        _fill(d, SMALL_FILES)
+    assert calls[0] == len(SMALL_FILES)
+    assert {f for f in door.files() if f.startswith("f/ck/")} == {
+        f"f/ck/{rel}" for rel in SMALL_FILES
+    }
+    for rel, data in SMALL_FILES.items():
+        assert door.read(f"f/ck/{rel}") == data
+    assert not [f for f in door.files() if f.startswith(".commitstore/staged/")]
+    assert open_store(store.url, **moto.options()).verify("f/ck", level="full").ok

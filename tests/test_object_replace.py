@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -114,6 +115,7 @@ class Requests:
     def __init__(self, backend: Any, fail_at: int | None = None) -> None:
         self.fail_at = fail_at
         self.log: list[tuple[str, str]] = []
+        self._lock = threading.Lock()  # a folder's files go up (and are copied) several at once
         for meth in PRIMITIVES:
             setattr(backend, meth, self._wrap(meth, getattr(backend, meth)))
         make = backend.new_upload
@@ -130,8 +132,10 @@ class Requests:
         def call(*args: Any, **kw: Any) -> Any:
             target = args[1] if what == "server_copy" else (args[0] if args else ())
             where = key or "/".join(target)
-            self.log.append((what, where))
-            if len(self.log) == self.fail_at:
+            with self._lock:
+                self.log.append((what, where))
+                hit = len(self.log) == self.fail_at
+            if hit:
                 raise BackendUnavailableError(f"injected failure of request {self.fail_at}")
             return fn(*args, **kw)
 
@@ -311,12 +315,14 @@ def _kill_mid_copy(t: Target, copies_before_kill: int) -> None:
             os.close(ready_r)
             store = t.reopen()
             backend: Any = store._committer.backend
-            copy, done = backend.server_copy, []
+            copy, done, lock = backend.server_copy, [], threading.Lock()
 
             def server_copy(*args: Any, **kw: Any) -> Any:
                 got = copy(*args, **kw)
-                done.append(1)
-                if len(done) == copies_before_kill:
+                with lock:  # copies run several at a time
+                    done.append(1)
+                    hit = len(done) == copies_before_kill
+                if hit:
                     os.write(ready_w, b"k")
                     time.sleep(120)
                 return got

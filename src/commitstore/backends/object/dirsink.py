@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 from commitstore.backends.base import Capabilities, CommitInfo, DirSink, FileInfo, FileSink, PutMode
 from commitstore.backends.localtree import LocalStagingFolder, hash_and_sync_tree
@@ -70,6 +70,8 @@ class ObjectStore(Protocol):
 
 CHUNK = 8 * 1024 * 1024
 Files = list[tuple[str, int, str]]
+T = TypeVar("T")
+R = TypeVar("R")
 
 AT_ONCE = 8
 """A folder's small files uploaded at the same time (each its own checked upload): on a
@@ -124,9 +126,7 @@ class ObjectDirSink(DirSink):
             try:
                 self._upload_all(self._parts, files, uploaded)
             except BaseException:
-                for fparts in uploaded:  # no record will claim them: take them back
-                    with contextlib.suppress(Exception):
-                        b.remove(fparts)
+                together(uploaded, _quietly(b.remove), [])  # no record will claim them
                 raise
             return info
         finally:
@@ -139,36 +139,20 @@ class ObjectDirSink(DirSink):
         no further file starts, the uploads in flight are waited for (each one completed is in
         ``uploaded``, each one failed took its own upload back), and the error of the first
         failed file in ``files``' order is raised."""
-        small = [f for f in files if f[1] <= SMALL]
-        large = [f for f in files if f[1] > SMALL]
-        if len(small) > 1:
-            self._upload_together(root, small, uploaded)
-        else:
-            large = small + large
-        for rel, size, digest in large:
+
+        def upload(entry: tuple[str, int, str]) -> Parts:
+            rel, size, digest = entry
             fparts = (*root, *rel.split("/"))
             self._upload(fparts, rel, size, digest)
-            uploaded.append(fparts)
+            return fparts
 
-    def _upload_together(self, root: Parts, files: Files, uploaded: list[Parts]) -> None:
-        pool = concurrent.futures.ThreadPoolExecutor(
-            min(AT_ONCE, len(files)), thread_name_prefix="commitstore-folder-upload"
-        )
-        started: list[tuple[Parts, concurrent.futures.Future[None]]] = []
+        done: list[tuple[tuple[str, int, str], Parts]] = []
         try:
-            for rel, size, digest in files:
-                fparts = (*root, *rel.split("/"))
-                started.append((fparts, pool.submit(self._upload, fparts, rel, size, digest)))
-            concurrent.futures.wait(
-                [fut for _, fut in started], return_when=concurrent.futures.FIRST_EXCEPTION
-            )
+            together([f for f in files if f[1] <= SMALL], upload, done)
+            for entry in (f for f in files if f[1] > SMALL):
+                done.append((entry, upload(entry)))
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-            # every future is settled now: completed, failed or never started
-            uploaded.extend(p for p, fut in started if not fut.cancelled() and not fut.exception())
-        for _, fut in started:
-            if not fut.cancelled() and (exc := fut.exception()) is not None:
-                raise exc
+            uploaded.extend(fparts for _, fparts in done)
 
     def _upload(self, fparts: Parts, rel: str, size: int, digest: str) -> None:
         sink = self._b.open_sink(fparts, mode=PutMode.REPLACE)
@@ -236,18 +220,27 @@ def complete_replace(b: ObjectStore, parts: Parts, files: Files, root: Parts) ->
     mine: dict[Parts, ObjectStat] = {}
     todo = list(new)
     others = _others_below(b, parts)
+
+    def copy(rel: Parts) -> ObjectStat:
+        size, digest = new[rel]
+        return b.copy_checked((*root, *rel), (*parts, *rel), size=size, digest=digest)
+
+    def delete(rel: Parts) -> None:
+        b.delete_key((*parts, *rel), b.key((*parts, *rel)))
+
     for _round in range(OWN_ROUNDS + 1):
-        for rel in todo:
-            size, digest = new[rel]
-            mine[rel] = b.copy_checked((*root, *rel), (*parts, *rel), size=size, digest=digest)
+        copied: list[tuple[Parts, ObjectStat]] = []
+        try:
+            together(todo, copy, copied)
+        finally:
+            mine.update(copied)
         listed = b.walk(parts)
         stale = [
             rel
             for rel, _info in listed
             if rel not in new and not any(rel[: len(o)] == o for o in others)
         ]
-        for rel in sorted(stale):
-            b.delete_key((*parts, *rel), b.key((*parts, *rel)))
+        together(sorted(stale), delete, [])
         seen = {rel: info for rel, info in listed if rel in new}
         todo = [rel for rel in new if not _still_mine(seen.get(rel), mine[rel])]
         if not todo and not stale:
@@ -263,6 +256,49 @@ def complete_replace(b: ObjectStore, parts: Parts, files: Files, root: Parts) ->
 
 OWN_ROUNDS = 4
 """Checks (each after copying again what another writer replaced) before a replace gives up."""
+
+
+def together(items: Sequence[T], run: Callable[[T], R], done: list[tuple[T, R]]) -> None:
+    """``run`` each of ``items``, :data:`AT_ONCE` at a time (one item: in this thread); each
+    item finished is appended to ``done`` with its result, also when this raises or the caller
+    is interrupted. On a failure no further item starts and the ones in flight are waited for;
+    then the failure of the first failed item in ``items``' order is raised. Nothing runs
+    after this returns or raises."""
+    if len(items) <= 1:
+        for item in items:
+            done.append((item, run(item)))
+        return
+    pool = concurrent.futures.ThreadPoolExecutor(
+        min(AT_ONCE, len(items)), thread_name_prefix="commitstore-folder"
+    )
+    started: list[tuple[T, concurrent.futures.Future[R]]] = []
+    try:
+        started = [(item, pool.submit(run, item)) for item in items]
+        concurrent.futures.wait(
+            [fut for _, fut in started], return_when=concurrent.futures.FIRST_EXCEPTION
+        )
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        # every future is settled now: finished, failed or never started
+        done.extend(
+            (item, fut.result())
+            for item, fut in started
+            if not fut.cancelled() and fut.exception() is None
+        )
+    for _, fut in started:
+        if not fut.cancelled() and (exc := fut.exception()) is not None:
+            raise exc
+
+
+def _quietly(remove: Callable[[Parts], object]) -> Callable[[Parts], None]:
+    """``remove`` with its errors dropped (a take-back that cannot reach the store leaves the
+    file to gc, as before)."""
+
+    def run(parts: Parts) -> None:
+        with contextlib.suppress(Exception):
+            remove(parts)
+
+    return run
 
 
 def _still_mine(found: FileInfo | None, copied: ObjectStat) -> bool:
