@@ -5,6 +5,10 @@ flight when another failed, is taken back before the error reaches the caller
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -88,18 +92,25 @@ def test_small_files_go_up_together_and_land_whole(moto: MotoServer) -> None:
 def test_a_failed_file_takes_back_every_file_including_those_in_flight(
     moto: MotoServer,
 ) -> None:
-    """One file's upload fails while another is held in flight until after the failure: the
-    commit raises that failure, and only after the held upload finished and was taken back
-    with every other uploaded file; no upload thread is left."""
+    """One file's upload fails while another of the first AT_ONCE is held in flight until
+    after the failure: the commit raises that failure, only after the held upload finished and
+    was taken back with every other uploaded file; the thread whose upload failed starts no
+    further file; no upload thread is left."""
     store, door = _store(moto)
     backend: Any = store._backend
     original = backend.open_sink
     failed = threading.Event()
     held_done = threading.Event()
-    victim, held = "d0/s03.bin", "d1/s01.bin"
+    lock = threading.Lock()
+    calls: list[tuple[int, str]] = []  # (thread, file) of each upload started, in order
+    victim, held = "d0/s03.bin", "d0/s00.bin"  # both among the first AT_ONCE files
 
     def faulty(parts: tuple[str, ...], **kw: Any) -> Any:
         rel = _member(parts)
+        if rel is None:
+            return original(parts, **kw)
+        with lock:
+            calls.append((threading.get_ident(), rel))
         if rel == victim:
             failed.set()
             raise BackendUnavailableError("network gone")
@@ -124,10 +135,75 @@ def test_a_failed_file_takes_back_every_file_including_those_in_flight(
     ):
         _fill(d, SMALL_FILES)
     assert held_done.is_set(), "the error reached the caller before the held upload finished"
+    failing_thread = next(t for t, rel in calls if rel == victim)
+    after = calls[calls.index((failing_thread, victim)) + 1 :]
+    assert not [rel for t, rel in after if t == failing_thread], "a file started after the failure"
     assert not [f for f in door.files() if f.startswith("f/ck")]
     assert door.read(record_path("f/ck")) is None
     assert not [t for t in threading.enumerate() if t.name.startswith("commitstore-folder")]
     assert open_store(store.url, **moto.options()).latest() is None
+
+
+class _InterruptedPool(concurrent.futures.ThreadPoolExecutor):
+    """A pool whose fourth submit raises KeyboardInterrupt (a Ctrl-C while the files are
+    handed to the upload threads, the first three already uploading)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.count = getattr(self, "count", 0) + 1
+        if self.count == 4:
+            raise KeyboardInterrupt
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_an_interrupt_while_files_are_handed_out_takes_back_those_uploaded(
+    moto: MotoServer, monkeypatch: Any
+) -> None:
+    store, door = _store(moto)
+    monkeypatch.setattr(dirsink, "_Pool", _InterruptedPool)
+    with pytest.raises(KeyboardInterrupt), store.stage_dir("f/ck") as d:
+        _fill(d, SMALL_FILES)
+    monkeypatch.undo()
+    assert not [f for f in door.files() if f.startswith("f/ck")]
+    assert door.read(record_path("f/ck")) is None
+    assert not [t for t in threading.enumerate() if t.name.startswith("commitstore-folder")]
+
+
+CHILD = """
+import json, sys, threading, time
+from commitstore import open_store
+
+store = open_store(sys.argv[1], **json.loads(sys.argv[2]))
+store.list()
+
+def job():
+    while threading.main_thread().is_alive():  # until the interpreter's shutdown began
+        time.sleep(0.01)
+    with store.stage_dir("f/ck") as d:
+        for i in range(5):
+            (d / f"s{i}.bin").write_bytes(bytes([i]) * 1000)
+    print("COMMITTED", flush=True)
+
+threading.Thread(target=job).start()  # not a daemon: the interpreter waits for it
+"""
+
+
+def test_a_folder_committed_while_the_interpreter_shuts_down_still_commits(
+    moto: MotoServer,
+) -> None:
+    """A thread that commits a folder after the main thread returned (no new thread may start
+    then): its files go up one after another and the folder commits."""
+    store, door = _store(moto)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, store.url, json.dumps(moto.options())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.stdout.strip() == "COMMITTED", out.stderr[-2000:]
+    for i in range(5):
+        assert door.read(f"f/ck/s{i}.bin") == bytes([i]) * 1000
+    assert open_store(store.url, **moto.options()).verify("f/ck", level="full").ok
 
 
 def test_large_files_go_up_one_at_a_time(moto: MotoServer, monkeypatch: Any) -> None:
@@ -204,4 +280,41 @@ def test_a_replace_copies_its_staged_files_together_and_lands_whole(moto: MotoSe
     for rel, data in SMALL_FILES.items():
         assert door.read(f"f/ck/{rel}") == data
     assert not [f for f in door.files() if f.startswith(".commitstore/staged/")]
+    assert open_store(store.url, **moto.options()).verify("f/ck", level="full").ok
+
+
+def test_a_replace_streams_files_over_the_copy_limit_one_at_a_time(moto: MotoServer) -> None:
+    """Files larger than the store copies server-side are streamed through the client by the
+    replace's copy, one at a time (each holds a reader and a sink), the others together."""
+    store, door = _store(moto)
+    big = {f"big{i}.bin": bytes([i]) * 3000 for i in range(3)}
+    files = {**big, **{rel: SMALL_FILES[rel] for rel in list(SMALL_FILES)[:6]}}
+    with store.stage_dir("f/ck") as d:
+        _fill(d, {rel: data + b"old" for rel, data in files.items()})
+    backend: Any = store._backend
+    backend.copy_max = 2500  # the big files are over it
+    original = backend.copy_checked
+    lock = threading.Lock()
+    state = {"open": 0, "most": 0, "big": 0}
+
+    def copy_checked(*args: Any, **kw: Any) -> Any:
+        streamed = kw["size"] > backend.copy_max
+        with lock:
+            if streamed:
+                state["big"] += 1
+                state["open"] += 1
+                state["most"] = max(state["most"], state["open"])
+        try:
+            return original(*args, **kw)
+        finally:
+            if streamed:
+                with lock:
+                    state["open"] -= 1
+
+    backend.copy_checked = copy_checked
+    with store.stage_dir("f/ck", overwrite=True) as d:
+        _fill(d, files)
+    assert state["big"] == len(big) and state["most"] == 1
+    for rel, data in files.items():
+        assert door.read(f"f/ck/{rel}") == data
     assert open_store(store.url, **moto.options()).verify("f/ck", level="full").ok

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from commitstore.backends.base import Capabilities, CommitInfo, DirSink, FileInfo, FileSink, PutMode
 from commitstore.backends.localtree import LocalStagingFolder, hash_and_sync_tree
@@ -56,6 +57,11 @@ class ObjectStore(Protocol):
     def head(self, parts: Parts) -> ObjectStat | None: ...
 
     def delete_key(self, parts: Parts, key: str) -> None: ...
+
+    @property
+    def copy_max(self) -> int:
+        """The largest file the store copies server-side (0: none); a larger one is streamed
+        through the client by ``copy_checked``."""
 
     def copy_checked(self, src: Parts, dst: Parts, *, size: int, digest: str) -> ObjectStat: ...
 
@@ -110,7 +116,7 @@ class ObjectDirSink(DirSink):
             info = CommitInfo(
                 sum(s for _, s, _ in files),
                 files=files,
-                notes=["object store: files appear one by one; the record commits"],
+                notes=["object store: files appear as they are uploaded; the record commits"],
             )
             if self._mode is PutMode.REPLACE and b.stat(self._parts) is not None:
                 self._replace(files)
@@ -230,8 +236,10 @@ def complete_replace(b: ObjectStore, parts: Parts, files: Files, root: Parts) ->
 
     for _round in range(OWN_ROUNDS + 1):
         copied: list[tuple[Parts, ObjectStat]] = []
-        try:
-            together(todo, copy, copied)
+        try:  # server-side copies together; a file streamed through the client, one at a time
+            together([rel for rel in todo if new[rel][0] <= b.copy_max], copy, copied)
+            for rel in (rel for rel in todo if new[rel][0] > b.copy_max):
+                copied.append((rel, copy(rel)))
         finally:
             mine.update(copied)
         listed = b.walk(parts)
@@ -259,35 +267,73 @@ OWN_ROUNDS = 4
 
 
 def together(items: Sequence[T], run: Callable[[T], R], done: list[tuple[T, R]]) -> None:
-    """``run`` each of ``items``, :data:`AT_ONCE` at a time (one item: in this thread); each
-    item finished is appended to ``done`` with its result, also when this raises or the caller
-    is interrupted. On a failure no further item starts and the ones in flight are waited for;
-    then the failure of the first failed item in ``items``' order is raised. Nothing runs
-    after this returns or raises."""
+    """``run`` each of ``items``, :data:`AT_ONCE` at a time (one item, or a process already
+    shutting down, where no new thread may start: one after another in this thread); each item
+    finished is appended to ``done`` with its result, also when this raises or the caller is
+    interrupted. After a failure no further item starts (an item not started yet is skipped,
+    whichever thread would take it), the ones in flight are waited for, and the failure of the
+    first failed item in ``items``' order is raised. Nothing runs after this returns or raises
+    (but for a second interrupt while the ones in flight are waited for: they finish on their
+    own, and what they upload is left to gc)."""
     if len(items) <= 1:
         for item in items:
             done.append((item, run(item)))
         return
-    pool = concurrent.futures.ThreadPoolExecutor(
-        min(AT_ONCE, len(items)), thread_name_prefix="commitstore-folder"
-    )
+    stop = threading.Event()
+
+    def guarded(item: T) -> R:
+        if stop.is_set():
+            raise _NotStarted
+        try:
+            return run(item)
+        except BaseException:
+            stop.set()
+            raise
+
+    pool = _Pool(min(AT_ONCE, len(items)), thread_name_prefix="commitstore-folder")
     started: list[tuple[T, concurrent.futures.Future[R]]] = []
+    rest: Sequence[T] = ()
     try:
-        started = [(item, pool.submit(run, item)) for item in items]
+        for i, item in enumerate(items):
+            try:
+                started.append((item, pool.submit(guarded, item)))
+            except RuntimeError:  # the interpreter is shutting down: no new thread may start
+                rest = items[i:]
+                break
         concurrent.futures.wait(
             [fut for _, fut in started], return_when=concurrent.futures.FIRST_EXCEPTION
         )
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        # every future is settled now: finished, failed or never started
-        done.extend(
-            (item, fut.result())
-            for item, fut in started
-            if not fut.cancelled() and fut.exception() is None
-        )
+        stop.set()  # nothing not yet started starts now, also when this thread was interrupted
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            done.extend((item, fut.result()) for item, fut in started if _finished(fut))
     for _, fut in started:
-        if not fut.cancelled() and (exc := fut.exception()) is not None:
-            raise exc
+        failure = _failure(fut)
+        if failure is not None:
+            raise failure
+    for item in rest:
+        done.append((item, run(item)))
+
+
+_Pool = concurrent.futures.ThreadPoolExecutor
+"""The threads of :func:`together` (a name of this module, so a test can interrupt it)."""
+
+
+class _NotStarted(Exception):
+    """An item :func:`together` skipped: a failure came first."""
+
+
+def _finished(fut: concurrent.futures.Future[Any]) -> bool:
+    return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+def _failure(fut: concurrent.futures.Future[Any]) -> BaseException | None:
+    if not fut.done() or fut.cancelled():
+        return None
+    exc = fut.exception()
+    return None if isinstance(exc, _NotStarted) else exc
 
 
 def _quietly(remove: Callable[[Parts], object]) -> Callable[[Parts], None]:
