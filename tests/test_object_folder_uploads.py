@@ -248,9 +248,10 @@ def test_large_files_go_up_one_at_a_time(moto: MotoServer, monkeypatch: Any) -> 
 
 
 def test_a_replace_copies_its_staged_files_together_and_lands_whole(moto: MotoServer) -> None:
-    """A folder replace's server-side copies from its staged copy run several at once (a
-    barrier of two that one copy after another never passes); every final key then holds the
-    new version and nothing of the old one or of the staged copy is left."""
+    """A folder replace's first server-side copy runs alone (the first change to the final keys
+    is one known file), the others several at once (a barrier of two that one copy after
+    another never passes); every final key then holds the new version and nothing of the old
+    one or of the staged copy is left."""
     store, door = _store(moto)
     old = {rel: data[::-1] + b"old" for rel, data in SMALL_FILES.items()}
     old["old-only.bin"] = b"gone after the replace"
@@ -262,12 +263,19 @@ def test_a_replace_copies_its_staged_files_together_and_lands_whole(moto: MotoSe
     lock = threading.Lock()
     calls = [0]
 
+    first_done = threading.Event()
+
     def copy_checked(*args: Any, **kw: Any) -> Any:
         with lock:
             calls[0] += 1
-            first_two = calls[0] <= 2
-        if first_two:
-            meet.wait()  # BrokenBarrierError (the replace fails) if no second copy comes
+            n = calls[0]
+        if n == 1:  # the first copy alone: the first change is one known file
+            got = original(*args, **kw)
+            first_done.set()
+            return got
+        assert first_done.is_set(), "a copy started before the first one finished"
+        if n <= 3:
+            meet.wait()  # BrokenBarrierError (the replace fails) if no other copy comes
         return original(*args, **kw)
 
     backend.copy_checked = copy_checked

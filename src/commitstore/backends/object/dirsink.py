@@ -236,9 +236,14 @@ def complete_replace(b: ObjectStore, parts: Parts, files: Files, root: Parts) ->
 
     for _round in range(OWN_ROUNDS + 1):
         copied: list[tuple[Parts, ObjectStat]] = []
-        try:  # server-side copies together; a file streamed through the client, one at a time
-            together([rel for rel in todo if new[rel][0] <= b.copy_max], copy, copied)
-            for rel in (rel for rel in todo if new[rel][0] > b.copy_max):
+        try:
+            # the first copy alone: the first change to the final keys is the same file, made
+            # before any other, whatever the order the others then land in; then the
+            # server-side copies together, and files streamed through the client one at a time
+            for rel in todo[:1]:
+                copied.append((rel, copy(rel)))
+            together([rel for rel in todo[1:] if new[rel][0] <= b.copy_max], copy, copied)
+            for rel in (rel for rel in todo[1:] if new[rel][0] > b.copy_max):
                 copied.append((rel, copy(rel)))
         finally:
             mine.update(copied)
