@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,43 +45,62 @@ def _member(parts: tuple[str, ...]) -> str | None:
 SMALL_FILES = {f"d{i % 3}/s{i:02d}.bin": bytes([i]) * (1000 + i) for i in range(24)}
 
 
+class OpenUploads:
+    """Wraps ``backend.open_sink``: counts the uploads of folder ``f/ck``'s files that
+    ``counts`` selects, each from its opening until its publish returns; :attr:`most` is the
+    largest number open at one moment. ``on_open(n)`` runs, outside the lock, before the n-th
+    counted upload (from 0) opens."""
+
+    def __init__(
+        self,
+        backend: Any,
+        counts: Callable[[str], bool],
+        on_open: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        self.most = 0
+        self._open = self._opened = 0
+        self._lock = threading.Lock()
+        original = backend.open_sink
+
+        def counted(parts: tuple[str, ...], **kw: Any) -> Any:
+            rel = _member(parts)
+            if rel is None or not counts(rel):
+                return original(parts, **kw)
+            with self._lock:
+                self._open += 1
+                self.most = max(self.most, self._open)
+                n, self._opened = self._opened, self._opened + 1
+            on_open(n)
+            sink = original(parts, **kw)
+            publish = sink.publish
+
+            def published(**pkw: Any) -> Any:
+                try:
+                    return publish(**pkw)
+                finally:
+                    with self._lock:
+                        self._open -= 1
+
+            sink.publish = published
+            return sink
+
+        backend.open_sink = counted
+
+
 def test_small_files_go_up_together_and_land_whole(moto: MotoServer) -> None:
     """Two uploads must be open at the same moment (a barrier of two that a one-at-a-time
     upload would never pass), and never more than AT_ONCE."""
     store, door = _store(moto)
-    backend: Any = store._backend
-    original = backend.open_sink
     meet = threading.Barrier(2, timeout=30)
-    lock = threading.Lock()
-    state = {"open": 0, "most": 0, "met": 0}
 
-    def counted(parts: tuple[str, ...], **kw: Any) -> Any:
-        if _member(parts) is None:
-            return original(parts, **kw)
-        with lock:
-            state["open"] += 1
-            state["most"] = max(state["most"], state["open"])
-            first_two = state["met"] < 2
-            state["met"] += 1
-        if first_two:
+    def first_two_meet(n: int) -> None:
+        if n < 2:
             meet.wait()  # BrokenBarrierError (the commit fails) if no second upload comes
-        sink = original(parts, **kw)
-        publish = sink.publish
 
-        def published(**pkw: Any) -> Any:
-            try:
-                return publish(**pkw)
-            finally:
-                with lock:
-                    state["open"] -= 1
-
-        sink.publish = published
-        return sink
-
-    backend.open_sink = counted
+    uploads = OpenUploads(store._backend, lambda rel: True, first_two_meet)
     with store.stage_dir("f/ck") as d:
         _fill(d, SMALL_FILES)
-    assert 2 <= state["most"] <= dirsink.AT_ONCE
+    assert 2 <= uploads.most <= dirsink.AT_ONCE
     assert {f for f in door.files() if f.startswith("f/ck/")} == {
         f"f/ck/{rel}" for rel in SMALL_FILES
     }
@@ -213,35 +233,10 @@ def test_large_files_go_up_one_at_a_time(moto: MotoServer, monkeypatch: Any) -> 
     large = {f"big{i}.bin": bytes([i]) * (200 * 1024) for i in range(3)}
     files = {**large, **{rel: SMALL_FILES[rel] for rel in list(SMALL_FILES)[:6]}}
     store, door = _store(moto)
-    backend: Any = store._backend
-    original = backend.open_sink
-    lock = threading.Lock()
-    state = {"open": 0, "most": 0}
-
-    def counted(parts: tuple[str, ...], **kw: Any) -> Any:
-        rel = _member(parts)
-        if rel not in large:
-            return original(parts, **kw)
-        with lock:
-            state["open"] += 1
-            state["most"] = max(state["most"], state["open"])
-        sink = original(parts, **kw)
-        publish = sink.publish
-
-        def published(**pkw: Any) -> Any:
-            try:
-                return publish(**pkw)
-            finally:
-                with lock:
-                    state["open"] -= 1
-
-        sink.publish = published
-        return sink
-
-    backend.open_sink = counted
+    uploads = OpenUploads(store._backend, lambda rel: rel in large)
     with store.stage_dir("f/ck") as d:
         _fill(d, files)
-    assert state["most"] == 1
+    assert uploads.most == 1
     for rel, data in files.items():
         assert door.read(f"f/ck/{rel}") == data
     assert open_store(store.url, **moto.options()).verify("f/ck", level="full").ok

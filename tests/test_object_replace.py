@@ -23,6 +23,7 @@ import pytest
 import xxhash
 
 from commitstore import BackendUnavailableError, CommitStoreError, open_store
+from commitstore.mirrors.sync import sync_mirrors
 from commitstore.testing import GcsBackdoor, S3Backdoor, Target, pending_paths, record_path
 
 from .helpers.azurite import Azurite, azure_backdoor
@@ -33,6 +34,9 @@ from .helpers.s3servers import BUCKET, MotoServer
 NAME = "run/ckpt-7"
 OLD = {"a.bin": b"old a " * 300, "b.bin": b"old b " * 200, "old-only.txt": b"only old"}
 NEW = {"a.bin": b"NEW a " * 310, "b.bin": b"NEW b " * 190, "sub/new-only.txt": b"only new"}
+ADDS_FIRST = {"0-only-new.bin": b"only new, first in order " * 40, "a.bin": NEW["a.bin"]}
+"""A new version whose first file in order (the copy made first, alone) is one the old version
+lacks: stopped after that copy, the final keys are the old files plus it."""
 
 
 # -- the layout of docs/format.md, computed independently ------------------------------------
@@ -53,40 +57,57 @@ def under(door: Any, prefix: str) -> dict[str, bytes]:
     return {f[len(prefix) :]: door.read(f) for f in door.files() if f.startswith(prefix)}
 
 
-def backdoor_state(door: Any, name: str = NAME) -> str:
+def backdoor_state(door: Any, name: str = NAME, new: dict[str, bytes] = NEW) -> str:
     """``old``, ``new`` or ``staged`` (the final keys a mix, the new version whole in its staged
     copy and named by the pending record); anything else fails the test."""
     final = under(door, name + "/")
     record = json.loads(door.read(record_path(name)))
     if final == OLD and record["digest"] == f"xxh3_128:{manifest_hex(OLD)}":
         return "old"
-    if final == NEW:
+    if final == new:
         return "new"  # under the new record, or the pending one (the core resolves that)
     found = pending_paths(door, name)
     assert found, f"neither version, and no pending record: {sorted(final)}"
     pending = door.read(found[-1])
     assert pending is not None
-    assert json.loads(pending)["digest"] == f"xxh3_128:{manifest_hex(NEW)}"
-    assert under(door, staged_prefix(name, NEW)) == NEW, "a mix without a whole staged copy"
+    assert json.loads(pending)["digest"] == f"xxh3_128:{manifest_hex(new)}"
+    assert under(door, staged_prefix(name, new)) == new, "a mix without a whole staged copy"
     return "staged"
 
 
-def check_store_agrees(t: Target, tmp_path: Path, state: str) -> None:
-    """A fresh store sees exactly the version the backdoor shows, and gc leaves it final."""
+def check_store_agrees(t: Target, tmp_path: Path, state: str, new: dict[str, bytes] = NEW) -> None:
+    """A fresh store sees exactly the version the backdoor shows (``verify``, ``latest``,
+    ``get_file`` and a mirror's copy agree), and gc leaves it final."""
     fresh = t.reopen()
-    want = OLD if state == "old" else NEW
+    want = OLD if state == "old" else new
     assert fresh.verify(NAME).ok
     latest = fresh.latest()
     assert latest is not None and latest.digest == f"xxh3_128:{manifest_hex(want)}"
     out = tmp_path / f"got-{time.monotonic_ns()}"
     fresh.get_file(NAME, out)
-    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == want
+    assert files_below(out) == want
+    for path, body in want.items():  # member by member, as DCP and fsspec read a folder
+        assert fresh.read_member(latest, path) == body
+        with fresh.open_member(latest, path) as f:
+            assert f.read() == body
+    root = tmp_path / f"mirror-{time.monotonic_ns()}"
+    mirror = open_store(str(root))
+    report = sync_mirrors(fresh._committer, [mirror._committer], repair=True)
+    assert report.ok, report
+    assert files_below(root / NAME) == want  # the mirror's copy, read beside the API
+    assert json.loads((root / record_path(NAME)).read_bytes())["digest"] == latest.digest
     fresh.gc(min_age=0)
-    assert backdoor_state(t.door) == ("old" if state == "old" else "new")
+    assert backdoor_state(t.door, new=new) == ("old" if state == "old" else "new")
     assert fresh.record(NAME).digest == f"xxh3_128:{manifest_hex(want)}"
     assert pending_paths(t.door, NAME) == []
     assert [f for f in t.door.files() if f.startswith(".commitstore/staged/")] == []
     assert t.reopen().verify().ok
+
+
+def files_below(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
 
 
 def commit(store: Any, files: dict[str, bytes], *, overwrite: bool, name: str = NAME) -> None:
@@ -305,7 +326,7 @@ def test_failure_at_every_request_of_a_replace_leaves_old_or_new(
     every_request(kind, request, every=True)
 
 
-def _kill_mid_copy(t: Target, copies_before_kill: int) -> None:
+def _kill_mid_copy(t: Target, copies_before_kill: int, new: dict[str, bytes] = NEW) -> None:
     """Fork a writer that replaces the folder and stops after its ``copies_before_kill``-th
     server-side copy; SIGKILL it there (a real process, killed mid-replace)."""
     ready_r, ready_w = os.pipe()
@@ -328,7 +349,7 @@ def _kill_mid_copy(t: Target, copies_before_kill: int) -> None:
                 return got
 
             backend.server_copy = server_copy
-            commit(store, NEW, overwrite=True)
+            commit(store, new, overwrite=True)
             os.write(ready_w, b"d")
         finally:
             os._exit(0)
@@ -352,3 +373,20 @@ def test_sigkill_mid_copy_verifies_as_new_and_gc_rolls_forward(
     result = fresh.verify(NAME).results[0]
     assert (result.status, "staged copy" in result.detail) == ("ok", True)
     check_store_agrees(t, tmp_path, "staged")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sigkill_after_copying_an_added_file_every_reader_serves_new(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The first copy is of a file only the new version has: killed right after it, the final
+    keys are the old version's files, intact, plus that file. Only the unlisted file tells them
+    from the old version, and every reader must see it: ``verify`` and ``latest`` name the new
+    version (whole in its staged copy), so ``get_file`` and a mirror's copy serve it too, never
+    the old files that still match the old record."""
+    t = prepared(kind, request)
+    _kill_mid_copy(t, 1, new=ADDS_FIRST)
+    final = under(t.door, NAME + "/")
+    assert final == {**OLD, "0-only-new.bin": ADDS_FIRST["0-only-new.bin"]}
+    assert backdoor_state(t.door, new=ADDS_FIRST) == "staged"
+    check_store_agrees(t, tmp_path, "staged", new=ADDS_FIRST)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 from commitstore import _read
 from commitstore._commit import Committer
@@ -19,11 +19,13 @@ from commitstore._verify import compare
 from commitstore.backends import FileSink
 from commitstore.digest import digest_bytes, hash_stream
 from commitstore.errors import CommitError, IntegrityError, NotFoundError
-from commitstore.layout import validate_name
+from commitstore.layout import Parts, aside_parts, staged_parts, validate_name
 from commitstore.records import FileRecord, Record
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+T = TypeVar("T")
 
 
 class FolderFile(io.RawIOBase):
@@ -133,58 +135,95 @@ class FolderFile(io.RawIOBase):
 
 def read_member(committer: Committer, record: Record, path: str) -> bytes:
     """All bytes of the file ``path`` of the committed folder ``record``, read once and checked
-    against its entry (size and full digest).
+    against its entry (size and full digest), from the first of :func:`places` that holds them.
 
     Raises:
         NotFoundError: the record lists no such file. IntegrityError: missing, truncated or
-            changed bytes.
+            changed bytes (as found under the name).
+    """
+
+    def take(f: BinaryIO) -> tuple[bytes, int, str]:
+        data = f.read()
+        return data, len(data), digest_bytes(data)
+
+    data, f = _first_whole(committer, record, path, take)
+    f.close()
+    return data
+
+
+def places(record: Record, path: str) -> list[Parts]:
+    """Where the bytes of file ``path`` of folder version ``record`` are looked for, in order:
+    under the name; in the staged copy of an object-store folder replace stopped among its
+    copies (it holds ``record`` whole until the final keys do: ``backends/object/dirsink``);
+    in the aside entry of a move-aside replace stopped before the new folder was in
+    (``backends/rename/aside.py``); under the name again (a replace that finished meanwhile
+    removed its staged copy). The places ``verify`` resolves a folder version from, so a
+    member read agrees with it; wherever they are read, the bytes are checked against
+    ``record``'s entry before any is handed out."""
+    name = validate_name(record.name)
+    rel = validate_name(path, inside_folder=True)
+    return [
+        (*name, *rel),
+        (*staged_parts(name, record.digest), *rel),
+        (*aside_parts(name), *rel),
+        (*name, *rel),
+    ]
+
+
+def _first_whole(
+    committer: Committer,
+    record: Record,
+    path: str,
+    take: Callable[[BinaryIO], tuple[T, int, str]],
+) -> tuple[T, BinaryIO]:
+    """``take``'s answer (read from an open file: its result, the size and digest it saw) and
+    the open file, from the first of :func:`places` whose bytes match ``path``'s entry in
+    ``record``; the caller closes the file. Every other file opened is closed.
+
+    Raises:
+        NotFoundError: the record lists no such file. IntegrityError: no place holds them;
+            what was found under the name.
     """
     entry = next((f for f in record.files if f.path == path), None)
     if entry is None:
         raise NotFoundError(f"{record.name} has no file {path}", name=record.name)
-    parts = (*validate_name(record.name), *validate_name(path, inside_folder=True))
-    try:
-        with committer.backend.open_read(parts) as f:
-            data = f.read()
-    except NotFoundError as exc:
-        raise IntegrityError(
-            f"{record.name}/{path}: recorded, but missing", name=record.name, status="missing"
-        ) from exc
-    problem = compare(
-        entry.size,
-        entry.digest,
-        found_size=len(data),
-        found_digest=digest_bytes(data),
-        level="full",
-    )
-    if problem is not None:
-        raise problem.error(record.name, path)
-    return data
+    problem: IntegrityError | None = None
+    for parts in places(record, path):
+        try:
+            f = _read._open_parts(committer.backend, record.name, parts)
+        except IntegrityError as exc:
+            problem = problem or exc
+            continue
+        try:
+            got, size, digest = take(f)
+            found = compare(
+                entry.size, entry.digest, found_size=size, found_digest=digest, level="full"
+            )
+        except BaseException:
+            f.close()
+            raise
+        if found is None:
+            return got, f
+        f.close()
+        problem = problem or found.error(record.name, path)
+    assert problem is not None
+    raise problem
 
 
-__all__ = ["FolderFile", "read_member"]
+__all__ = ["FolderFile", "open_member", "places", "read_member"]
 
 
 def open_member(committer: Committer, record: Record, path: str) -> BinaryIO:
     """The file ``path`` of the committed folder ``record``, hashed whole and checked against
-    its entry (size and full digest) before any byte is handed out, then rewound.
+    its entry (size and full digest) before any byte is handed out, then rewound; from the
+    first of :func:`places` that holds it.
 
     Raises:
         NotFoundError: the record lists no such file. IntegrityError: missing, truncated or
-            changed bytes.
+            changed bytes (as found under the name).
     """
-    entry = next((f for f in record.files if f.path == path), None)
-    if entry is None:
-        raise NotFoundError(f"{record.name} has no file {path}", name=record.name)
-    parts = validate_name(f"{record.name}/{path}", inside_folder=True)
-    f = _read._open_parts(committer.backend, record.name, parts)
+    _, f = _first_whole(committer, record, path, lambda f: (None, *hash_stream(f)))
     try:
-        size, digest = hash_stream(f)
-        found = compare(
-            entry.size, entry.digest, found_size=size, found_digest=digest, level="full"
-        )
-        if found is not None:
-            raise found.error(record.name, path)
         f.seek(0)
     except BaseException:
         f.close()

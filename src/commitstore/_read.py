@@ -15,7 +15,7 @@ from commitstore._scan import read_record
 from commitstore._sinkwrite import aborting, write_sink
 from commitstore._verify import (
     compare,
-    folder_problem,
+    folder_files,
     locate,
     pending_versions,
     record_of,
@@ -33,7 +33,7 @@ from commitstore.errors import (
     NotFoundError,
 )
 from commitstore.layout import aside_parts, validate_name
-from commitstore.records import Record, RecordFormatError
+from commitstore.records import Record, RecordFormatError, VerifyResult
 
 VerifiedFile = BinaryIO
 """What :meth:`CommitStore.open` returns: a readable, seekable binary file."""
@@ -360,12 +360,13 @@ def _get_dir(
     progress: Callable[[int], None] | None,
 ) -> None:
     """Copy folder artifact ``rec``, whose files are below ``root``, into ``dest``; every file
-    checked against ``rec`` on the way (and ``root`` itself a folder: ``_verify.folder_problem``,
-    as ``verify`` checks it), and nothing published at ``dest`` unless all pass.
+    checked against ``rec`` on the way (and first the folder's file set, exactly the recorded
+    files: ``_verify.folder_files``, as ``verify`` checks it), and nothing published at ``dest``
+    unless all pass.
     Create-only: ``dest`` was free (:func:`local_destination`); if anything appeared there
     meanwhile, AlreadyExistsError and it stays."""
-    problem = folder_problem(backend, root, rec)
-    if problem is not None:
+    problem = folder_files(backend, root, rec)
+    if isinstance(problem, VerifyResult):
         raise IntegrityError(
             f"{'/'.join(root)}: {problem.detail}", name=rec.name, status=problem.status
         )

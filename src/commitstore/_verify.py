@@ -423,9 +423,21 @@ def folder_problem(backend: Backend, parts: Parts, record: Record) -> VerifyResu
     return None
 
 
-def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> VerifyResult:
+def folder_files(
+    backend: Backend, parts: Parts, record: Record
+) -> VerifyResult | dict[str, FileInfo]:
+    """Whether the folder at ``parts`` holds exactly the files of folder version ``record``:
+    the failing result (:func:`folder_problem`; ``size_mismatch`` for a link or special file
+    below it, or a file the record does not list; ``missing`` for a listed file that is not
+    there), or each listed file's info, from one walk. Sizes and bytes are not compared here.
+    The check of a folder's file set that ``verify`` makes and that every reader of a folder
+    artifact (``get_file``, a mirror's copy) makes before it reads a byte: the files under a
+    folder replace stopped among its copies are the old version's plus what the new one added,
+    and only the unlisted file tells them from the old version, so a reader that checked only
+    the listed files would serve the old version where ``verify`` and ``latest`` name the new
+    one (from its staged copy)."""
     if not record.files and not backend.capabilities.empty_folders:
-        return VerifyResult(record.name, "ok")  # nothing to check: the storage has no folders
+        return {}  # nothing to check: the storage has no folders
     not_a_folder = folder_problem(backend, parts, record)
     if not_a_folder is not None:
         return not_a_folder
@@ -444,6 +456,13 @@ def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> Ve
         return VerifyResult(
             record.name, "size_mismatch", f"unrecorded file {extra!r} in the folder"
         )
+    return infos
+
+
+def _check_dir(backend: Backend, parts: Parts, record: Record, level: str) -> VerifyResult:
+    infos = folder_files(backend, parts, record)
+    if isinstance(infos, VerifyResult):
+        return infos
     for current in ("size", level) if level == "full" else ("size",):
         for entry in record.files:
             fparts = (*parts, *entry.path.split("/"))

@@ -29,7 +29,7 @@ from commitstore._slots import read_slots
 from commitstore._verify import (
     check_exact,
     compare,
-    folder_problem,
+    folder_files,
     locate,
     pending_version,
     record_of,
@@ -46,7 +46,7 @@ from commitstore.errors import (
     SourceMismatch,
 )
 from commitstore.layout import Parts, validate_name
-from commitstore.records import Record, RecordFormatError
+from commitstore.records import Record, RecordFormatError, VerifyResult
 
 RETRIES = 3
 """Attempts per artifact and mirror (background replication and ``sync`` alike) before it is
@@ -312,10 +312,12 @@ def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tup
 def _fill_dir(src: Committer, dsink: DirSink, rec: Record, root: Parts) -> None:
     """Copy the files of folder version ``rec``, stored below ``root`` on ``src``, into the
     staging folder of ``dsink``, each checked against ``rec`` (SourceMismatch); ``root`` must
-    be a folder (``_verify.folder_problem``, as ``verify`` checks it: an empty folder artifact
-    whose folder is gone, or a file in its place, is no copy of it)."""
-    problem = folder_problem(src.backend, root, rec)
-    if problem is not None:
+    be a folder holding exactly the recorded files (``_verify.folder_files``, as ``verify``
+    checks it: an empty folder artifact whose folder is gone, or a file in its place, is no
+    copy of it, and a folder replace stopped among its copies, its new files beside the old
+    ones, is the new version in its staged copy, not the old one)."""
+    problem = folder_files(src.backend, root, rec)
+    if isinstance(problem, VerifyResult):
         raise SourceMismatch(
             f"{'/'.join(root)} on {src.url}: {problem.detail}; not copied",
             name=rec.name,
