@@ -23,6 +23,7 @@ import pytest
 import xxhash
 
 from commitstore import BackendUnavailableError, CommitStoreError, open_store
+from commitstore.fsspec import CommitFileSystem
 from commitstore.mirrors.sync import sync_mirrors
 from commitstore.testing import GcsBackdoor, S3Backdoor, Target, pending_paths, record_path
 
@@ -86,10 +87,21 @@ def check_store_agrees(t: Target, tmp_path: Path, state: str, new: dict[str, byt
     out = tmp_path / f"got-{time.monotonic_ns()}"
     fresh.get_file(NAME, out)
     assert files_below(out) == want
+    fresh.get_file(NAME, out.with_name(out.name + "-size"), verify="size")
+    assert files_below(out.with_name(out.name + "-size")) == want
     for path, body in want.items():  # member by member, as DCP and fsspec read a folder
         assert fresh.read_member(latest, path) == body
         with fresh.open_member(latest, path) as f:
             assert f.read() == body
+    view = CommitFileSystem(root=fresh.url)  # the commit:// view, over this very store
+    view._stores[view._root] = fresh
+    for path in {*OLD, *want}:  # never a file of the other version beside these
+        url = f"{fresh.url}/{NAME}/{path}"
+        if path in want:
+            assert view.cat_file(url) == want[path], path
+        else:
+            with pytest.raises((FileNotFoundError, CommitStoreError)):
+                view.cat_file(url)
     root = tmp_path / f"mirror-{time.monotonic_ns()}"
     mirror = open_store(str(root))
     report = sync_mirrors(fresh._committer, [mirror._committer], repair=True)
@@ -390,3 +402,182 @@ def test_sigkill_after_copying_an_added_file_every_reader_serves_new(
     assert final == {**OLD, "0-only-new.bin": ADDS_FIRST["0-only-new.bin"]}
     assert backdoor_state(t.door, new=ADDS_FIRST) == "staged"
     check_store_agrees(t, tmp_path, "staged", new=ADDS_FIRST)
+
+
+SAME_SIZES = {path: body.upper() for path, body in OLD.items()}
+"""A same-size overwrite (the usual one of a checkpoint): sizes cannot tell it from the old."""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sigkill_mid_copy_of_a_same_size_replace_never_serves_a_mix(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Killed after its first copy, a same-size replace leaves one new file among old ones of
+    the same sizes: a size-level read (``get_file(verify="size")``, the commit:// view) must
+    serve the new version whole, never the old record's sizes over a mix."""
+    t = prepared(kind, request)
+    _kill_mid_copy(t, 1, new=SAME_SIZES)
+    final = under(t.door, NAME + "/")
+    assert final not in (OLD, SAME_SIZES)  # a mix
+    assert backdoor_state(t.door, new=SAME_SIZES) == "staged"
+    check_store_agrees(t, tmp_path, "staged", new=SAME_SIZES)
+
+
+@pytest.mark.parametrize("gone_at", [1, len(ADDS_FIRST) + 1], ids=["checking", "copying"])
+def test_get_file_racing_a_live_replace_serves_new(
+    gone_at: int, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A reader sent to a live replace's staged copy (the final keys a mix) finds it deleted
+    meanwhile (the copies done, the record not written yet), while it checks the staged copy
+    or while it copies it out: it reads the new version where it is now, under the name,
+    instead of calling a healthy store damaged."""
+    t = prepared("s3", request)
+    writer = t.reopen()
+    wb: Any = writer._committer.backend
+    copied, go_on, staged_gone, reader_done = (threading.Event() for _ in range(4))
+    copies: list[int] = []
+    copy, remove = wb.copy_checked, wb.remove
+
+    def copy_checked(*args: Any, **kw: Any) -> Any:
+        got = copy(*args, **kw)
+        copies.append(1)
+        if len(copies) == 1:  # the added file is in: the final keys are a mix
+            copied.set()
+            go_on.wait(30)
+        return got
+
+    def removing(parts: tuple[str, ...]) -> Any:
+        got = remove(parts)
+        if parts[:2] == (".commitstore", "staged"):  # copies done, record not written yet
+            staged_gone.set()
+            reader_done.wait(30)
+        return got
+
+    wb.copy_checked, wb.remove = copy_checked, removing
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            commit(writer, ADDS_FIRST, overwrite=True)
+        except BaseException as exc:  # pragma: no cover - reported below
+            failed.append(exc)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        assert copied.wait(30)
+        reader = t.reopen()
+        rb: Any = reader._committer.backend
+        open_read = rb.open_read
+
+        staged_reads: list[int] = []
+
+        def reading(parts: tuple[str, ...]) -> Any:
+            if parts[:2] == (".commitstore", "staged"):
+                staged_reads.append(1)
+                if len(staged_reads) == gone_at:
+                    go_on.set()  # the writer finishes its copies and deletes the staged copy
+                    assert staged_gone.wait(30)
+            return open_read(parts)
+
+        rb.open_read = reading
+        out = tmp_path / "got"
+        reader.get_file(NAME, out)
+        assert go_on.is_set(), "the reader never went to the staged copy"
+        assert files_below(out) == ADDS_FIRST
+    finally:
+        reader_done.set()
+        go_on.set()
+        thread.join(60)
+    assert not failed, failed
+    assert backdoor_state(t.door, new=ADDS_FIRST) == "new"
+
+
+NEWER = {"a.bin": b"N2 a " * 333, "b.bin": b"N2 b " * 170, "z-newer-only.txt": b"only newer"}
+
+
+def _commit_failing_at_copy(store: Any, files: dict[str, bytes], failing: int) -> Any:
+    """Replace ``NAME`` with ``files``; the ``failing``-th server-side copy raises: the call
+    returns its record (``durable`` False), its copies stopped, the version whole in its staged
+    copy."""
+    backend: Any = store._committer.backend
+    copy, calls, lock = backend.server_copy, [], threading.Lock()
+
+    def server_copy(*args: Any, **kw: Any) -> Any:
+        with lock:
+            calls.append(1)
+            hit = len(calls) == failing
+        if hit:
+            raise BackendUnavailableError("injected: the copy failed")
+        return copy(*args, **kw)
+
+    backend.server_copy = server_copy
+    records: list[Any] = []
+    with store.stage_dir(NAME, overwrite=True, records=records) as d:
+        for rel, body in files.items():
+            (d / rel).parent.mkdir(parents=True, exist_ok=True)
+            (d / rel).write_bytes(body)
+    backend.server_copy = copy
+    return records[-1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_returned_replace_over_a_killed_one_stays_committed(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A writer killed among its copies (a preempted trainer), then a writer of a newer version
+    of the same folder whose copies stop too but which returns its record: that record is the
+    name's committed version. Every reader serves it, never the killed writer's older staged
+    version, and gc completes it, never rolls the older one forward over it."""
+    t = prepared(kind, request)
+    _kill_mid_copy(t, 1)
+    assert backdoor_state(t.door) == "staged"
+    rec = _commit_failing_at_copy(t.reopen(), NEWER, 2)
+    assert rec.digest == f"xxh3_128:{manifest_hex(NEWER)}" and not rec.outcome.durable
+    fresh = t.reopen()
+    assert fresh.verify(NAME).ok
+    latest = fresh.latest()
+    assert latest is not None and latest.digest == rec.digest
+    out = tmp_path / "got"
+    fresh.get_file(NAME, out)
+    assert files_below(out) == NEWER
+    fresh.gc(min_age=0)
+    assert under(t.door, NAME + "/") == NEWER  # completed, read beside the API
+    assert json.loads(t.door.read(record_path(NAME)))["digest"] == rec.digest
+    assert pending_paths(t.door, NAME) == []
+    assert t.reopen().verify().ok
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("how", ["delete", "prune", "stacked-delete"])
+def test_a_deleted_name_whose_replace_stopped_never_comes_back(
+    how: str, kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A replace returns its record with its copies stopped (gc would complete them); the name
+    is then deleted (``delete``, or by retention: ``prune``), also over a killed writer's older
+    staged version (``stacked-delete``). Nothing of it is left, and gc never rolls a staged
+    version forward over the deleted name."""
+    t = prepared(kind, request)
+    if how == "stacked-delete":
+        _kill_mid_copy(t, 1)
+    # for retention, every file of the new version is under the name (one of its files missing
+    # there would make the name's age unknown: never pruned)
+    newer = {path: body * 2 for path, body in OLD.items()} if how == "prune" else NEWER
+    _commit_failing_at_copy(t.reopen(), newer, 2)
+    store = t.reopen()
+    if how == "prune":
+        for step in (10, 20):
+            with store.stage_dir(f"run/later-{step}", step=step) as d:
+                (d / "w.bin").write_bytes(bytes([step]) * 100)
+        report = store.prune(keep_last=2, min_age=0)
+        assert NAME in report.targets[0].deleted
+    else:
+        store.delete(NAME)
+    assert NAME not in [r.name for r in t.reopen().list()]
+    t.reopen().gc(min_age=0)
+    assert NAME not in [r.name for r in t.reopen().list()]
+    assert under(t.door, NAME + "/") == {}  # read beside the API: nothing of any version
+    assert t.door.read(record_path(NAME)) is None
+    assert pending_paths(t.door, NAME) == []
+    assert not any(f.startswith(".commitstore/staged/") for f in t.door.files())
+    assert t.reopen().verify().ok

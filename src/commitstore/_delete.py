@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from commitstore import _slots, _stagedcopies
 from commitstore._hierarchy import remove_data
 from commitstore._namechecks import NameChecks
+from commitstore._verify import superseded_slots
 from commitstore.errors import NotFoundError
 from commitstore.layout import intent_parts, record_parts, validate_name
 
@@ -44,6 +46,15 @@ class Deletes(NameChecks):
             # record step, or a removal a power loss undid) matches the data, and with the
             # record gone it would make gc restore the artifact a delete stopped halfway through
             self.backend.remove(intent_parts(parts))
+            for rec in owns if _slots.uses_slots(self.backend) else ():
+                # object stores: a replace that returned its record while its copies were
+                # stopped is completed first (so the name holds exactly its files, no file of
+                # the version before it left behind), and its writer's slot, like the slots of
+                # writers it superseded, goes before the record: left, gc would roll one of
+                # them forward over the deleted name and bring it back
+                _stagedcopies.complete_recorded(self.backend, rec)
+                for slot in superseded_slots(self.backend, rec):
+                    self.backend.remove(slot)
             had_record = self.backend.remove(record_parts(parts))
             had_data = remove_data(self.backend, parts, owns)
         if not (had_record or had_data):

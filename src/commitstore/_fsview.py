@@ -10,6 +10,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from commitstore import Stage
+from commitstore._verify import pending_versions
 from commitstore.errors import CommitStoreError, NotFoundError
 from commitstore.records import Record
 from commitstore.store import CommitStore
@@ -144,9 +145,13 @@ def commit_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def folder_owner(store: CommitStore, name: str) -> tuple[Record, str] | None:
-    """The folder artifact that holds ``name`` as one of its recorded files, and its path. A
-    file its record does not list may be one of the version the folder verifies as (a commit
-    that stopped after its data step: ``store.record(..., level="size")``), then that version."""
+    """The folder artifact that holds ``name`` as one of its files, and its path: the folder as
+    the version it verifies as, decided for the folder as a whole before any file of it is
+    opened. That is its record, unless a pending version of it exists (a commit in flight, or
+    one that stopped after its data step: an object-store replace stopped among its copies
+    leaves files of both versions under the name), then ``store.record(..., level="size")``,
+    so no two files of one folder are ever served from two versions of it. None where the
+    version holds no such file, or the folder verifies as no version."""
     parts = name.split("/")
     for i in range(len(parts) - 1, 0, -1):
         try:
@@ -156,14 +161,13 @@ def folder_owner(store: CommitStore, name: str) -> tuple[Record, str] | None:
         member = "/".join(parts[i:])
         if rec.kind != "dir":
             return None
+        if pending_versions(store._backend, rec):
+            try:
+                rec = store.record(rec.name, level="size")
+            except CommitStoreError:
+                return None
         if any(f.path == member for f in rec.files):
             return rec, member
-        try:
-            version = store.record(rec.name, level="size")
-        except CommitStoreError:
-            return None
-        if version != rec and any(f.path == member for f in version.files):
-            return version, member
         return None
     return None
 

@@ -16,9 +16,11 @@ from commitstore._sinkwrite import aborting, write_sink
 from commitstore._verify import (
     compare,
     folder_files,
+    folder_problem,
     locate,
     pending_versions,
     record_of,
+    same_shape,
     served_version,
 )
 from commitstore.backends import Backend, FileSink, PutMode, local_folder
@@ -336,17 +338,23 @@ def _get_version(
 
         write_sink(target, (dest.name,), mode, fill, check=check)
         return
-    try:
-        _get_dir(
-            backend, target, dest, rec, validate_name(rec.name), level=level, progress=progress
-        )
-    except IntegrityError:
-        # Not the recorded version: a commit in flight or interrupted may have left the new
-        # one, under the name or (an object-store folder replace) in its staged copy.
-        result, version, where = locate(backend, rec, level)
-        if result.status != "ok" or (version, where) == (rec, validate_name(rec.name)):
-            raise
-        _get_dir(backend, target, dest, version, where, level=level, progress=progress)
+    if level == "size" and any(same_shape(p, rec) for p in pending_versions(backend, rec)):
+        level = "full"  # sizes cannot tell the versions apart: a stopped copy is a mix of both
+    version, where = rec, validate_name(rec.name)
+    tried = []
+    while True:
+        try:
+            _get_dir(backend, target, dest, version, where, level=level, progress=progress)
+            return
+        except IntegrityError:
+            # Not that version there: a commit in flight or interrupted may have left the new
+            # one, under the name or (an object-store folder replace) in its staged copy; a
+            # replace going on may have moved it from one to the other meanwhile (its staged
+            # copy is deleted once the final keys hold it): each place is tried once.
+            tried.append((version, where))
+            result, version, where = locate(backend, rec, level)
+            if result.status != "ok" or (version, where) in tried:
+                raise
 
 
 def _get_dir(
@@ -361,11 +369,14 @@ def _get_dir(
 ) -> None:
     """Copy folder artifact ``rec``, whose files are below ``root``, into ``dest``; every file
     checked against ``rec`` on the way (and first the folder's file set, exactly the recorded
-    files: ``_verify.folder_files``, as ``verify`` checks it), and nothing published at ``dest``
-    unless all pass.
+    files: ``_verify.folder_files``, as ``verify`` checks it; at ``"none"`` only that a folder
+    is there), and nothing published at ``dest`` unless all pass.
     Create-only: ``dest`` was free (:func:`local_destination`); if anything appeared there
     meanwhile, AlreadyExistsError and it stays."""
-    problem = folder_files(backend, root, rec)
+    # "none" opts out of the checks: the recorded files, as they are (the folder must be one)
+    problem = (
+        folder_problem(backend, root, rec) if level == "none" else folder_files(backend, root, rec)
+    )
     if isinstance(problem, VerifyResult):
         raise IntegrityError(
             f"{'/'.join(root)}: {problem.detail}", name=rec.name, status=problem.status

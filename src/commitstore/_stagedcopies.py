@@ -10,7 +10,7 @@ own: ``_slots``) names any more.
 
 from __future__ import annotations
 
-from commitstore._verify import _check_dir
+from commitstore._verify import _check_dir, check_exact
 from commitstore.backends import Backend
 from commitstore.errors import CommitStoreError
 from commitstore.layout import (
@@ -49,6 +49,24 @@ def roll_forward(backend: Backend, pending: Record, root: Parts) -> None:
     """
     files = [(f.path, f.size, f.digest) for f in pending.files]
     backend.settle_staged(tuple(pending.name.split("/")), files, root)
+
+
+def complete_recorded(backend: Backend, record: Record) -> str | None:
+    """Complete the copies of a recorded folder version whose final keys do not verify but
+    whose staged copy is whole (roll forward: a replace that returned its record while its
+    copies were stopped); None when done or nothing to do, else why it cannot be. Costs one
+    stat when there is no staged copy of the version."""
+    if record.kind != "dir" or not record.files:
+        return None
+    if backend.stat(staged_parts(tuple(record.name.split("/")), record.digest)) is None:
+        return None
+    if check_exact(backend, record, "full").status == "ok":
+        return None  # the copies were done: the leftover pass removes the staged copy
+    staged = staged_whole(backend, record)
+    if staged is None:
+        return "neither its record nor its pending record matches the data"
+    roll_forward(backend, record, staged)
+    return None
 
 
 def leftovers(backend: Backend) -> list[tuple[Parts, float | None]]:

@@ -22,7 +22,7 @@ from commitstore._scan import (
     scan_records,
     unrecorded,
 )
-from commitstore._slots import read_slots
+from commitstore._slots import Slot, interval, read_slots
 from commitstore.backends import Backend, FileInfo
 from commitstore.digest import hash_opened
 from commitstore.errors import (
@@ -32,7 +32,7 @@ from commitstore.errors import (
     InvalidNameError,
     NotFoundError,
 )
-from commitstore.layout import Parts, aside_parts, staged_parts, validate_name
+from commitstore.layout import Parts, aside_parts, record_parts, staged_parts, validate_name
 from commitstore.records import (
     Record,
     RecordFormatError,
@@ -255,6 +255,8 @@ def same_shape(a: Record, b: Record) -> bool:
     return sorted((f.path, f.size) for f in a.files) == sorted((f.path, f.size) for f in b.files)
 
 
+PENDING_NOTE = "the new version of a commit whose record is pending"
+
 STAGED_NOTE = (
     "the new version, from its staged copy: a folder replace stopped while copying it "
     "(gc completes it)"
@@ -316,16 +318,85 @@ def _locate_once(
         return moved
     for pending in pendings:
         if check_exact(backend, pending, level).status == "ok":
-            note = "the new version of a commit whose record is pending"
-            return VerifyResult(record.name, "ok", note), pending, parts
+            return VerifyResult(record.name, "ok", PENDING_NOTE), pending, parts
     # the record itself too: a replace that stopped among its copies after the staged copy
     # was whole returns its record and leaves its slot (equal to the record) naming the copy
-    for version in (*pendings, record):
+    for version in staged_order(backend, record, pendings):
         if version.kind == "dir" and version.files:
             staged = staged_parts(parts, version.digest)
             if _check_dir(backend, staged, version, level).status == "ok":
                 return VerifyResult(record.name, "ok", STAGED_NOTE), version, staged
+            # a replace going on deletes its staged copy only once the final keys hold that
+            # version: gone since the name was checked, the name may hold it now
+            if (
+                version is not record
+                and backend.stat(staged) is None
+                and check_exact(backend, version, level).status == "ok"
+            ):
+                return VerifyResult(record.name, "ok", PENDING_NOTE), version, parts
     return result, record, parts
+
+
+def _slot_times(
+    backend: Backend, record: Record
+) -> tuple[list[Slot], dict[str, float], float | None]:
+    """The writer slots of ``record``'s name; per pending version (by digest) the newest known
+    heartbeat of a slot holding it; the time after which a slot's heartbeat shows a writer
+    alive after the record was written: the record's own modification time plus one heartbeat
+    interval (None: unknown), all by the store's clock (the record is not looked at where no
+    slot has a known time)."""
+    parts = tuple(record.name.split("/"))
+    slots = read_slots(backend, parts)
+    times: dict[str, float] = {}
+    for slot in slots:
+        if slot.mtime is not None and slot.mtime > 0:
+            key = slot.stored.record.digest
+            times[key] = max(times.get(key, 0.0), slot.mtime)
+    info = backend.stat(record_parts(parts)) if times else None
+    if info is None or not info.mtime:
+        return slots, times, None
+    # a slot last written within one heartbeat of the record may be the last heartbeat of a
+    # writer that stopped before the record was written: not known to be newer
+    return slots, times, info.mtime + interval(backend)
+
+
+def staged_order(backend: Backend, record: Record, pendings: list[Record]) -> list[Record]:
+    """The order in which the staged copies of a folder's versions are tried, by readers and
+    by gc alike (the first whole one is the version the name is, and the one gc completes):
+    first the pending versions whose writer was alive after the record was written (a replace
+    begun after it, or one that ran on after it: by the store's own clock, its slot's last
+    heartbeat is newer than the record by more than one heartbeat interval), newest first;
+    then the record (a replace that returned its record while its copies were stopped: it was
+    committed); then the other pending versions, newest first. A pending version not known to
+    be newer than the record (a heartbeat older than that, or either time unknown) was
+    superseded by it: the writer that wrote the record began after it stopped, or ran beside
+    it and returned first. So a committed version is never given up for a pending one that is
+    not known to have come after it.
+    """
+    if not pendings:
+        return [record]
+    _slots, times, recorded = _slot_times(backend, record)
+
+    def newest_first(versions: list[Record]) -> list[Record]:
+        return sorted(versions, key=lambda v: -times.get(v.digest, 0.0))
+
+    later = [p for p in pendings if recorded is not None and times.get(p.digest, 0.0) > recorded]
+    return [*newest_first(later), record, *newest_first([p for p in pendings if p not in later])]
+
+
+def superseded_slots(backend: Backend, record: Record) -> list[Parts]:
+    """The writer slots of ``record``'s name that its delete removes with it: the one holding
+    the record itself (a replace that returned it while its copies were stopped), and those
+    known to be superseded by it (:func:`staged_order`: last written before the record, or
+    within one heartbeat after it). A slot of a writer alive after that, or whose age is
+    unknown, stays: its writer may be committing a new version of the name now."""
+    slots, _times, recorded = _slot_times(backend, record)
+    return [
+        slot.parts
+        for slot in slots
+        if slot.stored.record == record
+        or (recorded is not None and slot.mtime is not None and 0 < slot.mtime <= recorded)
+    ]
 
 
 ASIDE_NOTE = (

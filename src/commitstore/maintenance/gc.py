@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from commitstore import _stagedcopies
 from commitstore._scan import StoredRecord, read_record, scan_records
 from commitstore._small import put_small
-from commitstore._verify import check_exact
+from commitstore._verify import check_exact, staged_order
 from commitstore.backends import Backend, PendingUpload, PutMode
 from commitstore.errors import (
     BackendUnavailableError,
@@ -33,7 +33,6 @@ from commitstore.layout import (
     is_staging_part,
     record_parts,
     slot_dir_parts,
-    staged_parts,
     validate_name,
 )
 from commitstore.maintenance import _asides, _owned, _resumestate
@@ -389,7 +388,7 @@ def _resolve(
     if not fresh and found is not None and not dry_run:
         # a pending record equal to the record: a folder replace that stopped among its copies
         # and returned its record; the copies are completed from the staged copy it names
-        settled = _complete_recorded(backend, found.record)
+        settled = _stagedcopies.complete_recorded(backend, found.record)
         if settled is not None:
             return settled
     if fresh:
@@ -402,23 +401,6 @@ def _resolve(
     if not dry_run:
         for where, _raw, _rec in pendings:
             backend.remove(where)
-    return None
-
-
-def _complete_recorded(backend: Backend, record: Record) -> str | None:
-    """Complete the copies of a recorded folder version whose final keys do not verify but
-    whose staged copy is whole (roll forward); None when done or nothing to do, else why the
-    pending records are kept. Costs one stat when there is no staged copy of the version."""
-    if record.kind != "dir" or not record.files:
-        return None
-    if backend.stat(staged_parts(tuple(record.name.split("/")), record.digest)) is None:
-        return None
-    if check_exact(backend, record, "full").status == "ok":
-        return None  # the copies were done: the leftover pass removes the staged copy
-    staged = _stagedcopies.staged_whole(backend, record)
-    if staged is None:
-        return "neither its record nor its pending record matches the data"
-    _stagedcopies.roll_forward(backend, record, staged)
     return None
 
 
@@ -448,11 +430,18 @@ def _outcome(
                 listed = _owned.listed_paths(parts, (f.path for f in pending.files))
                 _owned.remove_listed(backend, listed, committed)
             return None
-    for _where, raw, pending in pendings:
-        if (staged := _stagedcopies.staged_whole(backend, pending)) is not None:
-            if not dry_run:  # a folder replace stopped while copying: finish it
-                _stagedcopies.roll_forward(backend, pending, staged)
-                put_small(backend, record_parts(parts), raw, PutMode.REPLACE)
+    # a folder replace stopped while copying: finish the version readers serve, in their order
+    # (``_verify.staged_order``: a pending version not known to be newer than the record, a
+    # replace that returned it, is not completed over it)
+    versions = [pending for _where, _raw, pending in pendings]
+    ordered = versions if found is None else staged_order(backend, found.record, versions)
+    for version in ordered:
+        if (staged := _stagedcopies.staged_whole(backend, version)) is not None:
+            if not dry_run:
+                _stagedcopies.roll_forward(backend, version, staged)
+                if found is None or version != found.record:
+                    raw = next(raw for _where, raw, p in pendings if p == version)
+                    put_small(backend, record_parts(parts), raw, PutMode.REPLACE)
             return None
     return "neither its record nor its pending record matches the data"
 

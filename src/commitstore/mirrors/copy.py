@@ -293,20 +293,22 @@ def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tup
     Raises:
         SourceMismatch, NotFoundError: the files are no version of the name (nothing staged).
     """
-    dsink = dst.open_dir(parts, PutMode.REPLACE)
-    with aborting(dsink):
-        try:
-            _fill_dir(src, dsink, rec, parts)
-            return dsink, rec
-        except (SourceMismatch, NotFoundError):
-            result, version, where = locate(src.backend, rec, "full")
-            if result.status != "ok" or (version, where) == (rec, parts) or version.kind != "dir":
-                raise
-        dsink.abort()
-    dsink = dst.open_dir(parts, PutMode.REPLACE)
-    with aborting(dsink):
-        _fill_dir(src, dsink, version, where)
-    return dsink, version
+    version, where = rec, parts
+    tried = []
+    while True:
+        dsink = dst.open_dir(parts, PutMode.REPLACE)
+        with aborting(dsink):
+            try:
+                _fill_dir(src, dsink, version, where)
+                return dsink, version
+            except (SourceMismatch, NotFoundError):
+                # each place once: a replace going on deletes its staged copy once the final
+                # keys hold that version (``_read._get_version`` reads the same way)
+                tried.append((version, where))
+                result, version, where = locate(src.backend, rec, "full")
+                if result.status != "ok" or (version, where) in tried or version.kind != "dir":
+                    raise
+            dsink.abort()
 
 
 def _fill_dir(src: Committer, dsink: DirSink, rec: Record, root: Parts) -> None:
