@@ -94,6 +94,7 @@ def check_store_agrees(t: Target, tmp_path: Path, state: str, new: dict[str, byt
         with fresh.open_member(latest, path) as f:
             assert f.read() == body
     view = CommitFileSystem(root=fresh.url)  # the commit:// view, over this very store
+    assert view._root is not None
     view._stores[view._root] = fresh
     for path in {*OLD, *want}:  # never a file of the other version beside these
         url = f"{fresh.url}/{NAME}/{path}"
@@ -185,7 +186,8 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
         server.stop()
 
 
-def make_target(kind: str, request: pytest.FixtureRequest) -> Target:
+def make_target(kind: str, request: pytest.FixtureRequest, **extra: Any) -> Target:
+    """A fresh store on ``kind``'s server (``extra``: more store options, for every handle)."""
     prefix = f"r{time.monotonic_ns()}"
     if kind == "s3":
         moto: MotoServer = request.getfixturevalue("moto")
@@ -199,6 +201,7 @@ def make_target(kind: str, request: pytest.FixtureRequest) -> Target:
         az: Azurite = request.getfixturevalue("azurite")
         url, opts = az.url(prefix), az.options()
         door = azure_backdoor(az, prefix)
+    opts = {**opts, **extra}
     store = open_store(url, **opts)
     backend: Any = store._committer.backend
     known = {**opts, "conditional_writes": backend.conditional_writes()}
@@ -208,8 +211,8 @@ def make_target(kind: str, request: pytest.FixtureRequest) -> Target:
 KINDS = ["s3", "gcs", "azure"]
 
 
-def prepared(kind: str, request: pytest.FixtureRequest) -> Target:
-    t = make_target(kind, request)
+def prepared(kind: str, request: pytest.FixtureRequest, **extra: Any) -> Target:
+    t = make_target(kind, request, **extra)
     commit(t.store, OLD, overwrite=False)
     t.store.list()  # the conditional-write probe and the first scan happen before counting
     return t
@@ -543,7 +546,8 @@ def test_a_returned_replace_over_a_killed_one_stays_committed(
     assert files_below(out) == NEWER
     fresh.gc(min_age=0)
     assert under(t.door, NAME + "/") == NEWER  # completed, read beside the API
-    assert json.loads(t.door.read(record_path(NAME)))["digest"] == rec.digest
+    raw = t.door.read(record_path(NAME))
+    assert raw is not None and json.loads(raw)["digest"] == rec.digest
     assert pending_paths(t.door, NAME) == []
     assert t.reopen().verify().ok
 
@@ -554,12 +558,14 @@ def test_a_deleted_name_whose_replace_stopped_never_comes_back(
     how: str, kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """A replace returns its record with its copies stopped (gc would complete them); the name
-    is then deleted (``delete``, or by retention: ``prune``), also over a killed writer's older
-    staged version (``stacked-delete``). Nothing of it is left, and gc never rolls a staged
-    version forward over the deleted name."""
-    t = prepared(kind, request)
+    is then deleted (``delete``, or by retention: ``prune``), also over the older staged version
+    of a writer killed (``stacked-delete``) more than three heartbeats before the record was
+    written (dead before it). Nothing of it is left, and gc never rolls a staged version
+    forward over the deleted name."""
+    t = prepared(kind, request, heartbeat=0.1)
     if how == "stacked-delete":
         _kill_mid_copy(t, 1)
+        time.sleep(1.5)  # > 3 heartbeats, also by a store's 1 s clock
     # for retention, every file of the new version is under the name (one of its files missing
     # there would make the name's age unknown: never pruned)
     newer = {path: body * 2 for path, body in OLD.items()} if how == "prune" else NEWER
@@ -579,5 +585,71 @@ def test_a_deleted_name_whose_replace_stopped_never_comes_back(
     assert under(t.door, NAME + "/") == {}  # read beside the API: nothing of any version
     assert t.door.read(record_path(NAME)) is None
     assert pending_paths(t.door, NAME) == []
+    assert not any(f.startswith(".commitstore/staged/") for f in t.door.files())
+    assert t.reopen().verify().ok
+
+
+def test_a_delete_keeps_the_slot_of_a_writer_alive_after_the_record(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers of one file start within a heartbeat of its record; one is held after its
+    data publish, before its record, while the name is deleted and the other commits whole. A
+    delete removes only slots of writers it can tell dead (or the record's own): both writers
+    return, and the name then verifies (its data matches the record or a pending record)."""
+    import commitstore._commit as commit_module
+
+    t = make_target("s3", request)
+    with t.store.stage(NAME) as f:
+        f.write(b"R" * 100)
+    first, second = t.reopen(), t.reopen()
+    real = commit_module.put_small
+    at_record, go_on = threading.Event(), threading.Event()
+    record_at = tuple(record_path(NAME).split("/"))[2:]
+
+    def put_small(backend: Any, parts: tuple[str, ...], body: bytes, mode: Any) -> Any:
+        if threading.current_thread().name == "first" and parts[2:] == record_at:
+            at_record.set()
+            go_on.wait(30)
+        return real(backend, parts, body, mode)
+
+    monkeypatch.setattr(commit_module, "put_small", put_small)
+    returned: list[str] = []
+
+    def write(store: Any, body: bytes, who: str) -> None:
+        with store.stage(NAME, overwrite=True) as f:
+            f.write(body)
+        returned.append(who)
+
+    thread = threading.Thread(target=write, args=(first, b"1" * 100, "first"), name="first")
+    thread.start()
+    try:
+        assert at_record.wait(30)  # the first writer's slot and data are in
+        t.reopen().delete(NAME)
+        write(second, b"2" * 200, "second")
+    finally:
+        go_on.set()
+        thread.join(60)
+    assert sorted(returned) == ["first", "second"]
+    result = t.reopen().verify(NAME).results[0]
+    assert result.status == "ok", result
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("again", ["same", "newer"])
+def test_committing_again_completes_a_returned_stopped_replace(
+    again: str, kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """After a replace returned its record with its copies stopped (files of the version
+    before it still under the name), the folder is committed again (as its warning says it
+    may be): the stopped copies are completed first, and the new commit lands whole, never
+    refused for the old version's leftover files."""
+    t = prepared(kind, request)
+    _commit_failing_at_copy(t.reopen(), NEWER, 2)
+    files = NEWER if again == "same" else NEW
+    commit(t.reopen(), files, overwrite=True)
+    assert under(t.door, NAME + "/") == files
+    raw = t.door.read(record_path(NAME))
+    assert raw is not None and json.loads(raw)["digest"] == f"xxh3_128:{manifest_hex(files)}"
+    t.reopen().gc(min_age=0)
     assert not any(f.startswith(".commitstore/staged/") for f in t.door.files())
     assert t.reopen().verify().ok

@@ -251,6 +251,8 @@ class Committer(FileCommits):
                 # committed below it since staging began (one listing) would be inside it
                 self.check_nothing_below(parts, "committing this folder there")
             if mode is PutMode.REPLACE and intent is not None and intent.kind == "dir":
+                if slot is not None:  # object stores
+                    self.complete_returned(parts)
                 self.check_no_foreign_files(parts, intent)
             if mode is PutMode.CREATE and not self.backend.capabilities.exclusive_create:
                 if data_in_place:

@@ -46,12 +46,13 @@ class Deletes(NameChecks):
             # record step, or a removal a power loss undid) matches the data, and with the
             # record gone it would make gc restore the artifact a delete stopped halfway through
             self.backend.remove(intent_parts(parts))
-            for rec in owns if _slots.uses_slots(self.backend) else ():
+            folders = [r for r in owns if r.kind == "dir"]
+            for rec in folders if _slots.uses_slots(self.backend) else ():
                 # object stores: a replace that returned its record while its copies were
                 # stopped is completed first (so the name holds exactly its files, no file of
                 # the version before it left behind), and its writer's slot, like the slots of
-                # writers it superseded, goes before the record: left, gc would roll one of
-                # them forward over the deleted name and bring it back
+                # writers dead before it, goes before the record: left, gc would roll a staged
+                # copy forward over the deleted name and bring it back
                 _stagedcopies.complete_recorded(self.backend, rec)
                 for slot in superseded_slots(self.backend, rec):
                     self.backend.remove(slot)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commitstore import _slots
+from commitstore import _slots, _stagedcopies
 from commitstore._hierarchy import committed_below, folder_writes_over, shown
 from commitstore.backends import Backend
 from commitstore.errors import (
@@ -134,6 +134,21 @@ class NameChecks:
                 "they are older than min_age",
                 name=name,
             )
+
+    def complete_returned(self, parts: Parts) -> None:
+        """Before a folder replace on an object store: complete a replace of ``parts`` that
+        returned its record while its copies were stopped (``_stagedcopies.complete_recorded``:
+        from its staged copy), so the folder holds exactly the recorded version and the files
+        of the version before it that the stopped copies left are not taken for another tool's
+        (:meth:`check_no_foreign_files`). Costs one stat where the record has no staged copy.
+
+        Raises:
+            StorageError, BackendUnavailableError...: a copy or delete failed (only the
+                recorded version's copies were redone; nothing of the new commit was written).
+        """
+        for rec in self.own_records(parts).records:
+            if rec.kind == "dir":
+                _stagedcopies.complete_recorded(self.backend, rec)
 
     def check_no_foreign_files(self, parts: Parts, intent: Record) -> None:
         """Before folder version ``intent`` replaces what ``parts`` holds (under the publish

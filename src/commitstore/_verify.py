@@ -341,10 +341,8 @@ def _slot_times(
     backend: Backend, record: Record
 ) -> tuple[list[Slot], dict[str, float], float | None]:
     """The writer slots of ``record``'s name; per pending version (by digest) the newest known
-    heartbeat of a slot holding it; the time after which a slot's heartbeat shows a writer
-    alive after the record was written: the record's own modification time plus one heartbeat
-    interval (None: unknown), all by the store's clock (the record is not looked at where no
-    slot has a known time)."""
+    heartbeat of a slot holding it; the record's own modification time (None: unknown), both
+    by the store's clock (the record is not looked at where no slot has a known time)."""
     parts = tuple(record.name.split("/"))
     slots = read_slots(backend, parts)
     times: dict[str, float] = {}
@@ -353,25 +351,22 @@ def _slot_times(
             key = slot.stored.record.digest
             times[key] = max(times.get(key, 0.0), slot.mtime)
     info = backend.stat(record_parts(parts)) if times else None
-    if info is None or not info.mtime:
-        return slots, times, None
-    # a slot last written within one heartbeat of the record may be the last heartbeat of a
-    # writer that stopped before the record was written: not known to be newer
-    return slots, times, info.mtime + interval(backend)
+    return slots, times, info.mtime if info is not None and info.mtime else None
 
 
 def staged_order(backend: Backend, record: Record, pendings: list[Record]) -> list[Record]:
     """The order in which the staged copies of a folder's versions are tried, by readers and
     by gc alike (the first whole one is the version the name is, and the one gc completes):
     first the pending versions whose writer was alive after the record was written (a replace
-    begun after it, or one that ran on after it: by the store's own clock, its slot's last
-    heartbeat is newer than the record by more than one heartbeat interval), newest first;
-    then the record (a replace that returned its record while its copies were stopped: it was
-    committed); then the other pending versions, newest first. A pending version not known to
-    be newer than the record (a heartbeat older than that, or either time unknown) was
-    superseded by it: the writer that wrote the record began after it stopped, or ran beside
-    it and returned first. So a committed version is never given up for a pending one that is
-    not known to have come after it.
+    begun after it, or one that ran on beside it: by the store's own clock, its slot's last
+    heartbeat is newer than the record), newest first; then the record (a replace that
+    returned its record while its copies were stopped: it was committed); then the other
+    pending versions, newest first: their writers stopped before the record was written, so it
+    superseded them (ties and unknown times count as before).
+
+    Not decided here (a known gap): a writer alive after the record that was killed after its
+    staged copy was whole but before its first copy landed still comes first, although none of
+    its bytes reached the name.
     """
     if not pendings:
         return [record]
@@ -385,18 +380,25 @@ def staged_order(backend: Backend, record: Record, pendings: list[Record]) -> li
 
 
 def superseded_slots(backend: Backend, record: Record) -> list[Parts]:
-    """The writer slots of ``record``'s name that its delete removes with it: the one holding
-    the record itself (a replace that returned it while its copies were stopped), and those
-    known to be superseded by it (:func:`staged_order`: last written before the record, or
-    within one heartbeat after it). A slot of a writer alive after that, or whose age is
-    unknown, stays: its writer may be committing a new version of the name now."""
+    """The writer slots of folder ``record``'s name that its delete removes with it (else gc
+    would roll one of their staged copies forward over the deleted name): the one holding the
+    record itself (a replace that returned it while its copies were stopped: that writer is
+    done), and those of writers dead before the record was written (their last heartbeat more
+    than :data:`DEAD_AFTER` heartbeat intervals older than the record, by the store's clock).
+    Any other slot stays: its writer may be alive and committing the name now."""
     slots, _times, recorded = _slot_times(backend, record)
+    dead_before = None if recorded is None else recorded - DEAD_AFTER * interval(backend)
     return [
         slot.parts
         for slot in slots
         if slot.stored.record == record
-        or (recorded is not None and slot.mtime is not None and 0 < slot.mtime <= recorded)
+        or (dead_before is not None and slot.mtime is not None and 0 < slot.mtime < dead_before)
     ]
+
+
+DEAD_AFTER = 3
+"""Heartbeat intervals without a heartbeat after which a writer is taken for dead before a
+record was written (as an upload's marker: ``docs/guarantees.md``)."""
 
 
 ASIDE_NOTE = (
