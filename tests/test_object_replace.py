@@ -653,3 +653,77 @@ def test_committing_again_completes_a_returned_stopped_replace(
     t.reopen().gc(min_age=0)
     assert not any(f.startswith(".commitstore/staged/") for f in t.door.files())
     assert t.reopen().verify().ok
+
+
+def test_completing_a_returned_replace_spares_a_writer_in_flight(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writer D's replace is in flight (slot written after B's record) while B returned with its
+    copies stopped; D's copies land whole, and before D writes its record a third commit C
+    starts (and fails uploading): C must not complete B's stopped replace over D's files. D
+    returns, and the name is D's version, also after gc."""
+    import commitstore._commit as commit_module
+
+    t = prepared("s3", request)
+    real = commit_module.put_small
+    at_record, go_on = threading.Event(), threading.Event()
+    record_at = tuple(record_path(NAME).split("/"))[2:]
+
+    def put_small(backend: Any, parts: tuple[str, ...], body: bytes, mode: Any) -> Any:
+        if threading.current_thread().name == "D" and parts[2:] == record_at:
+            at_record.set()  # D's copies are in, its staged copy gone; its record comes next
+            go_on.wait(30)
+        return real(backend, parts, body, mode)
+
+    monkeypatch.setattr(commit_module, "put_small", put_small)
+    d_records: list[Any] = []
+    staging, staged_go = threading.Event(), threading.Event()
+
+    def write_d() -> None:
+        store = t.reopen()
+        backend: Any = store._committer.backend
+        open_sink = backend.open_sink
+
+        def held(parts: tuple[str, ...], **kw: Any) -> Any:
+            if "staged" in parts:
+                staging.set()
+                staged_go.wait(30)
+            return open_sink(parts, **kw)
+
+        backend.open_sink = held
+        with store.stage_dir(NAME, overwrite=True, records=d_records) as d:
+            for rel, body in NEW.items():
+                (d / rel).parent.mkdir(parents=True, exist_ok=True)
+                (d / rel).write_bytes(body)
+
+    thread = threading.Thread(target=write_d, name="D")
+    thread.start()
+    try:
+        assert staging.wait(60)
+        assert not _commit_failing_at_copy(t.reopen(), NEWER, 2).outcome.durable  # B
+        staged_go.set()
+        assert at_record.wait(60)
+        assert under(t.door, NAME + "/") == NEW
+        c = t.reopen()
+        c_backend: Any = c._committer.backend
+        c_open = c_backend.open_sink
+
+        def failing(parts: tuple[str, ...], **kw: Any) -> Any:
+            if "staged" in parts:
+                raise BackendUnavailableError("injected: C's upload failed")
+            return c_open(parts, **kw)
+
+        c_backend.open_sink = failing
+        with pytest.raises(CommitStoreError):
+            commit(c, {"a.bin": b"C a " * 50, "q.txt": b"c"}, overwrite=True)
+        assert under(t.door, NAME + "/") == NEW  # C touched nothing of D's
+    finally:
+        go_on.set()
+        staged_go.set()
+        thread.join(60)
+    assert d_records and d_records[-1].digest == f"xxh3_128:{manifest_hex(NEW)}"
+    assert t.reopen().verify(NAME).ok
+    t.reopen().gc(min_age=0)
+    assert under(t.door, NAME + "/") == NEW
+    raw = t.door.read(record_path(NAME))
+    assert raw is not None and json.loads(raw)["digest"] == f"xxh3_128:{manifest_hex(NEW)}"

@@ -9,6 +9,7 @@ path (``_commit.Committer``) and deletes (``_delete``) run them, some again unde
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from commitstore import _slots, _stagedcopies
@@ -23,6 +24,8 @@ from commitstore.errors import (
 )
 from commitstore.layout import Parts, intent_parts, is_staging_part, record_parts
 from commitstore.records import Record, RecordFormatError, decode_record
+
+log = logging.getLogger("commitstore")
 
 RECORD_HEADROOM = 64 * 1024
 """Space reserved for the record when checking free space before a write of known size."""
@@ -142,13 +145,19 @@ class NameChecks:
         of the version before it that the stopped copies left are not taken for another tool's
         (:meth:`check_no_foreign_files`). Costs one stat where the record has no staged copy.
 
-        Raises:
-            StorageError, BackendUnavailableError...: a copy or delete failed (only the
-                recorded version's copies were redone; nothing of the new commit was written).
+        Best effort: not done where another writer of the name may be at work or stopped after
+        the record (``_stagedcopies.complete_recorded``); a copy or delete that fails is logged
+        and left to gc. Either way :meth:`check_no_foreign_files` then decides as before.
         """
         for rec in self.own_records(parts).records:
-            if rec.kind == "dir":
-                _stagedcopies.complete_recorded(self.backend, rec)
+            if rec.kind != "dir":
+                continue
+            try:
+                why = _stagedcopies.complete_recorded(self.backend, rec)
+            except CommitStoreError as exc:
+                why = f"{type(exc).__name__}: {exc}"
+            if why is not None:
+                log.info("%s: the stopped replace was not completed first: %s", rec.name, why)
 
     def check_no_foreign_files(self, parts: Parts, intent: Record) -> None:
         """Before folder version ``intent`` replaces what ``parts`` holds (under the publish

@@ -10,7 +10,7 @@ own: ``_slots``) names any more.
 
 from __future__ import annotations
 
-from commitstore._verify import _check_dir, check_exact
+from commitstore._verify import _check_dir, check_exact, writers_after
 from commitstore.backends import Backend
 from commitstore.errors import CommitStoreError
 from commitstore.layout import (
@@ -54,12 +54,17 @@ def roll_forward(backend: Backend, pending: Record, root: Parts) -> None:
 def complete_recorded(backend: Backend, record: Record) -> str | None:
     """Complete the copies of a recorded folder version whose final keys do not verify but
     whose staged copy is whole (roll forward: a replace that returned its record while its
-    copies were stopped); None when done or nothing to do, else why it cannot be. Costs one
-    stat when there is no staged copy of the version."""
+    copies were stopped); None when done or nothing to do, else why it cannot be. Never where
+    another writer of the name may be at work or stopped after the record
+    (``_verify.writers_after``): the final keys may be that writer's newer version, which a
+    roll-forward of the record would overwrite. Costs one stat of the staged copy when there
+    is none."""
     if record.kind != "dir" or not record.files:
         return None
     if backend.stat(staged_parts(tuple(record.name.split("/")), record.digest)) is None:
         return None
+    if writers_after(backend, record):
+        return "another writer of the name may be at work, or stopped after its record"
     if check_exact(backend, record, "full").status == "ok":
         return None  # the copies were done: the leftover pass removes the staged copy
     staged = staged_whole(backend, record)

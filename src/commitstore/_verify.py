@@ -379,6 +379,21 @@ def staged_order(backend: Backend, record: Record, pendings: list[Record]) -> li
     return [*newest_first(later), record, *newest_first([p for p in pendings if p not in later])]
 
 
+def writers_after(backend: Backend, record: Record) -> bool:
+    """Whether a writer of ``record``'s name other than the one that wrote it may be at work
+    now, or have stopped after the record was written: a slot holding another version, unless
+    its writer was dead before the record (its last heartbeat more than :data:`DEAD_AFTER`
+    heartbeat intervals older than the record, by the store's clock; a live writer's heartbeat
+    may lag the record by up to one interval). An unknown time counts as at work."""
+    slots, _times, recorded = _slot_times(backend, record)
+    dead_before = None if recorded is None else recorded - DEAD_AFTER * interval(backend)
+    return any(
+        slot.stored.record != record
+        and (dead_before is None or slot.mtime is None or not 0 < slot.mtime < dead_before)
+        for slot in slots
+    )
+
+
 def superseded_slots(backend: Backend, record: Record) -> list[Parts]:
     """The writer slots of folder ``record``'s name that its delete removes with it (else gc
     would roll one of their staged copies forward over the deleted name): the one holding the
