@@ -364,9 +364,9 @@ def staged_order(backend: Backend, record: Record, pendings: list[Record]) -> li
     pending versions, newest first: their writers stopped before the record was written, so it
     superseded them (ties and unknown times count as before).
 
-    Not decided here (a known gap): a writer alive after the record that was killed after its
-    staged copy was whole but before its first copy landed still comes first, although none of
-    its bytes reached the name.
+    Not decided here (known gaps, ``docs/guarantees.md``): a writer alive after the record by
+    its heartbeat (also one stalled while its heartbeat thread kept beating) and killed later
+    still comes first, whether or not any of its copies landed after the record.
     """
     if not pendings:
         return [record]
