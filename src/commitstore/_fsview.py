@@ -10,7 +10,6 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from commitstore import Stage
-from commitstore._verify import pending_versions
 from commitstore.errors import CommitStoreError, NotFoundError
 from commitstore.records import Record
 from commitstore.store import CommitStore
@@ -146,12 +145,13 @@ def commit_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def folder_owner(store: CommitStore, name: str) -> tuple[Record, str] | None:
     """The folder artifact that holds ``name`` as one of its files, and its path: the folder as
-    the version it verifies as, decided for the folder as a whole before any file of it is
-    opened. That is its record, unless a pending version of it exists (a commit in flight, or
-    one that stopped after its data step: an object-store replace stopped among its copies
-    leaves files of both versions under the name), then ``store.record(..., level="size")``,
-    so no two files of one folder are ever served from two versions of it. None where the
-    version holds no such file, or the folder verifies as no version."""
+    the version it verifies as (``store.record(..., level="size")``: its record, or the pending
+    version of a commit in flight or stopped after its data step; an object-store replace
+    stopped among its copies leaves files of both versions under the name), decided for the
+    folder as a whole before any file of it is opened, so no two files of one folder are ever
+    served from two versions of it; its stored record where it verifies as none (the read of
+    the file then fails loud). One size-level check of the folder per call (a walk). None
+    where the version holds no such file."""
     parts = name.split("/")
     for i in range(len(parts) - 1, 0, -1):
         try:
@@ -161,11 +161,9 @@ def folder_owner(store: CommitStore, name: str) -> tuple[Record, str] | None:
         member = "/".join(parts[i:])
         if rec.kind != "dir":
             return None
-        if pending_versions(store._backend, rec):
-            try:
-                rec = store.record(rec.name, level="size")
-            except CommitStoreError:
-                return None
+        # verifies as no version: the stored record, and the member read fails against it
+        with contextlib.suppress(CommitStoreError):
+            rec = store.record(rec.name, level="size")
         if any(f.path == member for f in rec.files):
             return rec, member
         return None

@@ -14,6 +14,7 @@ from commitstore._destination import check_destination, local_destination, place
 from commitstore._scan import read_record
 from commitstore._sinkwrite import aborting, write_sink
 from commitstore._verify import (
+    PLACES,
     compare,
     folder_files,
     folder_problem,
@@ -352,6 +353,8 @@ def _get_version(
             # replace going on may have moved it from one to the other meanwhile (its staged
             # copy is deleted once the final keys hold it): each place is tried once.
             tried.append((version, where))
+            if len(tried) == PLACES:
+                raise  # a name overwritten again and again: the caller's attempts decide
             result, version, where = locate(backend, rec, level)
             if result.status != "ok" or (version, where) in tried:
                 raise

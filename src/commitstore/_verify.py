@@ -269,6 +269,13 @@ changed meanwhile (another process overwrote the artifact during the scan); the 
 the publish lock, so a busy writer cannot keep a check losing (where the storage has a lock)."""
 
 
+PLACES = 3
+"""How many (version, place) pairs one attempt of a folder's ``get_file`` (or a mirror's copy)
+reads at most: the name, the staged copy of a replace, the name again once that replace deleted
+its staged copy. A name overwritten faster than that is left to the caller's attempts (the last
+one under the publish lock, where the storage has one)."""
+
+
 def locate(
     backend: Backend, record: Record, level: str, *, settle: bool = True
 ) -> tuple[VerifyResult, Record, Parts]:

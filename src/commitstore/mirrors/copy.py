@@ -27,6 +27,7 @@ from commitstore._scan import StoredRecord, read_intent, read_record
 from commitstore._sinkwrite import aborting
 from commitstore._slots import read_slots
 from commitstore._verify import (
+    PLACES,
     check_exact,
     compare,
     folder_files,
@@ -305,6 +306,8 @@ def _stage_dir(src: Committer, dst: Committer, parts: Parts, rec: Record) -> tup
                 # each place once: a replace going on deletes its staged copy once the final
                 # keys hold that version (``_read._get_version`` reads the same way)
                 tried.append((version, where))
+                if len(tried) == PLACES:
+                    raise  # overwritten again and again: the copy's retries decide
                 result, version, where = locate(src.backend, rec, "full")
                 if result.status != "ok" or (version, where) in tried or version.kind != "dir":
                     raise
