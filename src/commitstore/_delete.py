@@ -9,7 +9,7 @@ from collections.abc import Callable
 from commitstore import _slots, _stagedcopies
 from commitstore._hierarchy import remove_data
 from commitstore._namechecks import NameChecks
-from commitstore._verify import superseded_slots
+from commitstore._slotorder import superseded_slots
 from commitstore.errors import NotFoundError
 from commitstore.layout import intent_parts, record_parts, validate_name
 

@@ -10,7 +10,8 @@ own: ``_slots``) names any more.
 
 from __future__ import annotations
 
-from commitstore._verify import _check_dir, check_exact, writers_after
+from commitstore._slotorder import writers_after
+from commitstore._verify import _check_dir, check_exact
 from commitstore.backends import Backend
 from commitstore.errors import CommitStoreError
 from commitstore.layout import (
@@ -56,7 +57,7 @@ def complete_recorded(backend: Backend, record: Record) -> str | None:
     whose staged copy is whole (roll forward: a replace that returned its record while its
     copies were stopped); None when done or nothing to do, else why it cannot be. Never where
     another writer of the name may be at work or stopped after the record
-    (``_verify.writers_after``): the final keys may be that writer's newer version, which a
+    (``_slotorder.writers_after``): the final keys may be that writer's newer version, which a
     roll-forward of the record would overwrite. Costs one stat of the staged copy when there
     is none."""
     if record.kind != "dir" or not record.files:

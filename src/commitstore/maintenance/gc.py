@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from commitstore import _stagedcopies
 from commitstore._scan import StoredRecord, read_record, scan_records
+from commitstore._slotorder import staged_order
 from commitstore._small import put_small
-from commitstore._verify import check_exact, staged_order
+from commitstore._verify import check_exact
 from commitstore.backends import Backend, PendingUpload, PutMode
 from commitstore.errors import (
     BackendUnavailableError,
@@ -431,7 +432,7 @@ def _outcome(
                 _owned.remove_listed(backend, listed, committed)
             return None
     # a folder replace stopped while copying: finish the version readers serve, in their order
-    # (``_verify.staged_order``: a pending version not known to be newer than the record, a
+    # (``_slotorder.staged_order``: a pending version not known to be newer than the record, a
     # replace that returned it, is not completed over it)
     versions = [pending for _where, _raw, pending in pendings]
     ordered = versions if found is None else staged_order(backend, found.record, versions)
