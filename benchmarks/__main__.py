@@ -94,6 +94,7 @@ DEFAULT_REPEAT = {
     "dcp": LOCAL_MIN_RUNS,
     "torch": LOCAL_MIN_RUNS,
     "asyncsave": LOCAL_MIN_RUNS,
+    "scrub": LOCAL_MIN_RUNS,
 }
 """Runs a side when ``--repeat`` is not given (suites on local storage); the others take 5."""
 
